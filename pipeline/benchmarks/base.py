@@ -1,0 +1,174 @@
+"""The suite contract and its registry.
+
+Manifest contract (one row per test item, a pandas DataFrame stored as Parquet):
+
+* ``item_id`` (str): unique within the suite.
+* ``image`` (str): image path relative to the suite's image root.
+* ``crop_box`` (optional, list[float] x0, y0, x1, y1 or None): crop applied before
+  preprocessing (ARO VG-Relation/Attribution).
+* ``captions`` (list[str]): the K caption options (K may vary across items).
+* ``correct`` (int): index of the correct option in ``captions`` (choice tasks).
+* ``category`` (str): the reporting group (SugarCrepe category, ARO subset, family ...).
+* any suite-specific columns (group keys, boxes, flags such as ``length_matched``).
+
+Extra image / caption columns that extract must also encode are named in
+``Suite.image_columns`` / ``Suite.caption_columns`` (str or list[str] cells).
+
+Scores contract: ``choice`` suites score an ``[n_items, K_max]`` float array, NaN where an
+item has fewer options; ``retrieval`` suites score ``[n_queries, n_gallery]`` where the
+gallery is ``gallery_images(manifest)`` in that order and each row's query is
+``captions[0]`` with target ``image``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from pipeline.registry import Registry
+
+SUITES: Registry[Suite] = Registry("suite", "pipeline.benchmarks")
+
+
+@dataclass
+class Units:
+    """Per-unit values whose statistic is a metric, for bootstrap and McNemar.
+
+    ``metric = mean(values)`` when ``groups`` is None, else the macro mean over groups of
+    the per-group means (e.g. ARO VG-Relation). Units are items, or pairs/sets where the
+    metric is defined on them (What'sUp pair/set accuracy).
+    """
+
+    values: np.ndarray  # [n_units] float (0/1 for accuracies)
+    groups: np.ndarray | None = None  # [n_units] group label per unit, or None
+
+    def statistic(self) -> float:
+        if len(self.values) == 0:
+            return float("nan")
+        if self.groups is None:
+            return float(np.mean(self.values))
+        g = pd.Series(self.values).groupby(np.asarray(self.groups)).mean()
+        return float(g.mean())
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One benchmark suite: how to build its manifest and how to score it officially.
+
+    Attributes:
+        name: registry key (kebab-case), e.g. ``shapes-whatsup``, ``aro-relation``.
+        task: ``choice`` (pick a caption for an image) or ``retrieval`` (text -> image).
+        build_manifest: ``root -> DataFrame``; reads the official files (or the world
+            output) under ``root``; never opens images.
+        units: ``(manifest, scores) -> {metric name: Units}``; the official metrics are
+            the statistics of these units (see ``metrics``).
+        metric_names: the metric names this suite reports, in display order.
+        headline: the metric shown first in tables.
+        description: one line for ``pipeline suites``.
+        image_columns: manifest columns holding image paths to encode.
+        caption_columns: manifest columns holding captions to encode.
+    """
+
+    name: str
+    task: Literal["choice", "retrieval"]
+    build_manifest: Callable[[Path], pd.DataFrame]
+    units: Callable[[pd.DataFrame, np.ndarray], dict[str, Units]]
+    metric_names: tuple[str, ...]
+    headline: str
+    description: str = ""
+    image_columns: tuple[str, ...] = ("image",)
+    caption_columns: tuple[str, ...] = ("captions",)
+    extra: dict = field(default_factory=dict)
+
+    def metrics(self, manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, float]:
+        """The official metrics ``{name: value}`` (accuracies in [0, 1])."""
+        units = self.units(manifest, scores)
+        return {name: units[name].statistic() for name in self.metric_names if name in units}
+
+
+def gallery_images(manifest: pd.DataFrame) -> list[str]:
+    """Retrieval gallery: the unique ``image`` values in first-appearance order."""
+    return list(dict.fromkeys(manifest["image"].tolist()))
+
+
+def choice_correct(scores: np.ndarray, correct: np.ndarray, ties: Literal["first", "wrong"]) -> np.ndarray:
+    """[n] bool: whether the correct option wins.
+
+    Args:
+        scores: [n, K] option scores, NaN for absent options.
+        correct: [n] index of the correct option.
+        ties: ``first`` = ``np.argmax`` semantics (first maximal index wins, as the ARO and
+            What'sUp code); ``wrong`` = the correct option must be strictly greater than
+            every other option (SugarCrepe's strict ``>``).
+    """
+    s = np.where(np.isnan(scores), -np.inf, scores)
+    n = np.arange(len(s))
+    if ties == "first":
+        return np.argmax(s, axis=1) == correct
+    c = s[n, correct]
+    others = s.copy()
+    others[n, correct] = -np.inf
+    return c > others.max(axis=1)
+
+
+# --------------------------------------------------------------------------------------
+# Intake helpers shared by the loaders (paths, official files, image checks, splits).
+
+
+def require_file(root: Path, name: str, how_to_get: str) -> Path:
+    """``root / name``, or a FileNotFoundError that names the file and where to get it."""
+    path = Path(root) / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{name} not found under {Path(root)}; {how_to_get}")
+    return path
+
+
+def relative_image_path(path: str, item: str) -> str:
+    """``path`` (with ``/`` separators) if it is relative and stays under the image root.
+
+    Raises:
+        ValueError: naming ``item`` when ``path`` is empty, absolute (POSIX or Windows) or
+            contains a ``..`` component.
+    """
+    from pathlib import PurePosixPath, PureWindowsPath
+
+    p = str(path).replace("\\", "/")
+    if not p or PurePosixPath(p).is_absolute() or PureWindowsPath(p).drive or ".." in p.split("/"):
+        raise ValueError(
+            f"item {item}: image path {path!r} escapes the image root "
+            "(absolute paths and '..' are refused)"
+        )
+    return p
+
+
+def check_images(manifest: pd.DataFrame, image_root: Path, columns: tuple[str, ...] = ("image",)) -> list[str]:
+    """The image paths of ``manifest`` (in ``columns``; str or list cells) missing under
+    ``image_root``, sorted, each listed once. Empty when every image is present."""
+    root = Path(image_root)
+    paths: set[str] = set()
+    for col in columns:
+        if col not in manifest:
+            continue
+        for cell in manifest[col]:
+            if cell is None or (isinstance(cell, float) and np.isnan(cell)):
+                continue
+            cells = [cell] if isinstance(cell, str) else list(cell)
+            paths.update(str(c) for c in cells if c is not None)
+    return sorted(p for p in paths if not (root / p).is_file())
+
+
+def hash_bucket(key: str) -> int:
+    """Deterministic bucket 0-9 of ``key`` (an image path): ``sha256(key) mod 10``."""
+    import hashlib
+
+    return int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16) % 10
+
+
+def bucket_split(bucket: int) -> str:
+    """BindCLIP's split rule: buckets 0-2 ``train``, 3-4 ``validation``, 5-9 ``holdout``."""
+    return "train" if bucket <= 2 else "validation" if bucket <= 4 else "holdout"

@@ -1,0 +1,167 @@
+"""Reading a feature store lazily (dask over zarr), refusing stale or foreign stores.
+
+    store = FeatureStore.open("cache/features/toy.zarr", expect=fingerprint)
+    store.dims, store.projections()             # FeatureDims, Projections
+    store.array("image/final")                  # dask array [N, 1+R, d_v], nothing read yet
+    img = store.images(rows)                    # ImageFeatures for those rows (float32 torch)
+    txt = store.texts(rows)                     # TextFeatures
+    idx = store.suite_index("shapes-aro", manifest_path)   # {column: rows}, checks the hash
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import torch
+import zarr
+
+from pipeline.cache.schema import (
+    SCHEMA_VERSION,
+    SHARD_ROWS,
+    CacheError,
+    ForeignCacheError,
+    StaleCacheError,
+    fingerprint_id,
+)
+from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
+
+
+class FeatureStore:
+    """Read-only view of one encoder's store."""
+
+    def __init__(self, path: Path, root: zarr.Group) -> None:
+        self.path = path
+        self.root = root
+
+    @classmethod
+    def open(cls, path: str | Path, expect: dict[str, Any] | None = None) -> FeatureStore:
+        """Open ``path`` read-only and check its schema version and fingerprint.
+
+        Args:
+            expect: the fingerprint of the encoder the caller is configured for; None skips
+                the fingerprint check (version is always checked).
+
+        Raises:
+            CacheError: no store at ``path``.
+            StaleCacheError: written by another schema version.
+            ForeignCacheError: written by another encoder/weights/preprocessing.
+        """
+        path = Path(path)
+        if not (path / "zarr.json").exists():
+            raise CacheError(f"no feature store at {path}; run `pipeline extract` first")
+        root = zarr.open_group(path, mode="r", use_consolidated=False)
+        version = root.attrs.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise StaleCacheError(
+                f"{path} has cache schema v{version}, this code reads v{SCHEMA_VERSION}; "
+                f"rerun `pipeline extract`"
+            )
+        if expect is not None and root.attrs.get("fingerprint_id") != fingerprint_id(expect):
+            have = root.attrs.get("fingerprint", {})
+            diff = sorted(k for k in set(have) | set(expect) if have.get(k) != expect.get(k))
+            raise ForeignCacheError(
+                f"{path} was extracted with a different encoder configuration (differs in: "
+                f"{', '.join(diff)}); rerun `pipeline extract`"
+            )
+        return cls(path, root)
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        return dict(self.root.attrs["fingerprint"])
+
+    @cached_property
+    def dims(self) -> FeatureDims:
+        d = self.root.attrs["dims"]
+        return FeatureDims(
+            grid=tuple(d["grid"]),
+            d_v=d["d_v"],
+            d_t=d["d_t"],
+            embed_dim=d["embed_dim"],
+            context_length=d["context_length"],
+        )
+
+    def projections(self) -> Projections:
+        p = self.root["params"]
+        return Projections(
+            visual_proj=torch.from_numpy(p["visual_proj"][...]),
+            text_projection=torch.from_numpy(p["text_projection"][...]),
+            logit_scale=torch.tensor(float(p["logit_scale"][...])),
+        )
+
+    def array(self, name: str) -> da.Array:
+        """A lazy dask view of ``name`` (e.g. ``image/final``), one task per shard."""
+        arr = self.root[name]
+        rows = SHARD_ROWS if arr.shards is not None else arr.chunks[0]
+        return da.from_zarr(arr, chunks=(rows, *arr.shape[1:]))
+
+    def _gather(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Rows of one array, in the given order (duplicates allowed)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        uniq, inverse = np.unique(rows, return_inverse=True)
+        block = self.root[name].get_orthogonal_selection((uniq,))
+        return block[inverse]
+
+    def _check_done(self, modality: str, rows: np.ndarray) -> None:
+        done = self._gather(f"{modality}/done", rows)
+        if not done.all():
+            raise StaleCacheError(
+                f"{self.path}: {int((~done).sum())} {modality} rows were never written "
+                f"(interrupted extract); rerun `pipeline extract` to resume"
+            )
+
+    def images(self, rows: np.ndarray) -> ImageFeatures:
+        """ImageFeatures (float32) for store rows ``rows`` [B]."""
+        self._check_done("image", rows)
+        early = self._gather("image/early", rows)  # [B, 1+R, d_v]
+        final = self._gather("image/final", rows)  # [B, 1+R, d_v]
+        embed = self._gather("image/embed", rows)  # [B, D]
+        return ImageFeatures(
+            early=torch.from_numpy(early[:, 1:].astype(np.float32)),
+            final=torch.from_numpy(final[:, 1:].astype(np.float32)),
+            cls=torch.from_numpy(final[:, 0].astype(np.float32)),
+            embed=torch.from_numpy(embed.astype(np.float32)),
+        )
+
+    def texts(self, rows: np.ndarray) -> TextFeatures:
+        """TextFeatures (float32) for store rows ``rows`` [B]."""
+        self._check_done("text", rows)
+        return TextFeatures(
+            ids=torch.from_numpy(self._gather("text/ids", rows).astype(np.int64)),
+            mask=torch.from_numpy(self._gather("text/mask", rows).astype(bool)),
+            tokens=torch.from_numpy(self._gather("text/tokens", rows).astype(np.float32)),
+            embed=torch.from_numpy(self._gather("text/embed", rows).astype(np.float32)),
+        )
+
+    def image_embeds(self) -> np.ndarray:
+        """[N, D] all pooled image embeddings (small; read eagerly through dask)."""
+        return self.array("image/embed").compute()
+
+    def text_embeds(self) -> np.ndarray:
+        """[M, D] all pooled text embeddings."""
+        return self.array("text/embed").compute()
+
+    def suites(self) -> list[str]:
+        return sorted(self.root["suites"].group_keys()) if "suites" in self.root else []
+
+    def suite_index(self, suite: str, manifest_sha256: str | None = None) -> dict[str, np.ndarray]:
+        """``{column: rows}`` of ``suite``; with a manifest hash, refuse a stale index."""
+        if suite not in self.suites():
+            raise CacheError(
+                f"suite {suite!r} is not in {self.path} (has: {', '.join(self.suites()) or 'none'}); "
+                f"run `pipeline extract --suite {suite}`"
+            )
+        group = self.root[f"suites/{suite}"]
+        have = group.attrs.get("manifest_sha256")
+        if manifest_sha256 is not None and have != manifest_sha256:
+            raise StaleCacheError(
+                f"the manifest of {suite} changed since it was extracted into {self.path}; "
+                f"rerun `pipeline extract`"
+            )
+        return {name: group[name][...] for name in group.array_keys()}
+
+    def suite_attrs(self, suite: str) -> dict[str, Any]:
+        return dict(self.root[f"suites/{suite}"].attrs)

@@ -1,0 +1,120 @@
+"""THE cache contract: names, dims, dtypes, chunks and version of a feature store.
+
+One Zarr v3 store per encoder (``cache/features/<encoder>.zarr``)::
+
+    /                       attrs: schema_version, fingerprint, fingerprint_id, dims, ...
+    image/key               uint8  [N, 16]            content hash (sha256[:16]) of image bytes (+ crop)
+    image/done              bool   [N]                row fully written (set last)
+    image/early             f16    [N, 1+R, d_v]      early-layer grid, raw (CLS at token 0)
+    image/final             f16    [N, 1+R, d_v]      final grid after ln_post (CLS at token 0)
+    image/embed             f32    [N, D]             pooled embedding, not normalised
+    text/key                uint8  [M, 16]            content hash of the caption text
+    text/done               bool   [M]
+    text/ids                i32    [M, C]             BPE ids
+    text/mask               bool   [M, C]             sot..eot inclusive
+    text/tokens             f16    [M, C, d_t]        final token states after ln_final
+    text/embed              f32    [M, D]             pooled embedding, not normalised
+    params/visual_proj      f32    [d_v, D]
+    params/text_projection  f32    [d_t, D]
+    params/logit_scale      f32    []                 exp(logit_scale)
+    suites/<suite>/<column> i64    [n_items] or [n_items, K]   rows into image/* or text/*, -1 = pad
+                            attrs: manifest_sha256, n_items, kinds {column: image|text}, image_root
+
+Grids are chunked one row per chunk inside shards of ``SHARD_ROWS`` rows (v3 sharding: one
+file per shard, ~13 ms random single-row reads); writers write whole shards where they can.
+Rows are content-addressed: each image and caption is encoded once across suites, and a
+rerun with a new suite appends only what is new. ``done`` flags make an interrupted extract
+resumable (LocalStore writes each shard file atomically, so no chunk is left half-written).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+SHARD_ROWS = 64  # rows per shard for grids and token states
+KEY_BYTES = 16  # bytes of sha256 kept as a row key
+GRID_DTYPE = "float16"
+EMBED_DTYPE = "float32"
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One array of the store: its name, dtype and how its shape follows from the dims."""
+
+    name: str  # path inside the store
+    dtype: str  # numpy dtype name
+    tail: tuple[str, ...]  # symbolic trailing dims (resolved with `resolve_tail`)
+    sharded: bool  # one row per chunk inside SHARD_ROWS-row shards
+    doc: str
+
+
+IMAGE_ARRAYS = (
+    ArraySpec("image/key", "uint8", ("key",), False, "sha256[:16] of image bytes (+crop box)"),
+    ArraySpec("image/done", "bool", (), False, "row written"),
+    ArraySpec("image/early", GRID_DTYPE, ("tokens_v", "d_v"), True, "early grid, raw"),
+    ArraySpec("image/final", GRID_DTYPE, ("tokens_v", "d_v"), True, "final grid, after ln_post"),
+    ArraySpec("image/embed", EMBED_DTYPE, ("D",), False, "pooled image embedding"),
+)
+TEXT_ARRAYS = (
+    ArraySpec("text/key", "uint8", ("key",), False, "sha256[:16] of caption text"),
+    ArraySpec("text/done", "bool", (), False, "row written"),
+    ArraySpec("text/ids", "int32", ("C",), False, "BPE ids"),
+    ArraySpec("text/mask", "bool", ("C",), False, "sot..eot inclusive"),
+    ArraySpec("text/tokens", GRID_DTYPE, ("C", "d_t"), True, "final token states, after ln_final"),
+    ArraySpec("text/embed", EMBED_DTYPE, ("D",), False, "pooled text embedding"),
+)
+
+
+def resolve_tail(spec: ArraySpec, dims: dict[str, Any]) -> tuple[int, ...]:
+    """Concrete trailing shape of ``spec`` for a store's dims."""
+    table = {
+        "key": KEY_BYTES,
+        "tokens_v": dims["grid"][0] * dims["grid"][1] + 1,
+        "d_v": dims["d_v"],
+        "d_t": dims["d_t"],
+        "D": dims["embed_dim"],
+        "C": dims["context_length"],
+    }
+    return tuple(table[t] for t in spec.tail)
+
+
+def fingerprint_id(fingerprint: dict[str, Any]) -> str:
+    """Short stable id of a fingerprint dict (sha256 of its canonical JSON)."""
+    blob = json.dumps(fingerprint, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def image_key(data: bytes, crop_box: Any = None) -> np.ndarray:
+    """[16] uint8 content key of an image file's bytes, plus its crop box if any."""
+    h = hashlib.sha256(data)
+    if crop_box is not None:
+        h.update(json.dumps([float(v) for v in crop_box]).encode())
+    return np.frombuffer(h.digest()[:KEY_BYTES], dtype=np.uint8)
+
+
+def text_key(caption: str) -> np.ndarray:
+    """[16] uint8 content key of a caption (exact text, UTF-8)."""
+    return np.frombuffer(hashlib.sha256(caption.encode()).digest()[:KEY_BYTES], dtype=np.uint8)
+
+
+def keys_to_hex(keys: np.ndarray) -> list[str]:
+    """[N, 16] uint8 keys -> hex strings (dictionary keys for lookups)."""
+    return [bytes(k).hex() for k in np.asarray(keys, dtype=np.uint8)]
+
+
+class CacheError(RuntimeError):
+    """A store cannot be used; the message names the stage to rerun."""
+
+
+class StaleCacheError(CacheError):
+    """The store was written by another schema version or from other inputs."""
+
+
+class ForeignCacheError(CacheError):
+    """The store was written by another encoder, weights or preprocessing."""

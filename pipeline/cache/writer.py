@@ -1,0 +1,182 @@
+"""Writing a feature store: create/open, append content-addressed rows, encode, index suites.
+
+The writer never encodes a row twice: new images/captions are those whose content key is
+not in the store yet, or whose ``done`` flag is still False after an interrupted run. Rows are
+encoded in batches aligned to shard boundaries, the data arrays are written first and the
+``done`` flags last, so a crash leaves at most a batch of rows to redo.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, BloscShuffle
+
+from pipeline.cache.schema import (
+    IMAGE_ARRAYS,
+    SCHEMA_VERSION,
+    SHARD_ROWS,
+    TEXT_ARRAYS,
+    ArraySpec,
+    ForeignCacheError,
+    StaleCacheError,
+    fingerprint_id,
+    keys_to_hex,
+    resolve_tail,
+)
+
+COMPRESSOR = BloscCodec(cname="zstd", clevel=1, shuffle=BloscShuffle.shuffle)
+
+
+def open_for_writing(path: str | Path, fingerprint: dict[str, Any], dims: dict[str, Any]) -> zarr.Group:
+    """Open (or create) the store at ``path`` for this encoder.
+
+    Raises:
+        StaleCacheError / ForeignCacheError: an existing store has another schema version or
+            fingerprint (delete it or pass another ``extract.out``).
+    """
+    path = Path(path)
+    fid = fingerprint_id(fingerprint)
+    if (path / "zarr.json").exists():
+        root = zarr.open_group(path, mode="r+")
+        version = root.attrs.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise StaleCacheError(
+                f"{path} has cache schema v{version}, this code writes v{SCHEMA_VERSION}; "
+                f"delete it and rerun `pipeline extract`"
+            )
+        if root.attrs.get("fingerprint_id") != fid:
+            raise ForeignCacheError(
+                f"{path} was written by another encoder/weights "
+                f"({_describe(root.attrs.get('fingerprint', {}))}) than the one configured "
+                f"({_describe(fingerprint)}); delete it or choose another extract.out, then "
+                f"rerun `pipeline extract`"
+            )
+        return root
+    root = zarr.open_group(path, mode="w")
+    root.attrs.update(
+        schema_version=SCHEMA_VERSION,
+        fingerprint=fingerprint,
+        fingerprint_id=fid,
+        dims=dims,
+        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    )
+    for spec in IMAGE_ARRAYS + TEXT_ARRAYS:
+        _create(root, spec, resolve_tail(spec, dims))
+    return root
+
+
+def _create(root: zarr.Group, spec: ArraySpec, tail: tuple[int, ...]) -> None:
+    if spec.sharded:
+        chunks, shards = (1, *tail), (SHARD_ROWS, *tail)
+    else:
+        chunks, shards = (max(SHARD_ROWS * 4, 1), *tail), None
+    root.create_array(
+        spec.name,
+        shape=(0, *tail),
+        dtype=spec.dtype,
+        chunks=chunks,
+        shards=shards,
+        compressors=COMPRESSOR if spec.dtype != "bool" else None,
+        fill_value=0 if spec.dtype != "bool" else False,
+    )
+
+
+def write_params(root: zarr.Group, params: dict[str, np.ndarray]) -> None:
+    """Store the frozen projection parameters (``params/<name>``), once."""
+    for name, value in params.items():
+        value = np.asarray(value, dtype=np.float32)
+        arr = root.require_array(f"params/{name}", shape=value.shape, dtype="float32")
+        arr[...] = value
+
+
+def plan_rows(root: zarr.Group, modality: str, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Map content keys to store rows, appending rows for unseen keys.
+
+    Args:
+        modality: ``image`` or ``text``.
+        keys: [n, 16] uint8 content keys (duplicates allowed).
+
+    Returns:
+        ``rows`` [n] int64 row of every key, and ``todo`` sorted unique rows whose ``done``
+        flag is False (new rows and rows left unfinished by an interrupted run).
+    """
+    key_arr = root[f"{modality}/key"]
+    existing = {k: i for i, k in enumerate(keys_to_hex(key_arr[:]))}
+    hexes = keys_to_hex(keys)
+    new = [h for h in dict.fromkeys(hexes) if h not in existing]
+    n_old = key_arr.shape[0]
+    if new:
+        n_new = n_old + len(new)
+        for spec in IMAGE_ARRAYS if modality == "image" else TEXT_ARRAYS:
+            arr = root[spec.name]
+            arr.resize((n_new, *arr.shape[1:]))
+        new_keys = np.stack([np.frombuffer(bytes.fromhex(h), dtype=np.uint8) for h in new])
+        root[f"{modality}/key"][n_old:n_new] = new_keys  # fresh handle: the old one predates resize
+        existing.update({h: n_old + i for i, h in enumerate(new)})
+    rows = np.array([existing[h] for h in hexes], dtype=np.int64)
+    done = root[f"{modality}/done"][:]  # re-read: `resize` went through another handle
+    todo = np.flatnonzero(~done.astype(bool))
+    return rows, todo
+
+
+def shard_batches(rows: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
+    """Split sorted rows into batches that never straddle a shard boundary needlessly.
+
+    Consecutive rows are grouped by shard; batches hold whole shards' worth of rows (at
+    least ``batch_size`` rounded to shards), so concurrent or repeated writes touch whole
+    shard files.
+    """
+    if len(rows) == 0:
+        return
+    per = max(SHARD_ROWS, (batch_size // SHARD_ROWS) * SHARD_ROWS)
+    shard_of = rows // per
+    cuts = np.flatnonzero(np.diff(shard_of)) + 1
+    yield from np.split(rows, cuts)
+
+
+def write_rows(root: zarr.Group, modality: str, rows: np.ndarray, arrays: dict[str, np.ndarray]) -> None:
+    """Write one batch of encoded rows (contiguous or not), then flag them done."""
+    lo, hi = int(rows.min()), int(rows.max()) + 1
+    contiguous = hi - lo == len(rows) and np.all(np.diff(rows) == 1)
+    for name, value in arrays.items():
+        arr = root[f"{modality}/{name}"]
+        value = value.astype(arr.dtype, copy=False)
+        if contiguous:
+            arr[lo:hi] = value
+        else:
+            arr.set_orthogonal_selection((rows,), value)
+    root[f"{modality}/done"].set_orthogonal_selection((rows,), np.ones(len(rows), dtype=bool))
+
+
+def write_suite_index(
+    root: zarr.Group,
+    suite: str,
+    columns: dict[str, tuple[str, np.ndarray]],
+    attrs: dict[str, Any],
+) -> None:
+    """Store a suite's item -> row index arrays (replacing an older index of that suite).
+
+    Args:
+        columns: ``{manifest column: (modality, rows)}`` with rows [n] or [n, K] (-1 = pad).
+        attrs: manifest hash, image root, item count ...
+    """
+    group = root.require_group(f"suites/{suite}")
+    for column, (_, rows) in columns.items():
+        group.create_array(column, data=np.asarray(rows, dtype=np.int64), overwrite=True)
+    group.attrs.update({**attrs, "kinds": {c: m for c, (m, _) in columns.items()}})
+
+
+def finalize(root: zarr.Group) -> None:
+    """Record completion time (consolidated metadata is avoided: it goes stale on append)."""
+    root.attrs["updated"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def _describe(fp: dict[str, Any]) -> str:
+    return f"{fp.get('encoder')}/{fp.get('open_clip_model')}, weights {str(fp.get('pretrained'))[:23]}"
+

@@ -1,0 +1,203 @@
+"""The ``pipeline`` command: one thin command per stage, plus listings and benchmarks.
+
+Every stage command reads its section of ``params.yaml`` (``--params``) and applies the
+options given on the command line on top. Heavy imports happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Precompute-then-score feature cache pipeline for vision-language compositionality.",
+)
+bench_app = typer.Typer(no_args_is_help=True, help="Measurements behind the README/report figures.")
+app.add_typer(bench_app, name="bench")
+
+Params = Annotated[Path, typer.Option("--params", help="params.yaml to read the stage section from")]
+Quiet = Annotated[bool, typer.Option("--quiet", help="no progress bars")]
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+def _fail(e: Exception) -> None:
+    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code=1)
+
+
+def _echo_json(obj) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+@app.callback()
+def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@app.command()
+def world(
+    params: Params = DEFAULT_PARAMS,
+    out: Annotated[str | None, typer.Option(help="output folder")] = None,
+    seed: Annotated[int | None, typer.Option(help="world seed")] = None,
+    quiet: Quiet = False,
+) -> None:
+    """Render the shapes world and write its suite manifests."""
+    from pipeline.config import WorldConfig, load_config
+    from stages import world as stage
+
+    try:
+        cfg = load_config(WorldConfig, params, "world", {"out": out, "seed": seed})
+        _echo_json(stage.run(cfg, progress=not quiet))
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        _fail(e)
+
+
+@app.command()
+def toyclip(
+    params: Params = DEFAULT_PARAMS,
+    steps: Annotated[int | None, typer.Option(help="training steps")] = None,
+    out: Annotated[str | None, typer.Option(help="checkpoint folder")] = None,
+    quiet: Quiet = False,
+) -> None:
+    """Train the toy CLIP on shapes-world scenes (positives + in-batch negatives only)."""
+    from pipeline.config import ToyClipConfig, load_config
+    from stages import toyclip as stage
+
+    try:
+        cfg = load_config(ToyClipConfig, params, "toyclip", {"steps": steps, "out": out})
+        _echo_json(stage.run(cfg, progress=not quiet))
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        _fail(e)
+
+
+@app.command()
+def extract(
+    params: Params = DEFAULT_PARAMS,
+    model: Annotated[str | None, typer.Option(help="encoder key (see `pipeline encoders`)")] = None,
+    pretrained: Annotated[str | None, typer.Option(help="openai | none | /path/to/weights")] = None,
+    suite: Annotated[list[str] | None, typer.Option(help="suite(s) to encode (repeatable)")] = None,
+    out: Annotated[str | None, typer.Option(help="store folder")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="images per forward pass")] = None,
+    quiet: Quiet = False,
+) -> None:
+    """Run the frozen encoder once over every image and caption into a Zarr store."""
+    from pipeline.config import ExtractConfig, load_config
+    from pipeline.encoders import WeightsUnavailableError
+    from pipeline.registry import UnknownNameError
+    from stages import extract as stage
+
+    try:
+        cfg = load_config(
+            ExtractConfig,
+            params,
+            "extract",
+            {"model": model, "pretrained": pretrained, "suites": suite, "out": out, "batch_size": batch_size},
+        )
+        _echo_json(stage.run(cfg, progress=not quiet))
+    except (UnknownNameError, WeightsUnavailableError, ValueError, FileNotFoundError, RuntimeError) as e:
+        _fail(e)
+
+
+@app.command()
+def score(
+    params: Params = DEFAULT_PARAMS,
+    variant: Annotated[list[str] | None, typer.Option(help="scorer variant(s) (see `pipeline variants`)")] = None,
+    suite: Annotated[list[str] | None, typer.Option(help="suite(s) to score")] = None,
+    model: Annotated[str | None, typer.Option(help="encoder whose store to read")] = None,
+    quiet: Quiet = False,
+) -> None:
+    """Score suites from the feature cache (never runs the backbone)."""
+    from pipeline.config import ExtractConfig, ScoreConfig, load_config
+    from pipeline.registry import UnknownNameError
+    from stages import score as stage
+
+    try:
+        cfg = load_config(ScoreConfig, params, "score", {"variants": variant, "suites": suite, "encoder": model})
+        ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
+        for rec in stage.run(cfg, ext, progress=not quiet):
+            typer.echo(json.dumps(rec))
+    except (UnknownNameError, ValueError, FileNotFoundError, RuntimeError) as e:
+        _fail(e)
+
+
+@app.command()
+def report(params: Params = DEFAULT_PARAMS) -> None:
+    """Write reports/report.md with tables, CIs, figures and examples."""
+    from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig, load_config
+    from stages import report as stage
+
+    try:
+        cfg = load_config(ReportConfig, params, "report")
+        path = stage.run(
+            cfg,
+            load_config(ScoreConfig, params, "score"),
+            load_config(ExtractConfig, params, "extract"),
+            load_config(WorldConfig, params, "world"),
+        )
+        typer.echo(str(path))
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        _fail(e)
+
+
+@app.command()
+def manifest(
+    suite: Annotated[str, typer.Option(help="suite name (see `pipeline suites`)")],
+    root: Annotated[Path, typer.Option(help="folder with the official annotation files")],
+    out: Annotated[Path, typer.Option(help="output Parquet manifest")],
+) -> None:
+    """Build a suite's manifest from its annotation files alone (no images needed)."""
+    from pipeline.benchmarks import SUITES
+    from pipeline.registry import UnknownNameError
+
+    try:
+        df = SUITES.get(suite).build_manifest(root)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        df.to_parquet(out, index=False)
+        typer.echo(f"{suite}: {len(df)} items -> {out}")
+    except (UnknownNameError, ValueError, FileNotFoundError) as e:
+        _fail(e)
+
+
+@app.command()
+def suites() -> None:
+    """List every registered benchmark suite."""
+    from pipeline.benchmarks import SUITES
+
+    for name in SUITES.names():
+        s = SUITES.get(name)
+        typer.echo(f"{name:20s} {s.task:9s} {', '.join(s.metric_names)}  {s.description}")
+
+
+@app.command()
+def variants() -> None:
+    """List every registered scorer variant."""
+    from pipeline.scorers import SCORERS
+
+    for name in SCORERS.names():
+        doc = (SCORERS.get(name).__doc__ or "").strip().splitlines()
+        typer.echo(f"{name:22s} {doc[0] if doc else ''}")
+
+
+@app.command()
+def encoders() -> None:
+    """List the encoders `extract --model` accepts."""
+    from pipeline.encoders import ENCODERS
+
+    for name in ENCODERS.names():
+        spec = ENCODERS.get(name)
+        typer.echo(f"{name:14s} open_clip {spec.open_clip_model}, early layer {spec.early_layer}, weights {spec.default_pretrained}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

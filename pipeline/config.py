@@ -1,0 +1,116 @@
+"""One dataclass per stage, loaded from a ``params.yaml`` section plus CLI overrides.
+
+A stage is one word in four places: the ``dvc.yaml`` stage, the ``params.yaml`` section,
+``stages/<word>.py`` and ``pipeline <word>``. Every artifact stores the resolved config
+it was made from (``asdict(cfg)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+C = TypeVar("C")
+
+SHAPES_SUITES = (
+    "shapes-whatsup",
+    "shapes-aro",
+    "shapes-sugarcrepe",
+    "shapes-retrieval",
+    "shapes-train",
+    "shapes-dev",
+)
+
+
+@dataclass
+class WorldConfig:
+    """The shapes world (``pipeline world``)."""
+
+    seed: int = 0  # master seed; every scene is a pure function of (seed, index)
+    image_size: int = 64  # rendered image side in pixels (toy CLIP input resolution)
+    out: str = "cache/world"  # output folder: images/ and manifests/
+    n_whatsup: int = 100  # object pairs; 4 images (left/right/above/below) each
+    n_aro: int = 200  # items per ARO-style category (relation, attribution, order)
+    n_sugarcrepe: int = 100  # items per SugarCrepe-style category (7 categories)
+    n_retrieval_groups: int = 40  # groups of compositional variants (5 scenes each)
+    n_train: int = 2400  # training pairs (shapes-train), spread over the 8 families
+    n_dev: int = 480  # development pairs (shapes-dev), spread over the 8 families
+    suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES))  # suites to write
+
+
+@dataclass
+class ToyClipConfig:
+    """Training the toy CLIP on shapes-world scenes (``pipeline toyclip``)."""
+
+    seed: int = 0  # seeds init, data order and scene sampling
+    model: str = "toy-vit"  # open_clip config shipped in pipeline/encoders/configs/
+    out: str = "cache/toyclip"  # checkpoint folder (model.safetensors, config.json, log)
+    steps: int = 1500  # optimisation steps
+    batch_size: int = 128  # contrastive batch (in-batch negatives only)
+    lr: float = 2e-3  # AdamW peak learning rate (cosine decay, linear warm-up)
+    warmup: int = 100  # warm-up steps
+    weight_decay: float = 0.1  # AdamW weight decay
+    pool_size: int = 20000  # pre-rendered training scenes (train hash buckets only)
+    threads: int = 2  # torch intra-op threads
+
+
+@dataclass
+class ExtractConfig:
+    """Running a frozen encoder once over every image and caption (``pipeline extract``)."""
+
+    model: str = "toy"  # encoder key: toy, ViT-L-14-336, ViT-B-32, ... (see `pipeline encoders`)
+    pretrained: str = "openai"  # weights tag/path for real models; "none" = random init
+    checkpoint: str = "cache/toyclip/model.safetensors"  # toy CLIP weights
+    world: str = "cache/world"  # shapes world folder (manifests/ and images/ of shapes-* suites)
+    suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES))  # suites to encode
+    manifests: dict[str, str] = field(default_factory=dict)  # suite -> manifest path override
+    image_roots: dict[str, str] = field(default_factory=dict)  # suite -> image root override
+    out: str = "cache/features"  # store folder: <out>/<encoder>.zarr
+    batch_size: int = 64  # images/captions per forward pass
+    threads: int = 2  # torch intra-op threads
+    device: str = "cpu"  # torch device
+
+
+@dataclass
+class ScoreConfig:
+    """Scoring suites from the cache (``pipeline score``)."""
+
+    variants: list[str] = field(default_factory=lambda: ["clip"])  # scorer registry keys
+    suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES[:4]))  # suites to score
+    encoder: str = "toy"  # which store under extract.out
+    batch_size: int = 256  # items per scoring batch
+    checkpoints: str = "cache/checkpoints"  # trained scorers: <checkpoints>/<variant>/
+    scores_out: str = "cache/scores"  # per-item scores: <scores_out>/<variant>/<suite>.parquet
+    metrics_out: str = "reports/metrics"  # <metrics_out>/<variant>/<suite>.json
+
+
+@dataclass
+class ReportConfig:
+    """The human report (``pipeline report``)."""
+
+    out: str = "reports"  # report.md, figures/, plots/
+    bootstrap: int = 10000  # paired-bootstrap resamples for CIs
+    seed: int = 0  # bootstrap seed
+    examples: int = 4  # example images per suite
+
+
+def load_config(cls: type[C], params: str | Path | None, section: str, overrides: dict[str, Any] | None = None) -> C:
+    """Build ``cls`` from ``params[section]`` (if the file exists) and non-None overrides.
+
+    Unknown keys raise with the valid field names.
+    """
+    values: dict[str, Any] = {}
+    if params is not None and Path(params).exists():
+        values.update((yaml.safe_load(Path(params).read_text()) or {}).get(section) or {})
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(
+            f"unknown {section} parameter(s) {unknown}; valid: {', '.join(sorted(names))}"
+        )
+    return cls(**values)

@@ -1,0 +1,106 @@
+"""Manifest intake: where a suite's manifest and images live, and safe image/caption reading.
+
+Shapes suites live in the world folder (``<world>/manifests/<suite>.parquet``, images under
+``<world>/images``). Real suites are built once with ``pipeline manifest`` and pointed to by
+``extract.manifests[suite]`` / ``extract.image_roots[suite]`` in ``params.yaml``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from PIL import Image, UnidentifiedImageError
+
+
+@dataclass(frozen=True)
+class SuiteSource:
+    """Where one suite's manifest and images are."""
+
+    suite: str
+    manifest: Path  # Parquet manifest
+    image_root: Path  # folder the manifest's image paths are relative to
+
+
+def resolve_source(
+    suite: str, world: str | Path, manifests: dict[str, str], image_roots: dict[str, str]
+) -> SuiteSource:
+    """The manifest/image root of ``suite`` (overrides first, then the shapes world)."""
+    if suite in manifests:
+        manifest = Path(manifests[suite])
+        root = Path(image_roots.get(suite, manifest.parent))
+    elif suite.startswith("shapes-"):
+        manifest = Path(world) / "manifests" / f"{suite}.parquet"
+        root = Path(image_roots.get(suite, Path(world) / "images"))
+    else:
+        raise ValueError(
+            f"suite {suite!r} has no manifest configured: build one with "
+            f"`pipeline manifest --suite {suite} --root DIR --out FILE.parquet` and set "
+            f"extract.manifests.{suite} (and extract.image_roots.{suite}) in params.yaml"
+        )
+    if not manifest.is_file():
+        hint = "run `pipeline world`" if suite.startswith("shapes-") else "run `pipeline manifest`"
+        raise FileNotFoundError(f"manifest of {suite} not found at {manifest}; {hint}")
+    return SuiteSource(suite, manifest, root)
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def read_manifest(path: str | Path) -> pd.DataFrame:
+    """Read a Parquet manifest; list cells come back as Python lists."""
+    df = pd.read_parquet(path)
+    for col in df.columns:
+        if len(df) and isinstance(df[col].iloc[0], np.ndarray):
+            df[col] = df[col].map(lambda v: None if v is None else list(v))
+    return df
+
+
+def cells(values: Iterable[Any]) -> list[list[Any]]:
+    """Normalise a manifest column to a list of lists (str cell -> [str], None -> [])."""
+    out = []
+    for v in values:
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            out.append([])
+        elif isinstance(v, (list, tuple, np.ndarray)):
+            out.append(list(v))
+        else:
+            out.append([v])
+    return out
+
+
+def safe_image_path(root: Path, rel: str) -> Path:
+    """``root / rel``, refusing paths that escape ``root`` (absolute or ``..``)."""
+    rel_path = Path(rel)
+    full = (root / rel_path).resolve()
+    if rel_path.is_absolute() or not full.is_relative_to(root.resolve()):
+        raise ValueError(f"image path {rel!r} escapes the image root {root}")
+    return full
+
+
+def read_image_bytes(root: Path, rel: str) -> bytes:
+    """The bytes of one image, with an error naming the file when missing."""
+    path = safe_image_path(root, rel)
+    if not path.is_file():
+        raise FileNotFoundError(f"image not found: {path}")
+    return path.read_bytes()
+
+
+def decode_image(data: bytes, name: str, crop_box: Any = None) -> Image.Image:
+    """Decode image bytes to RGB (cropped to ``crop_box`` if given); names a corrupt file."""
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+    except (UnidentifiedImageError, OSError) as e:
+        raise ValueError(f"corrupt or unreadable image: {name} ({e})") from e
+    img = img.convert("RGB")
+    if crop_box is not None and len(crop_box):
+        img = img.crop(tuple(float(v) for v in crop_box))
+    return img

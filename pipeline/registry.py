@@ -1,0 +1,75 @@
+"""A tiny name -> factory registry, shared by every extensible axis (timm style).
+
+A registry is read in one screen: ``register`` (decorator), ``names``, ``get``/``create``.
+Lookups of unknown names raise ``KeyError`` listing the valid ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownNameError(KeyError):
+    """An unknown registry key; the message lists the valid keys."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain.
+        return str(self.args[0])
+
+
+class Registry(Generic[T]):
+    """Maps kebab-case names to objects (factories or descriptors).
+
+    Args:
+        kind: what the registry holds, used in error messages ("scorer", "suite").
+        package: dotted package whose submodules register entries on import; imported
+            lazily on the first lookup so that registration needs no central list.
+    """
+
+    def __init__(self, kind: str, package: str | None = None) -> None:
+        self.kind = kind
+        self.package = package
+        self._entries: dict[str, T] = {}
+        self._loaded = package is None
+
+    def register(self, name: str, obj: T | None = None) -> Any:
+        """Register ``obj`` under ``name``; usable as ``@registry.register("name")``."""
+
+        def add(o: T) -> T:
+            if name in self._entries and self._entries[name] is not o:
+                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            self._entries[name] = o
+            return o
+
+        return add(obj) if obj is not None else add
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        pkg = importlib.import_module(self.package)
+        for mod in pkgutil.iter_modules(pkg.__path__):
+            if not mod.name.startswith("_"):
+                importlib.import_module(f"{self.package}.{mod.name}")
+
+    def names(self) -> list[str]:
+        """All registered names, sorted."""
+        self._load()
+        return sorted(self._entries)
+
+    def get(self, name: str) -> T:
+        """The entry for ``name``; unknown names raise with the valid alternatives."""
+        self._load()
+        if name not in self._entries:
+            raise UnknownNameError(
+                f"unknown {self.kind} {name!r}; valid {self.kind}s: {', '.join(self.names())}"
+            )
+        return self._entries[name]
+
+    def __contains__(self, name: str) -> bool:
+        self._load()
+        return name in self._entries
+

@@ -1,0 +1,350 @@
+"""Significance for benchmark metrics: paired bootstrap, bootstrap CIs and exact McNemar.
+
+A metric is the statistic of per-unit values (``pipeline.benchmarks.Units``): the mean of
+the values, or, with ``groups``, the macro mean over groups of the per-group means. Both
+are linear in the values, ``stat(v) = v @ w`` with ``w_j = 1 / n`` (plain mean) or
+``w_j = 1 / (G * n_{g(j)})`` (macro mean over ``G`` groups), which is what lets the
+bootstrap below run as one gather and one matrix-vector product per chunk of resamples.
+
+Resampling (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13 and 16):
+
+* units are drawn with replacement, ``n_resamples`` times; with ``groups`` the draw is
+  stratified: every unit is replaced by a unit of its own group, so group sizes (and the
+  weights ``w``) are the same in every resample;
+* the paired bootstrap uses one index set for both systems, i.e. it resamples the
+  per-unit differences ``d = a - b`` and ``stat(a*) - stat(b*) = stat(d*)``;
+* intervals are percentile intervals; the two-sided p-value is twice the fraction of
+  resampled differences on the other side of 0 from the observed one (ties count),
+  capped at 1. Its resolution is ``1 / n_resamples``: ``p = 0`` means ``p < 1/n_resamples``.
+
+McNemar's test is the exact (binomial) version on the discordant pairs
+(McNemar, Psychometrika 1947; Fagerland et al., BMC Med. Res. Methodol. 2013).
+
+Determinism: the same ``seed`` gives the same numbers. Resamples are drawn in chunks of
+about ``_CHUNK_ELEMENTS`` indices (to bound memory); the chunk size depends only on the
+number of units, so results do not depend on the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+from pipeline.benchmarks.base import Units
+
+# About this many resample indices are held in memory at once (int64: 32 MiB).
+_CHUNK_ELEMENTS = 2**22
+
+
+@dataclass(frozen=True)
+class BootstrapResult:
+    """A paired bootstrap comparison of two systems on the same units."""
+
+    diff: float  # stat(a) - stat(b) on the full data
+    lo: float  # lower end of the percentile CI of the difference
+    hi: float  # upper end of the percentile CI of the difference
+    p: float  # two-sided bootstrap p-value for "no difference" (resolution 1/n_resamples)
+    n_units: int  # number of paired units
+    n_resamples: int  # number of bootstrap resamples
+
+
+@dataclass(frozen=True)
+class ConfidenceInterval:
+    """A bootstrap percentile CI of one system's metric."""
+
+    estimate: float  # stat(a) on the full data
+    lo: float  # lower end of the percentile CI
+    hi: float  # upper end of the percentile CI
+    n_units: int  # number of units
+    n_resamples: int  # number of bootstrap resamples
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    """An exact McNemar test of two systems' correctness on the same items."""
+
+    b01: int  # items system a gets wrong and system b gets right
+    b10: int  # items system a gets right and system b gets wrong
+    p: float  # two-sided exact binomial p-value; 1 when there are no discordant items
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _as_values(x: np.ndarray, name: str) -> np.ndarray:
+    """[n] float copy of ``x``; raises on non-1-D, empty or non-finite input."""
+    v = np.asarray(x)
+    if v.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of per-unit values, got shape {v.shape}")
+    if v.size == 0:
+        raise ValueError(f"{name} is empty: a bootstrap needs at least one unit")
+    if not (np.issubdtype(v.dtype, np.number) or v.dtype == bool):
+        raise ValueError(f"{name} must be numeric or bool, got dtype {v.dtype}")
+    v = v.astype(np.float64)
+    if not np.all(np.isfinite(v)):
+        bad = np.flatnonzero(~np.isfinite(v))
+        raise ValueError(f"{name} has non-finite values at units {bad[:5].tolist()}")
+    return v
+
+
+def _group_codes(groups: np.ndarray | None, n: int) -> tuple[np.ndarray, int]:
+    """([n] int group code per unit in 0..G-1, G); one group when ``groups`` is None."""
+    if groups is None:
+        return np.zeros(n, dtype=np.int64), 1
+    g = np.asarray(groups)
+    if g.shape != (n,):
+        raise ValueError(f"groups must have shape ({n},) to match the values, got {g.shape}")
+    if g.dtype.kind == "f" and np.isnan(g).any():
+        raise ValueError("groups contains NaN; give every unit a group label")
+    try:
+        labels, codes = np.unique(g, return_inverse=True)
+    except TypeError as e:  # e.g. mixed str / None labels in an object array
+        raise ValueError(f"groups labels must be mutually comparable: {e}") from None
+    return codes.reshape(n).astype(np.int64), len(labels)
+
+
+def _check_options(n_resamples: int, ci: float | None = None) -> None:
+    if int(n_resamples) != n_resamples or n_resamples < 1:
+        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+    if ci is not None and not 0.0 < ci < 1.0:
+        raise ValueError(f"ci must be in (0, 1), e.g. 0.95, got {ci!r}")
+
+
+# ------------------------------------------------------------------------ building blocks
+
+
+def _weights(codes: np.ndarray, n_groups: int) -> np.ndarray:
+    """[n] weights ``w`` with ``stat(v) = v @ w`` (macro mean of per-group means)."""
+    counts = np.bincount(codes, minlength=n_groups)  # [G]
+    return 1.0 / (n_groups * counts[codes])  # [n]
+
+
+def _statistic(v: np.ndarray, codes: np.ndarray, n_groups: int) -> float:
+    """Macro mean over groups of per-group means (the plain mean for one group)."""
+    counts = np.bincount(codes, minlength=n_groups)  # [G]
+    means = np.bincount(codes, weights=v, minlength=n_groups) / counts  # [G]
+    return float(means.mean())
+
+
+def _index_chunks(
+    codes: np.ndarray, n_groups: int, n_resamples: int, rng: np.random.Generator
+) -> Iterator[np.ndarray]:
+    """Yield [r, n] resample index chunks (r rows each, ``n_resamples`` rows in all).
+
+    Column ``j`` of every row holds a unit drawn uniformly with replacement from unit
+    ``j``'s group, so each resample keeps every group's size.
+    """
+    n = len(codes)
+    order = np.argsort(codes, kind="stable")  # [n] unit ids sorted by group
+    counts = np.bincount(codes, minlength=n_groups)  # [G]
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])  # [G] offset of group in order
+    size_col = counts[codes]  # [n] size of unit j's group
+    start_col = starts[codes]  # [n]
+    high = n if n_groups == 1 else size_col
+    rows = max(1, _CHUNK_ELEMENTS // n)
+    for r0 in range(0, n_resamples, rows):
+        r = min(rows, n_resamples - r0)
+        offset = rng.integers(0, high, size=(r, n))  # [r, n] position within the group
+        yield order[start_col + offset]  # [r, n] unit ids
+
+
+def resample_indices(
+    n_units: int, groups: np.ndarray | None = None, n_resamples: int = 10_000, seed: int = 0
+) -> np.ndarray:
+    """The bootstrap resamples used by this module, as unit indices.
+
+    Args:
+        n_units: number of units ``n``.
+        groups: optional [n] group label per unit; resampling is then stratified and
+            ``groups[idx[k]] == groups`` for every resample ``k``.
+        n_resamples: number of resamples ``R``.
+        seed: seed of ``numpy.random.default_rng``; the same seed gives the resamples that
+            :func:`bootstrap_distribution` and :func:`paired_bootstrap` use.
+
+    Returns:
+        [R, n] int array; row ``k`` lists the units of resample ``k``. Holds ``R * n``
+        integers: for large problems use the chunked functions instead.
+    """
+    _check_options(n_resamples)
+    if n_units < 1:
+        raise ValueError(f"n_units must be positive, got {n_units}")
+    codes, n_groups = _group_codes(groups, n_units)
+    rng = np.random.default_rng(seed)
+    return np.concatenate(list(_index_chunks(codes, n_groups, n_resamples, rng)))
+
+
+def bootstrap_distribution(
+    values: np.ndarray, groups: np.ndarray | None = None, n_resamples: int = 10_000, seed: int = 0
+) -> np.ndarray:
+    """The statistic of ``values`` on each bootstrap resample.
+
+    Args:
+        values: [n] per-unit values.
+        groups: optional [n] group labels: stratified resampling and the macro mean over
+            groups of per-group means (``Units.statistic``).
+        n_resamples: number of resamples ``R``.
+        seed: seed of ``numpy.random.default_rng``.
+
+    Returns:
+        [R] float array, ``stat(values[idx[k]])`` for the resamples of
+        :func:`resample_indices` with the same arguments.
+    """
+    _check_options(n_resamples)
+    v = _as_values(values, "values")
+    codes, n_groups = _group_codes(groups, len(v))
+    w = _weights(codes, n_groups)  # [n], fixed across resamples (group sizes are fixed)
+    rng = np.random.default_rng(seed)
+    chunks = [v[idx] @ w for idx in _index_chunks(codes, n_groups, n_resamples, rng)]
+    return np.concatenate(chunks)  # [R]
+
+
+def _percentile_ci(dist: np.ndarray, ci: float) -> tuple[float, float]:
+    lo, hi = np.quantile(dist, [(1.0 - ci) / 2.0, (1.0 + ci) / 2.0])
+    return float(lo), float(hi)
+
+
+# ------------------------------------------------------------------------------ the tests
+
+
+def paired_bootstrap(
+    a: np.ndarray,
+    b: np.ndarray,
+    groups: np.ndarray | None = None,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    ci: float = 0.95,
+) -> BootstrapResult:
+    """Paired bootstrap of the difference ``stat(a) - stat(b)`` between two systems.
+
+    Args:
+        a: [n] per-unit values of system a (0/1 for accuracies).
+        b: [n] per-unit values of system b on the same units, in the same order.
+        groups: optional [n] group labels: stratified resampling (group sizes fixed) and
+            the macro mean over groups of per-group means, as ``Units.statistic``.
+        n_resamples: number of resamples.
+        seed: seed of ``numpy.random.default_rng``; the same seed gives the same result.
+        ci: coverage of the percentile interval.
+
+    Returns:
+        The observed difference, its percentile CI and the two-sided bootstrap p-value.
+    """
+    _check_options(n_resamples, ci)
+    va, vb = _as_values(a, "a"), _as_values(b, "b")
+    if va.shape != vb.shape:
+        raise ValueError(f"a and b must hold the same units: got {len(va)} and {len(vb)} values")
+    codes, n_groups = _group_codes(groups, len(va))
+    diff = _statistic(va, codes, n_groups) - _statistic(vb, codes, n_groups)
+    dist = bootstrap_distribution(va - vb, groups, n_resamples, seed)  # [R]
+    lo, hi = _percentile_ci(dist, ci)
+    if diff > 0:
+        p = 2.0 * np.mean(dist <= 0)
+    elif diff < 0:
+        p = 2.0 * np.mean(dist >= 0)
+    else:
+        p = 1.0
+    return BootstrapResult(
+        diff=float(diff),
+        lo=lo,
+        hi=hi,
+        p=float(min(1.0, p)),
+        n_units=len(va),
+        n_resamples=int(n_resamples),
+    )
+
+
+def bootstrap_ci(
+    a: np.ndarray,
+    groups: np.ndarray | None = None,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    ci: float = 0.95,
+) -> ConfidenceInterval:
+    """Bootstrap percentile CI of one system's metric ``stat(a)``.
+
+    Args:
+        a: [n] per-unit values (0/1 for accuracies).
+        groups: optional [n] group labels, as in :func:`paired_bootstrap`.
+        n_resamples: number of resamples.
+        seed: seed of ``numpy.random.default_rng``; the same seed gives the same result.
+        ci: coverage of the percentile interval.
+
+    Returns:
+        The metric on the full data and its percentile CI.
+    """
+    _check_options(n_resamples, ci)
+    va = _as_values(a, "a")
+    codes, n_groups = _group_codes(groups, len(va))
+    lo, hi = _percentile_ci(bootstrap_distribution(va, groups, n_resamples, seed), ci)
+    return ConfidenceInterval(
+        estimate=_statistic(va, codes, n_groups),
+        lo=lo,
+        hi=hi,
+        n_units=len(va),
+        n_resamples=int(n_resamples),
+    )
+
+
+def units_bootstrap(units_a: Units, units_b: Units, **kw) -> BootstrapResult:
+    """:func:`paired_bootstrap` of two systems' ``Units`` for the same metric.
+
+    Args:
+        units_a: system a's units.
+        units_b: system b's units; must have the same groups as ``units_a``.
+        **kw: ``n_resamples``, ``seed``, ``ci`` of :func:`paired_bootstrap`.
+
+    Returns:
+        The paired bootstrap result of ``units_a.statistic() - units_b.statistic()``.
+    """
+    ga, gb = units_a.groups, units_b.groups
+    if (ga is None) != (gb is None):
+        raise ValueError(
+            "units_a and units_b must both have groups or both have none "
+            f"(a: {'groups' if ga is not None else 'None'}, "
+            f"b: {'groups' if gb is not None else 'None'})"
+        )
+    if ga is not None and not np.array_equal(np.asarray(ga), np.asarray(gb)):
+        raise ValueError("units_a and units_b have different groups: they are not the same units")
+    return paired_bootstrap(units_a.values, units_b.values, groups=ga, **kw)
+
+
+def _as_correct(x: np.ndarray, name: str) -> np.ndarray:
+    """[n] bool copy of ``x``; accepts bool or 0/1 values."""
+    v = np.asarray(x)
+    if v.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of per-item correctness, got shape {v.shape}")
+    if v.dtype != bool:
+        if not (np.issubdtype(v.dtype, np.number) and np.isin(v, (0, 1)).all()):
+            raise ValueError(f"{name} must be bool (or 0/1), got dtype {v.dtype}")
+        v = v.astype(bool)
+    return v
+
+
+def mcnemar_exact(a_correct: np.ndarray, b_correct: np.ndarray) -> McNemarResult:
+    """Exact McNemar test of two systems' correctness on the same items.
+
+    With ``b01 = #(a wrong, b right)`` and ``b10 = #(a right, b wrong)``, under the null
+    the discordant items split as ``X ~ Bin(b01 + b10, 1/2)`` and
+    ``p = min(1, 2 * P[X <= min(b01, b10)])``.
+
+    Args:
+        a_correct: [n] bool, whether system a gets each item right.
+        b_correct: [n] bool, the same for system b, items in the same order.
+
+    Returns:
+        The discordant counts and the two-sided exact p-value (1 with no discordant items).
+    """
+    ca, cb = _as_correct(a_correct, "a_correct"), _as_correct(b_correct, "b_correct")
+    if ca.shape != cb.shape:
+        raise ValueError(
+            f"a_correct and b_correct must cover the same items: got {len(ca)} and {len(cb)}"
+        )
+    if ca.size == 0:
+        raise ValueError("a_correct and b_correct are empty: McNemar needs at least one item")
+    b01 = int(np.count_nonzero(~ca & cb))
+    b10 = int(np.count_nonzero(ca & ~cb))
+    n = b01 + b10
+    p = 1.0 if n == 0 else min(1.0, 2.0 * float(sps.binom.cdf(min(b01, b10), n, 0.5)))
+    return McNemarResult(b01=b01, b10=b10, p=p)

@@ -1,0 +1,243 @@
+"""Tests for pipeline.stats: hand-computed McNemar cases and bootstrap invariants."""
+
+from __future__ import annotations
+
+from math import comb
+
+import numpy as np
+import pytest
+
+from pipeline import stats
+from pipeline.benchmarks.base import Units
+from pipeline.stats import (
+    bootstrap_ci,
+    bootstrap_distribution,
+    mcnemar_exact,
+    paired_bootstrap,
+    resample_indices,
+    units_bootstrap,
+)
+
+# ------------------------------------------------------------------------------ McNemar
+
+
+def _pairs(n00: int, n01: int, n10: int, n11: int) -> tuple[np.ndarray, np.ndarray]:
+    """Correctness arrays with ``nXY`` items where a is X and b is Y (1 = right)."""
+    a = np.array([0] * n00 + [0] * n01 + [1] * n10 + [1] * n11, dtype=bool)
+    b = np.array([0] * n00 + [1] * n01 + [0] * n10 + [1] * n11, dtype=bool)
+    return a, b
+
+
+def test_mcnemar_hand_computed():
+    a, b = _pairs(n00=5, n01=1, n10=9, n11=20)
+    r = mcnemar_exact(a, b)
+    assert (r.b01, r.b10) == (1, 9)
+    expected = 2 * (comb(10, 0) + comb(10, 1)) / 2**10  # = 22 / 1024
+    assert r.p == pytest.approx(expected, rel=1e-12)
+    assert r.p == pytest.approx(0.021484375, rel=1e-12)
+
+
+def test_mcnemar_balanced_discordance_caps_at_one():
+    a, b = _pairs(n00=0, n01=3, n10=3, n11=4)
+    assert mcnemar_exact(a, b).p == 1.0  # 2 * P[X <= 3], X ~ Bin(6, 1/2) = 2 * 42/64 > 1
+
+
+def test_mcnemar_all_agree_is_one():
+    a, b = _pairs(n00=4, n01=0, n10=0, n11=7)
+    r = mcnemar_exact(a, b)
+    assert (r.b01, r.b10, r.p) == (0, 0, 1.0)
+
+
+def test_mcnemar_symmetric():
+    a, b = _pairs(n00=2, n01=3, n10=11, n11=6)
+    ab, ba = mcnemar_exact(a, b), mcnemar_exact(b, a)
+    assert (ab.b01, ab.b10) == (ba.b10, ba.b01)
+    assert ab.p == ba.p
+
+
+def test_mcnemar_accepts_zero_one_ints():
+    a, b = _pairs(n00=1, n01=1, n10=9, n11=1)
+    assert mcnemar_exact(a.astype(int), b.astype(int)) == mcnemar_exact(a, b)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "match"),
+    [
+        (np.ones(3, bool), np.ones(4, bool), "same items"),
+        (np.array([], bool), np.array([], bool), "empty"),
+        (np.array([0, 2]), np.array([0, 1]), "bool"),
+        (np.ones((2, 2), bool), np.ones((2, 2), bool), "1-D"),
+    ],
+)
+def test_mcnemar_validation(a, b, match):
+    with pytest.raises(ValueError, match=match):
+        mcnemar_exact(a, b)
+
+
+# ---------------------------------------------------------------------------- bootstrap
+
+
+def test_identical_systems_zero_diff():
+    a = np.random.default_rng(1).integers(0, 2, 50).astype(float)
+    r = paired_bootstrap(a, a.copy(), n_resamples=500)
+    assert (r.diff, r.lo, r.hi, r.p) == (0.0, 0.0, 0.0, 1.0)
+    assert (r.n_units, r.n_resamples) == (50, 500)
+
+
+def test_constant_shift_is_exact():
+    b = np.random.default_rng(2).normal(size=40)
+    a = b + 1.0
+    r = paired_bootstrap(a, b, n_resamples=500)
+    assert r.diff == pytest.approx(1.0, abs=1e-12)
+    assert r.lo == pytest.approx(1.0, abs=1e-12)
+    assert r.hi == pytest.approx(1.0, abs=1e-12)
+    assert r.p == 0.0  # every resampled difference is > 0
+
+
+def test_antisymmetric_in_systems():
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 2, 80), rng.integers(0, 2, 80)
+    ab, ba = paired_bootstrap(a, b, n_resamples=1000), paired_bootstrap(b, a, n_resamples=1000)
+    assert ab.diff == -ba.diff
+    assert ab.lo == pytest.approx(-ba.hi, abs=1e-12)
+    assert ab.hi == pytest.approx(-ba.lo, abs=1e-12)
+    assert ab.p == ba.p
+
+
+def test_deterministic_under_seed():
+    rng = np.random.default_rng(4)
+    a, b = rng.random(60), rng.random(60)
+    g = rng.integers(0, 3, 60)
+    assert paired_bootstrap(a, b, g, n_resamples=300, seed=7) == paired_bootstrap(
+        a, b, g, n_resamples=300, seed=7
+    )
+    assert paired_bootstrap(a, b, n_resamples=300, seed=7) != paired_bootstrap(
+        a, b, n_resamples=300, seed=8
+    )
+
+
+def test_bernoulli_ci_contains_truth_with_normal_width():
+    n, p = 400, 0.3
+    a = np.zeros(n)
+    a[: int(n * p)] = 1.0  # sample mean is exactly p
+    r = bootstrap_ci(a, n_resamples=4000, seed=0)
+    assert r.estimate == pytest.approx(p)
+    assert r.lo < p < r.hi
+    normal_width = 2 * 1.959964 * np.sqrt(p * (1 - p) / n)  # ≈ 0.0898
+    assert r.hi - r.lo == pytest.approx(normal_width, rel=0.1)
+    assert (r.n_units, r.n_resamples) == (n, 4000)
+
+
+def test_clear_difference_is_significant_and_ci_excludes_zero():
+    rng = np.random.default_rng(5)
+    b = (rng.random(300) < 0.5).astype(float)
+    a = np.maximum(b, rng.random(300) < 0.3)  # a is right wherever b is, and more
+    r = paired_bootstrap(a, b, n_resamples=2000)
+    assert r.diff > 0 and r.lo > 0 and r.p < 0.01
+
+
+def test_distribution_matches_explicit_resamples():
+    rng = np.random.default_rng(6)
+    v = rng.random(23)
+    idx = resample_indices(23, n_resamples=50, seed=3)
+    assert idx.shape == (50, 23) and idx.min() >= 0 and idx.max() < 23
+    dist = bootstrap_distribution(v, n_resamples=50, seed=3)
+    np.testing.assert_allclose(dist, v[idx].mean(axis=1), rtol=1e-12)
+
+
+def test_chunking_covers_all_resamples(monkeypatch):
+    monkeypatch.setattr(stats, "_CHUNK_ELEMENTS", 40)  # 40 // 13 = 3 rows per chunk
+    v = np.random.default_rng(7).random(13)
+    idx = resample_indices(13, n_resamples=10, seed=1)
+    assert idx.shape == (10, 13)
+    np.testing.assert_allclose(
+        bootstrap_distribution(v, n_resamples=10, seed=1), v[idx].mean(axis=1), rtol=1e-12
+    )
+
+
+# ------------------------------------------------------------------ stratified / macro
+
+
+def _grouped(seed: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    groups = np.array(["x"] * 3 + ["y"] * 5 + ["z"] * 12)
+    rng.shuffle(groups)
+    a = rng.integers(0, 2, len(groups)).astype(float)
+    b = rng.integers(0, 2, len(groups)).astype(float)
+    return a, b, groups
+
+
+def test_stratified_resamples_keep_group_sizes():
+    _, _, groups = _grouped()
+    idx = resample_indices(len(groups), groups, n_resamples=200, seed=0)
+    assert (groups[idx] == groups[None, :]).all()  # every unit replaced within its group
+    for k in range(len(idx)):
+        labels, counts = np.unique(groups[idx[k]], return_counts=True)
+        assert dict(zip(labels.tolist(), counts.tolist(), strict=True)) == {
+            "x": 3,
+            "y": 5,
+            "z": 12,
+        }
+    # draws actually vary within groups (not the identity)
+    assert len(np.unique(idx[:, groups == "z"])) == 12
+
+
+def test_macro_diff_matches_units_statistic():
+    a, b, groups = _grouped()
+    r = paired_bootstrap(a, b, groups, n_resamples=300)
+    expected = Units(a, groups).statistic() - Units(b, groups).statistic()
+    assert r.diff == pytest.approx(expected, abs=1e-12)
+    micro = a.mean() - b.mean()
+    assert abs(expected - micro) > 1e-3  # the case tells macro from micro apart
+
+
+def test_macro_distribution_matches_units_statistic_per_resample():
+    a, b, groups = _grouped()
+    idx = resample_indices(len(groups), groups, n_resamples=20, seed=5)
+    dist = bootstrap_distribution(a - b, groups, n_resamples=20, seed=5)
+    expected = [
+        Units(a[i], groups[i]).statistic() - Units(b[i], groups[i]).statistic() for i in idx
+    ]
+    np.testing.assert_allclose(dist, expected, atol=1e-12)
+
+
+def test_bootstrap_ci_macro_estimate():
+    a, _, groups = _grouped()
+    r = bootstrap_ci(a, groups, n_resamples=300)
+    assert r.estimate == pytest.approx(Units(a, groups).statistic(), abs=1e-12)
+    assert r.lo <= r.estimate <= r.hi
+
+
+def test_units_bootstrap_equals_paired_bootstrap():
+    a, b, groups = _grouped()
+    r = units_bootstrap(Units(a, groups), Units(b, groups.copy()), n_resamples=300, seed=2)
+    assert r == paired_bootstrap(a, b, groups, n_resamples=300, seed=2)
+
+
+def test_units_bootstrap_rejects_different_groups():
+    a, b, groups = _grouped()
+    with pytest.raises(ValueError, match="different groups"):
+        units_bootstrap(Units(a, groups), Units(b, groups[::-1].copy()))
+    with pytest.raises(ValueError, match="both have groups"):
+        units_bootstrap(Units(a, groups), Units(b))
+
+
+# -------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"a": np.ones(3), "b": np.ones(4)}, "same units"),
+        ({"a": np.array([]), "b": np.array([])}, "empty"),
+        ({"a": np.array([1.0, np.nan]), "b": np.ones(2)}, "non-finite"),
+        ({"a": np.ones((2, 2)), "b": np.ones((2, 2))}, "1-D"),
+        ({"a": np.ones(3), "b": np.ones(3), "groups": np.zeros(2)}, "groups must have shape"),
+        ({"a": np.ones(2), "b": np.ones(2), "groups": np.array([0.0, np.nan])}, "NaN"),
+        ({"a": np.ones(3), "b": np.ones(3), "n_resamples": 0}, "n_resamples"),
+        ({"a": np.ones(3), "b": np.ones(3), "ci": 1.5}, "ci must be"),
+    ],
+)
+def test_bootstrap_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        paired_bootstrap(**kwargs)
