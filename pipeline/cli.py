@@ -199,5 +199,64 @@ def encoders() -> None:
         typer.echo(f"{name:14s} open_clip {spec.open_clip_model}, early layer {spec.early_layer}, weights {spec.default_pretrained}")
 
 
+def _write_bench(name: str, command: str, results: dict) -> None:
+    out = Path("reports/bench") / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": command, "results": results}, indent=2) + "\n")
+    _echo_json(results)
+    typer.echo(f"-> {out}", err=True)
+
+
+@bench_app.command("extract")
+def bench_extract(
+    toy_images: Annotated[int, typer.Option(help="images for the toy encoder")] = 512,
+    vit_images: Annotated[int, typer.Option(help="images for ViT-L-14-336 (0 = skip)")] = 8,
+) -> None:
+    """Extract wall time vs a bare forward pass (toy and ViT-L-14-336, random init)."""
+    from pipeline import bench
+
+    results = {"toy": bench.extract_overhead("toy", toy_images, batch_size=64)}
+    if vit_images:
+        results["ViT-L-14-336"] = bench.extract_overhead("ViT-L-14-336", vit_images, batch_size=4, repeats=1)
+    _write_bench("extract", f"pipeline bench extract --toy-images {toy_images} --vit-images {vit_images}", results)
+
+
+@bench_app.command("score")
+def bench_score(items: Annotated[int, typer.Option(help="caption-pair items")] = 500) -> None:
+    """Scoring `clip` from the cache vs re-encoding every image per caption pair."""
+    from pipeline import bench
+
+    _write_bench("score", f"pipeline bench score --items {items}", bench.score_speedup(items))
+
+
+@bench_app.command("memory")
+def bench_memory(
+    sizes: Annotated[list[int] | None, typer.Option(help="image counts (repeatable)")] = None,
+) -> None:
+    """Peak memory of extract as the number of images grows."""
+    from pipeline import bench
+
+    sizes = sizes or [256, 1024, 4096]
+    flags = " ".join(f"--sizes {n}" for n in sizes)
+    _write_bench("memory", f"pipeline bench memory {flags}", bench.extract_memory(sizes))
+
+
+@bench_app.command("sinkhorn")
+def bench_sinkhorn(
+    problems: Annotated[int, typer.Option(help="number of OT problems")] = 256,
+    rows: Annotated[int, typer.Option(help="rows per problem")] = 64,
+    cols: Annotated[int, typer.Option(help="columns per problem")] = 1153,
+    pot_subset: Annotated[int, typer.Option(help="problems POT's loop is timed on (0 = all)")] = 0,
+) -> None:
+    """Batched log-domain Sinkhorn vs POT's per-problem loop, equal work and results."""
+    from pipeline.bench_ot import bench_sinkhorn as run_bench
+
+    kwargs = {"n_problems": problems, "n": rows, "m": cols}
+    if pot_subset:
+        kwargs["pot_subset"] = pot_subset
+    cmd = f"pipeline bench sinkhorn --problems {problems} --rows {rows} --cols {cols} --pot-subset {pot_subset}"
+    _write_bench("sinkhorn", cmd, run_bench(**kwargs))
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -46,15 +46,21 @@ class WorldConfig:
 class ToyClipConfig:
     """Training the toy CLIP on shapes-world scenes (``pipeline toyclip``)."""
 
-    seed: int = 0  # seeds init, data order and scene sampling
+    seed: int = 0  # seeds init, the training-scene pool and the batch order
     model: str = "toy-vit"  # open_clip config shipped in pipeline/encoders/configs/
     out: str = "cache/toyclip"  # checkpoint folder (model.safetensors, config.json, log)
     steps: int = 1500  # optimisation steps
     batch_size: int = 128  # contrastive batch (in-batch negatives only)
-    lr: float = 2e-3  # AdamW peak learning rate (cosine decay, linear warm-up)
+    lr: float = 2e-3  # AdamW peak learning rate (cosine decay to 0, linear warm-up)
     warmup: int = 100  # warm-up steps
-    weight_decay: float = 0.1  # AdamW weight decay
+    weight_decay: float = 0.1  # AdamW weight decay (matrices only)
     pool_size: int = 20000  # pre-rendered training scenes (train hash buckets only)
+    logit_scale_init: float = 14.3  # initial CLIP temperature exp(t) (CLIP: 1/0.07); learnt
+    text_position_std: float = 0.002  # frozen text positional embedding N(0, std): 0 = exact
+    #   bag of words (swap captions tie), 0.01 = open_clip's init (not frozen there)
+    train_token_embedding: bool = False  # False: 49k-row token embedding frozen at its init
+    log_every: int = 10  # steps between train_log.json entries
+    checkpoint_every: int = 200  # steps between resume.pt checkpoints
     threads: int = 2  # torch intra-op threads
 
 
@@ -73,6 +79,7 @@ class ExtractConfig:
     batch_size: int = 64  # images/captions per forward pass
     threads: int = 2  # torch intra-op threads
     device: str = "cpu"  # torch device
+    replace_mismatch: bool = False  # replace (not refuse) a store written by another encoder/schema
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ def run(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None = Non
     sources = [resolve_source(s, cfg.world, cfg.manifests, cfg.image_roots) for s in cfg.suites]
     enc = encoder or load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device)
     dims = asdict(enc.dims)
-    root = writer.open_for_writing(store_path(cfg), enc.fingerprint(), dims)
+    root = writer.open_for_writing(store_path(cfg), enc.fingerprint(), dims, cfg.replace_mismatch)
     writer.write_params(
         root,
         {
@@ -159,21 +160,20 @@ def _encode_texts(enc: Encoder, root, rows: np.ndarray, texts: list[str], cfg: E
             enc.dims.context_length,
         )
     bar = tqdm(total=len(rows), desc="extract captions", unit="cap", disable=not progress)
-    for batch in writer.shard_batches(rows, cfg.batch_size * 4):
-        ids = enc.tokenizer([texts[position[int(r)]] for r in batch]).to(cfg.device)
-        out = enc.encode_texts(ids)
-        writer.write_rows(
-            root,
-            "text",
-            batch,
-            {
-                "ids": ids.cpu().numpy(),
-                "mask": out["mask"].cpu().numpy(),
-                "tokens": out["tokens"].float().cpu().numpy(),
-                "embed": out["embed"].float().cpu().numpy(),
-            },
-        )
-        bar.update(len(batch))
+    with _Writer(root, "text") as sink:
+        for batch in writer.shard_batches(rows, cfg.batch_size * 4):
+            ids = enc.tokenizer([texts[position[int(r)]] for r in batch]).to(cfg.device)
+            out = enc.encode_texts(ids)
+            sink.put(
+                batch,
+                {
+                    "ids": ids.cpu().numpy(),
+                    "mask": out["mask"].cpu().numpy(),
+                    "tokens": out["tokens"].float().cpu().numpy(),
+                    "embed": out["embed"].float().cpu().numpy(),
+                },
+            )
+            bar.update(len(batch))
     bar.close()
 
 
@@ -191,18 +191,60 @@ def _encode_images(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[Pat
     rows, sources = rows[order], [sources[i] for i in order]
     position = {int(r): i for i, r in enumerate(rows)}
     bar = tqdm(total=len(rows), desc="extract images", unit="img", disable=not progress)
-    for batch in writer.shard_batches(rows, cfg.batch_size):
-        parts = []
-        for micro in np.array_split(batch, -(-len(batch) // cfg.batch_size)):
-            pixels = torch.stack(
-                [_load(enc, *sources[position[int(r)]]) for r in micro]
-            ).to(cfg.device)  # [b, 3, H, W]
+    batches = list(writer.shard_batches(rows, cfg.batch_size))
+    micro_batches = [
+        (i, micro)
+        for i, batch in enumerate(batches)
+        for micro in np.array_split(batch, -(-len(batch) // cfg.batch_size))
+    ]
+
+    def load(micro: np.ndarray) -> torch.Tensor:
+        return torch.stack([_load(enc, *sources[position[int(r)]]) for r in micro])  # [b, 3, H, W]
+
+    # decode/preprocess the next micro-batch and write the previous shard batch while the
+    # encoder runs on the current one (a 1-thread loader and a 1-thread ordered writer)
+    with ThreadPoolExecutor(1) as loader, _Writer(root, "image") as sink:
+        pending = loader.submit(load, micro_batches[0][1])
+        parts: list[dict[str, np.ndarray]] = []
+        for j, (i, micro) in enumerate(micro_batches):
+            pixels = pending.result().to(cfg.device)
+            if j + 1 < len(micro_batches):
+                pending = loader.submit(load, micro_batches[j + 1][1])
             parts.append({k: v.float().cpu().numpy() for k, v in enc.encode_images(pixels).items()})
             bar.update(len(micro))
-        writer.write_rows(
-            root, "image", batch, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        )
+            if j + 1 == len(micro_batches) or micro_batches[j + 1][0] != i:
+                sink.put(batches[i], {k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+                parts = []
     bar.close()
+
+
+class _Writer:
+    """Writes encoded batches in a background thread, in submission order.
+
+    ``put`` blocks while two writes are pending (bounded memory); leaving the context waits
+    for every write and re-raises the first failure, so a crash never skips a ``done`` flag
+    ordering: each batch's data is written before its flags (`writer.write_rows`).
+    """
+
+    def __init__(self, root, modality: str) -> None:
+        self.root, self.modality = root, modality
+        self.pool = ThreadPoolExecutor(1)
+        self.pending: list = []
+
+    def __enter__(self) -> _Writer:
+        return self
+
+    def put(self, rows: np.ndarray, arrays: dict[str, np.ndarray]) -> None:
+        while self.pending and (len(self.pending) >= 2 or self.pending[0].done()):
+            self.pending.pop(0).result()  # re-raises a failed write
+        self.pending.append(self.pool.submit(writer.write_rows, self.root, self.modality, rows, arrays))
+
+    def __exit__(self, *exc) -> None:
+        try:
+            for f in self.pending:
+                f.result()
+        finally:
+            self.pool.shutdown(wait=True)
 
 
 def _load(enc: Encoder, root: Path, rel: str, crop: Any) -> torch.Tensor:

@@ -22,9 +22,10 @@ gallery is ``gallery_images(manifest)`` in that order and each row's query is
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Literal
 
 import numpy as np
@@ -96,7 +97,9 @@ def gallery_images(manifest: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(manifest["image"].tolist()))
 
 
-def choice_correct(scores: np.ndarray, correct: np.ndarray, ties: Literal["first", "wrong"]) -> np.ndarray:
+def choice_correct(
+    scores: np.ndarray, correct: np.ndarray, ties: Literal["first", "wrong"]
+) -> np.ndarray:
     """[n] bool: whether the correct option wins.
 
     Args:
@@ -135,8 +138,6 @@ def relative_image_path(path: str, item: str) -> str:
         ValueError: naming ``item`` when ``path`` is empty, absolute (POSIX or Windows) or
             contains a ``..`` component.
     """
-    from pathlib import PurePosixPath, PureWindowsPath
-
     p = str(path).replace("\\", "/")
     if not p or PurePosixPath(p).is_absolute() or PureWindowsPath(p).drive or ".." in p.split("/"):
         raise ValueError(
@@ -146,7 +147,9 @@ def relative_image_path(path: str, item: str) -> str:
     return p
 
 
-def check_images(manifest: pd.DataFrame, image_root: Path, columns: tuple[str, ...] = ("image",)) -> list[str]:
+def check_images(
+    manifest: pd.DataFrame, image_root: Path, columns: tuple[str, ...] = ("image",)
+) -> list[str]:
     """The image paths of ``manifest`` (in ``columns``; str or list cells) missing under
     ``image_root``, sorted, each listed once. Empty when every image is present."""
     root = Path(image_root)
@@ -164,8 +167,6 @@ def check_images(manifest: pd.DataFrame, image_root: Path, columns: tuple[str, .
 
 def hash_bucket(key: str) -> int:
     """Deterministic bucket 0-9 of ``key`` (an image path): ``sha256(key) mod 10``."""
-    import hashlib
-
     return int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16) % 10
 
 

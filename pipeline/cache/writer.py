@@ -9,6 +9,8 @@ encoded in batches aligned to shard boundaries, the data arrays are written firs
 from __future__ import annotations
 
 import datetime as _dt
+import logging
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,18 +32,31 @@ from pipeline.cache.schema import (
     resolve_tail,
 )
 
+log = logging.getLogger(__name__)
 COMPRESSOR = BloscCodec(cname="zstd", clevel=1, shuffle=BloscShuffle.shuffle)
 
 
-def open_for_writing(path: str | Path, fingerprint: dict[str, Any], dims: dict[str, Any]) -> zarr.Group:
+def open_for_writing(
+    path: str | Path, fingerprint: dict[str, Any], dims: dict[str, Any], replace_mismatch: bool = False
+) -> zarr.Group:
     """Open (or create) the store at ``path`` for this encoder.
+
+    Args:
+        replace_mismatch: delete an existing store of another schema version or fingerprint
+            and start afresh (the DVC pipeline retrains the toy CLIP, which makes its old
+            features worthless) instead of refusing it.
 
     Raises:
         StaleCacheError / ForeignCacheError: an existing store has another schema version or
-            fingerprint (delete it or pass another ``extract.out``).
+            fingerprint and ``replace_mismatch`` is False.
     """
     path = Path(path)
     fid = fingerprint_id(fingerprint)
+    if (path / "zarr.json").exists() and replace_mismatch:
+        attrs = zarr.open_group(path, mode="r").attrs
+        if attrs.get("schema_version") != SCHEMA_VERSION or attrs.get("fingerprint_id") != fid:
+            log.warning("replacing %s: it was written by another encoder or schema", path)
+            shutil.rmtree(path)
     if (path / "zarr.json").exists():
         root = zarr.open_group(path, mode="r+")
         version = root.attrs.get("schema_version")

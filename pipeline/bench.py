@@ -1,0 +1,218 @@
+"""Measurements behind the figures in the README and the report (`pipeline bench ...`).
+
+Each function returns a JSON-able dict; the CLI writes it to ``reports/bench/<name>.json``,
+which the report stage renders. Nothing here is asserted by tests: these are measurements.
+
+* ``extract_overhead``: extract wall time vs a bare forward pass (load + preprocess +
+  encode, no store) of the same encoder over the same images and captions.
+* ``score_speedup``: scoring frozen CLIP from the cache vs re-encoding the image and both
+  captions for every item, as CLIP_benchmark's caption-selection tasks do.
+* ``extract_memory``: peak RSS of extract runs over growing numbers of images (subprocesses).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+
+def _random_encoder(name: str):
+    """An encoder with random weights (speed does not depend on the weights)."""
+    import open_clip
+    from open_clip.transform import PreprocessCfg, image_transform_v2
+
+    from pipeline.encoders import ENCODERS, Encoder, register_toy_configs
+    from pipeline.features import FeatureDims
+
+    spec = ENCODERS.get(name)
+    register_toy_configs()
+    torch.manual_seed(0)
+    model = open_clip.create_model(spec.open_clip_model, pretrained=None).eval().requires_grad_(False)
+    grid = tuple(model.visual.grid_size)
+    return Encoder(
+        spec=spec,
+        model=model,
+        preprocess=image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False),
+        tokenizer=open_clip.get_tokenizer(spec.open_clip_model),
+        pretrained="random",
+        dims=FeatureDims(
+            grid=(int(grid[0]), int(grid[1])),
+            d_v=int(model.visual.transformer.width),
+            d_t=int(model.transformer.width),
+            embed_dim=int(model.text_projection.shape[1]),
+            context_length=int(model.context_length),
+        ),
+        preprocess_cfg=dict(model.visual.preprocess_cfg),
+    )
+
+
+def _make_suite(folder: Path, n: int, size: int, seed: int = 0) -> Path:
+    """``n`` random PNG images and a 2-caption manifest; returns the manifest path."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    rows = []
+    words = ["red", "blue", "green", "circle", "square", "star", "left", "of", "above", "a"]
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(folder / "images" / f"{i}.png")
+        caps = [" ".join(rng.choice(words, 8)) + f" {i}" for _ in range(2)]
+        rows.append({"item_id": str(i), "image": f"{i}.png", "captions": caps, "correct": 0, "category": "bench"})
+    path = folder / "manifest.parquet"
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    return path
+
+
+def _extract_cfg(folder: Path, manifest: Path, model: str, batch_size: int):
+    from pipeline.config import ExtractConfig
+
+    return ExtractConfig(
+        model=model,
+        suites=["shapes-sugarcrepe"],
+        manifests={"shapes-sugarcrepe": str(manifest)},
+        image_roots={"shapes-sugarcrepe": str(folder / "images")},
+        out=str(folder / "features"),
+        batch_size=batch_size,
+        threads=torch.get_num_threads(),
+    )
+
+
+def bare_forward(enc, folder: Path, manifest: Path, batch_size: int) -> float:
+    """Seconds to load, preprocess and encode every image and caption, storing nothing."""
+    from pipeline.manifests import decode_image, read_manifest
+
+    df = read_manifest(manifest)
+    t0 = time.perf_counter()
+    names = df["image"].tolist()
+    for s in range(0, len(names), batch_size):
+        imgs = [decode_image((folder / "images" / n).read_bytes(), n) for n in names[s : s + batch_size]]
+        enc.encode_images(torch.stack([enc.preprocess(im) for im in imgs]))
+    caps = [c for cs in df["captions"] for c in cs]
+    for s in range(0, len(caps), batch_size * 4):
+        enc.encode_texts(enc.tokenizer(caps[s : s + batch_size * 4]))
+    return time.perf_counter() - t0
+
+
+def extract_overhead(model: str, n_images: int, batch_size: int, repeats: int = 2) -> dict[str, Any]:
+    """Extract vs bare forward on ``n_images`` random images (best of ``repeats``)."""
+    from stages import extract as extract_stage
+
+    enc = _random_encoder(model)
+    size = enc.preprocess_cfg["size"][0]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        manifest = _make_suite(folder, n_images, size)
+        bare_forward(enc, folder, manifest, batch_size)  # warm-up (allocator, page cache)
+        bare, ext = [], []
+        for r in range(repeats):
+            bare.append(bare_forward(enc, folder, manifest, batch_size))
+            cfg = _extract_cfg(folder, manifest, model, batch_size)
+            cfg.out = str(folder / f"features{r}")
+            t0 = time.perf_counter()
+            extract_stage.run(cfg, progress=False, encoder=enc)
+            ext.append(time.perf_counter() - t0)
+    return {
+        "model": model,
+        "weights": "random init",
+        "n_images": n_images,
+        "n_captions": 2 * n_images,
+        "batch_size": batch_size,
+        "threads": torch.get_num_threads(),
+        "bare_forward_s": round(min(bare), 3),
+        "extract_s": round(min(ext), 3),
+        "ratio": round(min(ext) / min(bare), 3),
+        "goal": "ratio <= 1.05",
+    }
+
+
+def score_speedup(n_items: int, model: str = "toy") -> dict[str, Any]:
+    """Frozen-CLIP scoring from the cache vs re-encoding image + both captions per item."""
+    from pipeline.cache import FeatureStore
+    from pipeline.manifests import decode_image, read_manifest
+    from pipeline.scorers import create_scorer
+    from stages import extract as extract_stage
+    from stages.score import score_choice
+
+    enc = _random_encoder(model)
+    size = enc.preprocess_cfg["size"][0]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        manifest = _make_suite(folder, n_items, size)
+        cfg = _extract_cfg(folder, manifest, model, 64)
+        t0 = time.perf_counter()
+        extract_stage.run(cfg, progress=False, encoder=enc)
+        extract_s = time.perf_counter() - t0
+        df = read_manifest(manifest)
+        # CLIP_benchmark style: every item re-encodes its image and its caption pair
+        t0 = time.perf_counter()
+        reencode = np.zeros((n_items, 2))
+        for i, row in df.iterrows():
+            img = decode_image((folder / "images" / row["image"]).read_bytes(), row["image"])
+            e_i = enc.encode_images(enc.preprocess(img)[None])["embed"]
+            e_t = enc.encode_texts(enc.tokenizer(list(row["captions"])))["embed"]
+            reencode[i] = torch.nn.functional.cosine_similarity(e_i, e_t).numpy()
+        reencode_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        store = FeatureStore.open(extract_stage.store_path(cfg))
+        scorer = create_scorer("clip", dims=store.dims, proj=store.projections())
+        cached = score_choice(scorer, store, store.suite_index("shapes-sugarcrepe"), 256)
+        cached_s = time.perf_counter() - t0
+    return {
+        "model": model,
+        "n_items": n_items,
+        "reencode_s": round(reencode_s, 3),
+        "cached_score_s": round(cached_s, 4),
+        "speedup": round(reencode_s / cached_s, 1),
+        "one_time_extract_s": round(extract_s, 3),
+        "max_abs_score_diff": float(np.abs(cached - reencode).max()),
+        "goal": "speedup >= 100",
+    }
+
+
+_MEMORY_CHILD = """
+import json, resource, sys, tempfile, torch
+from pathlib import Path
+from pipeline import bench
+from stages import extract as extract_stage
+torch.set_num_threads(2)
+n, model = int(sys.argv[1]), sys.argv[2]
+enc = bench._random_encoder(model)
+with tempfile.TemporaryDirectory() as tmp:
+    folder = Path(tmp)
+    manifest = bench._make_suite(folder, n, enc.preprocess_cfg["size"][0])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    extract_stage.run(bench._extract_cfg(folder, manifest, model, 64), progress=False, encoder=enc)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"n_images": n, "peak_rss_mib_before_extract": before / 1024, "peak_rss_mib": after / 1024}))
+"""
+
+
+def extract_memory(sizes: list[int], model: str = "toy") -> dict[str, Any]:
+    """Peak RSS of extract over growing image counts, each in a fresh process."""
+    rows = []
+    for n in sizes:
+        out = subprocess.run(
+            [sys.executable, "-c", _MEMORY_CHILD, str(n), model],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    peaks = [r["peak_rss_mib"] for r in rows]
+    return {
+        "model": model,
+        "runs": rows,
+        "growth_mib": round(peaks[-1] - peaks[0], 1),
+        "growth_ratio": round(peaks[-1] / peaks[0], 3),
+        "goal": "flat peak memory as images grow",
+    }
+

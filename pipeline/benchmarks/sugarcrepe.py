@@ -1,0 +1,147 @@
+"""SugarCrepe (Hsieh et al., NeurIPS 2023 D&B): loader and official metric.
+
+Official files (github.com/RAIVNLab/sugar-crepe ``data/``, MIT): one JSON object per
+category, ``<root>/{add_att,add_obj,replace_att,replace_obj,replace_rel,swap_att,swap_obj}.json``,
+keyed by string indices, each value ``{"filename", "caption", "negative_caption"}``. Images
+are COCO val2017: the manifest ``image`` is the official ``filename``, relative to the
+val2017 image folder.
+
+Official metric (``main_eval.py``): per category, the share of items whose positive caption
+scores *strictly* higher than the negative (a tie is wrong); no aggregate. Ours, labelled
+as such: ``total`` (item-pooled over the categories present) and the length-matched slices
+``add-obj-length-matched`` / ``add-att-length-matched`` (items whose two captions have the
+same number of CLIP BPE tokens, the BindCLIP control; 28 and 7 items on the official files).
+
+The metric functions here are shared with ``shapes-sugarcrepe`` (``pipeline.benchmarks.shapes``).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.benchmarks.base import SUITES, Suite, Units, choice_correct, relative_image_path
+
+CATEGORIES = (
+    "replace-obj",
+    "replace-att",
+    "replace-rel",
+    "swap-obj",
+    "swap-att",
+    "add-obj",
+    "add-att",
+)
+LENGTH_MATCHED = ("add-obj-length-matched", "add-att-length-matched")  # ours
+METRIC_NAMES = (*CATEGORIES, "total", *LENGTH_MATCHED)
+SOURCE = "download data/<category>.json from github.com/RAIVNLab/sugar-crepe"
+
+
+def file_name(category: str) -> str:
+    """``replace-obj`` -> ``replace_obj.json`` (the official file of a category)."""
+    return category.replace("-", "_") + ".json"
+
+
+# ---------------------------------------------------------------------------- tokens
+
+
+@lru_cache(maxsize=1)
+def _bpe():
+    from open_clip.tokenizer import SimpleTokenizer
+
+    return SimpleTokenizer()
+
+
+def bpe_length(text: str) -> int:
+    """Number of OpenAI CLIP BPE tokens of ``text`` without SOT/EOT (open_clip's
+    ``SimpleTokenizer.encode``, which cleans and lowercases first)."""
+    return len(_bpe().encode(text))
+
+
+def length_matched(pos: list[str], neg: list[str]) -> np.ndarray:
+    """[n] bool: positive and negative have the same BPE length."""
+    return np.array([bpe_length(p) == bpe_length(q) for p, q in zip(pos, neg, strict=True)])
+
+
+# ---------------------------------------------------------------------------- loader
+
+
+def read_category(path: Path, category: str) -> pd.DataFrame:
+    """One official category file -> manifest rows (JSON order)."""
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object keyed by index (SugarCrepe format)")
+    rows = []
+    for key, v in data.items():
+        item = f"{category}/{key}"
+        rows.append(
+            {
+                "item_id": item,
+                "image": relative_image_path(v["filename"], item),
+                "captions": [v["caption"], v["negative_caption"]],
+                "correct": 0,
+                "category": category,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def build_manifest(root: Path, categories: tuple[str, ...] = CATEGORIES) -> pd.DataFrame:
+    """All official category files present under ``root`` (warns about missing ones)."""
+    root = Path(root)
+    present = [c for c in categories if (root / file_name(c)).is_file()]
+    missing = [file_name(c) for c in categories if c not in present]
+    if not present:
+        raise FileNotFoundError(
+            f"no SugarCrepe file found under {root} (expected {', '.join(missing)}); {SOURCE}"
+        )
+    if missing:
+        warnings.warn(
+            f"SugarCrepe: {root} lacks {', '.join(missing)}; those categories are skipped",
+            stacklevel=2,
+        )
+    m = pd.concat([read_category(root / file_name(c), c) for c in present], ignore_index=True)
+    m["length_matched"] = length_matched(
+        [c[0] for c in m["captions"]], [c[1] for c in m["captions"]]
+    )
+    return m
+
+
+# ---------------------------------------------------------------------------- metric
+
+
+def sugarcrepe_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units]:
+    """Per-category accuracy with strict ``>`` (official), item-pooled ``total`` and the
+    ``add-*-length-matched`` slices (ours). ``scores``: [n, 2] for [pos, neg]."""
+    correct = choice_correct(scores, manifest["correct"].to_numpy(), ties="wrong").astype(float)
+    cat = manifest["category"].to_numpy()
+    units = {c: Units(correct[cat == c]) for c in CATEGORIES if (cat == c).any()}
+    units["total"] = Units(correct)
+    if "length_matched" in manifest:
+        lm = manifest["length_matched"].to_numpy(bool)
+        for c in ("add-obj", "add-att"):
+            if ((cat == c) & lm).any():  # an empty slice reports nothing rather than NaN
+                units[f"{c}-length-matched"] = Units(correct[(cat == c) & lm])
+    return units
+
+
+SUITES.register(
+    "sugarcrepe",
+    Suite(
+        name="sugarcrepe",
+        task="choice",
+        build_manifest=build_manifest,
+        units=sugarcrepe_units,
+        metric_names=METRIC_NAMES,
+        headline="total",
+        description=(
+            "SugarCrepe: root holds the official data/{add_att,add_obj,replace_att,replace_obj,"
+            "replace_rel,swap_att,swap_obj}.json; images = COCO val2017 folder"
+        ),
+    ),
+)

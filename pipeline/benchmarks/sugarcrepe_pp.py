@@ -1,0 +1,129 @@
+"""SugarCrepe++ (Dumpala et al., NeurIPS 2024 D&B): loader and official metrics.
+
+Official files (github.com/Sri-Harsha/scpp ``data/``, CC BY 4.0): one JSON *list* per
+category, ``<root>/{replace_att,replace_obj,replace_rel,swap_att,swap_obj}.json`` (no add_*
+categories), each entry ``{"id", "filename", "caption", "caption2", "negative_caption"}``.
+Images are COCO val2017 (``filename`` relative to that folder). The manifest's ``captions``
+are ``[P1, P2, N]`` (``correct`` = 0, the first positive).
+
+Official metrics (``VLMs/test_Variants_CLIP.py``, ``evaluate_ulms.py``), strict ``>``,
+per category, no aggregate:
+
+* ITT (image-to-text, the headline): ``s(I,P1) > s(I,N)  and  s(I,P2) > s(I,N)``;
+* TOT (text-only): ``cos(P1,P2) > cos(P1,N)  and  cos(P1,P2) > cos(P2,N)``.
+
+The suite's ``units`` computes ITT from the ``[n, 3]`` image-caption scores. TOT needs
+caption-caption similarities, which the scorer interface does not produce: the score
+stage supplies the unit text embeddings of P1, P2 and N to ``tot_accuracy`` / ``tot_units``.
+``total`` (item-pooled ITT over the categories present) is ours.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.benchmarks.base import SUITES, Suite, Units, relative_image_path
+from pipeline.benchmarks.sugarcrepe import file_name
+
+CATEGORIES = ("replace-obj", "replace-att", "replace-rel", "swap-obj", "swap-att")
+METRIC_NAMES = (*CATEGORIES, "total")
+SOURCE = "download data/<category>.json from github.com/Sri-Harsha/scpp"
+
+
+def read_category(path: Path, category: str) -> pd.DataFrame:
+    """One official category file -> manifest rows (list order)."""
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list (SugarCrepe++ format)")
+    rows = []
+    for i, v in enumerate(data):
+        item = f"{category}/{v.get('id', i)}"
+        rows.append(
+            {
+                "item_id": item,
+                "image": relative_image_path(v["filename"], item),
+                "captions": [v["caption"], v["caption2"], v["negative_caption"]],
+                "correct": 0,
+                "category": category,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def build_manifest(root: Path, categories: tuple[str, ...] = CATEGORIES) -> pd.DataFrame:
+    """All official category files present under ``root`` (warns about missing ones)."""
+    root = Path(root)
+    present = [c for c in categories if (root / file_name(c)).is_file()]
+    missing = [file_name(c) for c in categories if c not in present]
+    if not present:
+        raise FileNotFoundError(
+            f"no SugarCrepe++ file found under {root} (expected {', '.join(missing)}); {SOURCE}"
+        )
+    if missing:
+        warnings.warn(
+            f"SugarCrepe++: {root} lacks {', '.join(missing)}; those categories are skipped",
+            stacklevel=2,
+        )
+    return pd.concat([read_category(root / file_name(c), c) for c in present], ignore_index=True)
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def itt_correct(scores: np.ndarray) -> np.ndarray:
+    """[n] bool, ITT: both positives strictly beat the negative. ``scores``: [n, 3] = (P1, P2, N)."""
+    return (scores[:, 0] > scores[:, 2]) & (scores[:, 1] > scores[:, 2])
+
+
+def tot_correct(p1: np.ndarray, p2: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """[n] bool, TOT: ``cos(P1,P2)`` strictly beats ``cos(P1,N)`` and ``cos(P2,N)``.
+
+    Args:
+        p1, p2, n: [n_items, D] unit-normalised text embeddings of P1, P2 and N.
+    """
+    s12 = np.sum(p1 * p2, axis=1)  # [n_items]
+    s1n = np.sum(p1 * n, axis=1)
+    s2n = np.sum(p2 * n, axis=1)
+    return (s12 > s1n) & (s12 > s2n)
+
+
+def tot_units(p1: np.ndarray, p2: np.ndarray, n: np.ndarray) -> Units:
+    """TOT as units (one per item); slice the rows by category for per-category TOT."""
+    return Units(tot_correct(p1, p2, n).astype(float))
+
+
+def tot_accuracy(p1: np.ndarray, p2: np.ndarray, n: np.ndarray) -> float:
+    """Official text-only (TOT) accuracy on unit text embeddings [n_items, D] each."""
+    return tot_units(p1, p2, n).statistic()
+
+
+def sugarcrepe_pp_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units]:
+    """ITT per category (official) and item-pooled ``total`` (ours); ``scores``: [n, 3]."""
+    correct = itt_correct(np.asarray(scores, dtype=float)).astype(float)
+    cat = manifest["category"].to_numpy()
+    units = {c: Units(correct[cat == c]) for c in CATEGORIES if (cat == c).any()}
+    units["total"] = Units(correct)
+    return units
+
+
+SUITES.register(
+    "sugarcrepe-pp",
+    Suite(
+        name="sugarcrepe-pp",
+        task="choice",
+        build_manifest=build_manifest,
+        units=sugarcrepe_pp_units,
+        metric_names=METRIC_NAMES,
+        headline="total",
+        description=(
+            "SugarCrepe++ (ITT): root holds the official data/{replace_att,replace_obj,"
+            "replace_rel,swap_att,swap_obj}.json; images = COCO val2017 folder"
+        ),
+    ),
+)

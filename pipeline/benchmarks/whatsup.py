@@ -1,0 +1,261 @@
+"""What'sUp (Kamath, Hessel, Chang, EMNLP 2023): loaders and official metrics.
+
+Official files (github.com/amitakamath/whatsup_vlms; gdown downloads listed in its
+``dataset_zoo/aro_datasets.py``), all under one ``root`` (the official ``data/`` folder):
+
+* ``whatsup-a``: ``controlled_images_dataset.json``; ``whatsup-b``: ``controlled_clevr_dataset.json``.
+  A list of ``{"image_path", "caption_options": [4 str]}``; option 0 is correct.
+  ``image_path`` is stored verbatim (e.g. ``data/controlled_images/mug_left_of_plate.jpeg``):
+  the official loader opens it relative to the *working directory*, so the image root for
+  these suites is the folder that contains ``data/`` (the parent of ``root``).
+* ``whatsup-coco``: ``coco_qa_one_obj.json`` + ``coco_qa_two_obj.json``, lists of
+  ``[image_id, correct, wrong]``; image ``val2017/{image_id:012d}.jpg`` relative to ``root``.
+* ``whatsup-vg``: ``vg_qa_one_obj.json`` + ``vg_qa_two_obj.json``, same format; image
+  ``vg_images/{image_id}.jpg`` relative to ``root``.
+
+Official metrics (``evaluate_scores``), with ``np.argmax`` (the first maximum wins, so a tie
+counts as right since option 0 is correct):
+
+* individual: mean over items of ``[argmax == 0]``;
+* pair (Controlled only): items are grouped by file name, ``key = (fn.split('_')[0],
+  fn.split('_')[-1][:-5])`` and ``arrangement = fn.split('_')[1]``; a pair is the two
+  opposite arrangements of one key along one axis (left/right, and on/under in A or
+  in-front/behind in B); ``pair = pair_correct / (N/2)``;
+* set: all four arrangements of a key correct, ``set = set_correct / (N/4)``.
+
+Our pair/set units are one per (key, axis) and one per key; a missing arrangement counts as
+wrong, as in the official ``eval_dict`` defaults. On complete data (every key has its four
+arrangements, as in the official files) the unit counts are exactly N/2 and N/4; on a subset
+they are 2 and 1 per key present, which we warn about.
+``whatsup-coco`` / ``whatsup-vg`` report ``one-obj``, ``two-obj`` and ``individual`` = the
+unweighted mean of the two subset accuracies (the paper's Table 1). ``pooled_pair_accuracy``
+is the 410-pair criterion over A and B (BindCLIP).
+
+These metric functions are shared with ``shapes-whatsup`` (arrangements left/right/above/below).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.benchmarks.base import (
+    SUITES,
+    Suite,
+    Units,
+    choice_correct,
+    relative_image_path,
+    require_file,
+)
+
+SOURCE = "download it with gdown as listed in dataset_zoo/aro_datasets.py of github.com/amitakamath/whatsup_vlms"
+# The opposite-arrangement axes; a suite uses the horizontal axis and whichever other axis
+# its arrangements name (A: on/under, B: in-front/behind, shapes world: above/below).
+AXES = (("left", "right"), ("on", "under"), ("in-front", "behind"), ("above", "below"))
+ARRANGEMENTS = tuple(a for axis in AXES for a in axis)
+CONTROLLED_METRICS = ("individual", "pair", "set")
+QA_METRICS = ("individual", "one-obj", "two-obj")
+
+
+# ---------------------------------------------------------------------------- Controlled
+
+
+def parse_controlled_name(image_path: str) -> tuple[str, str]:
+    """``(pair_key, arrangement)`` from an official file name, as the official code does:
+    ``obj = fn.split('_')[0]``, ``ref = fn.split('_')[-1][:-5]``, ``arrangement = fn.split('_')[1]``.
+    The key is ``"obj|ref"``."""
+    fn = image_path.split("/")[-1]
+    parts = fn.split("_")
+    if len(parts) < 3:
+        raise ValueError(f"What'sUp file name {fn!r} is not <obj>_<arrangement>_<ref>.jpeg")
+    return f"{parts[0]}|{parts[-1][:-5]}", parts[1]
+
+
+def read_controlled(path: Path, subset: str) -> pd.DataFrame:
+    """One Controlled file -> manifest rows; ``subset`` is ``a`` or ``b``."""
+    with open(path) as f:
+        data = json.load(f)
+    rows = []
+    for i, d in enumerate(data):
+        item = f"{subset}/{i}"
+        image = relative_image_path(d["image_path"], item)
+        key, arrangement = parse_controlled_name(image)
+        if arrangement not in ARRANGEMENTS:
+            raise ValueError(
+                f"item {item}: arrangement {arrangement!r} of {image!r} is not one of {ARRANGEMENTS}"
+            )
+        fn = image.split("/")[-1]
+        rows.append(
+            {
+                "item_id": item,
+                "image": image,
+                "captions": list(d["caption_options"]),
+                "correct": 0,
+                # the official per-preposition label: left_of, right_of, on, under, in-front_of, behind
+                "category": fn.split("_")[1] + ("_of" if fn.split("_")[2] == "of" else ""),
+                "pair_key": key,
+                "arrangement": arrangement,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _controlled_suite(subset: str, file: str):
+    def build_manifest(root: Path) -> pd.DataFrame:
+        return read_controlled(require_file(root, file, SOURCE), subset)
+
+    return build_manifest
+
+
+def whatsup_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units]:
+    """Official individual / pair / set units (argmax-first ties, correct option 0)."""
+    correct = choice_correct(scores, manifest["correct"].to_numpy(), ties="first")
+    arr = manifest["arrangement"].to_numpy()
+    unknown = sorted(set(arr) - set(ARRANGEMENTS))
+    if unknown:
+        raise ValueError(f"unknown arrangements {unknown}; valid: {ARRANGEMENTS}")
+    axes = [ax for ax in AXES if set(ax) & set(arr)]
+    # C[key][arrangement] = correct, missing arrangements count as wrong (official eval_dict)
+    table: dict[str, dict[str, bool]] = {}
+    for key, a, c in zip(manifest["pair_key"], arr, correct, strict=True):
+        table.setdefault(key, {})[a] = bool(c)
+    pairs = [table[k].get(x, False) and table[k].get(y, False) for k in table for x, y in axes]
+    sets = [all(table[k].get(a, False) for ax in axes for a in ax) for k in table]
+    if len(manifest) != 2 * len(axes) * len(table):
+        warnings.warn(
+            f"What'sUp: {len(manifest)} items over {len(table)} keys are not complete sets of "
+            f"{2 * len(axes)}; pair/set are over the {len(pairs)} pairs / {len(sets)} sets present "
+            "(the official N/2, N/4 denominators apply to complete data only)",
+            stacklevel=2,
+        )
+    return {
+        "individual": Units(correct.astype(float)),
+        "pair": Units(np.array(pairs, dtype=float)),
+        "set": Units(np.array(sets, dtype=float)),
+    }
+
+
+def pooled_pair_units(
+    units_a: dict[str, Units] | Units, units_b: dict[str, Units] | Units
+) -> Units:
+    """Pair units of A and B pooled: ``(pair_correct_A + pair_correct_B) / (N_A/2 + N_B/2)``."""
+    a = units_a["pair"] if isinstance(units_a, dict) else units_a
+    b = units_b["pair"] if isinstance(units_b, dict) else units_b
+    return Units(np.concatenate([a.values, b.values]))
+
+
+def pooled_pair_accuracy(
+    units_a: dict[str, Units] | Units, units_b: dict[str, Units] | Units
+) -> float:
+    """BindCLIP's 410-pair criterion over Controlled A and B (each ``units`` output or its
+    ``pair`` Units)."""
+    return pooled_pair_units(units_a, units_b).statistic()
+
+
+# ---------------------------------------------------------------------------- COCO / VG QA
+
+
+def qa_label(correct_caption: str, subset: str, dataset: str) -> str:
+    """The official per-preposition label (diagnostic only)."""
+    if subset == "one":
+        return correct_caption.split()[-1]
+    rules = {
+        "coco": (("left of", "left"), ("right of", "right"), ("above", "above")),
+        "vg": (
+            ("left of", "left"),
+            ("right of", "right"),
+            ("front of", "front"),
+            ("behind", "behind"),
+        ),
+    }[dataset]
+    fallback = {"coco": "below", "vg": "top"}[dataset]
+    return next((lab for pat, lab in rules if pat in correct_caption), fallback)
+
+
+def read_qa(path: Path, subset: str, dataset: str) -> pd.DataFrame:
+    """One QA file (``[image_id, correct, wrong]`` entries) -> manifest rows."""
+    with open(path) as f:
+        data = json.load(f)
+    rows = []
+    for i, (image_id, good, bad) in enumerate(data):
+        item = f"{subset}-obj/{i}"
+        image = (
+            f"val2017/{str(image_id).zfill(12)}.jpg"
+            if dataset == "coco"
+            else f"vg_images/{image_id}.jpg"
+        )
+        rows.append(
+            {
+                "item_id": item,
+                "image": relative_image_path(image, item),
+                "captions": [good, bad],
+                "correct": 0,
+                "category": f"{subset}-obj",
+                "preposition": qa_label(good, subset, dataset),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _qa_suite(dataset: str):
+    def build_manifest(root: Path) -> pd.DataFrame:
+        parts = [
+            read_qa(require_file(root, f"{dataset}_qa_{s}_obj.json", SOURCE), s, dataset)
+            for s in ("one", "two")
+        ]
+        return pd.concat(parts, ignore_index=True)
+
+    return build_manifest
+
+
+def qa_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units]:
+    """``one-obj``, ``two-obj`` accuracy (argmax-first) and ``individual`` = their mean."""
+    correct = choice_correct(scores, manifest["correct"].to_numpy(), ties="first").astype(float)
+    cat = manifest["category"].to_numpy()
+    units = {c: Units(correct[cat == c]) for c in ("one-obj", "two-obj") if (cat == c).any()}
+    units["individual"] = Units(correct, groups=cat)  # macro over the two subsets
+    return units
+
+
+# ---------------------------------------------------------------------------- registration
+
+for _subset, _file in (
+    ("a", "controlled_images_dataset.json"),
+    ("b", "controlled_clevr_dataset.json"),
+):
+    SUITES.register(
+        f"whatsup-{_subset}",
+        Suite(
+            name=f"whatsup-{_subset}",
+            task="choice",
+            build_manifest=_controlled_suite(_subset, _file),
+            units=whatsup_units,
+            metric_names=CONTROLLED_METRICS,
+            headline="pair",
+            description=(
+                f"What'sUp Controlled {_subset.upper()}: root holds {_file}; image paths are the "
+                "official data/... paths, so the image root is the folder containing data/"
+            ),
+        ),
+    )
+
+for _dataset, _images in (("coco", "val2017/"), ("vg", "vg_images/")):
+    SUITES.register(
+        f"whatsup-{_dataset}",
+        Suite(
+            name=f"whatsup-{_dataset}",
+            task="choice",
+            build_manifest=_qa_suite(_dataset),
+            units=qa_units,
+            metric_names=QA_METRICS,
+            headline="individual",
+            description=(
+                f"What'sUp {'COCO' if _dataset == 'coco' else 'GQA'}-spatial: root holds "
+                f"{_dataset}_qa_one_obj.json and {_dataset}_qa_two_obj.json; images under root/{_images}"
+            ),
+        ),
+    )

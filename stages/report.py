@@ -1,0 +1,185 @@
+"""Stage `report`: tables with bootstrap CIs, differences against frozen CLIP, the toy CLIP's
+failure profile, example images with their captions and scores, and measured performance.
+
+Reads only the score stage's outputs (``cache/scores``, ``reports/metrics``), the manifests
+and images, and the JSON files that ``pipeline bench ...`` commands leave in
+``reports/bench``. Writes ``reports/report.md``, ``reports/figures/*.png`` and
+``reports/plots/metrics.csv`` (a long table for ``dvc plots``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipeline.benchmarks import SUITES
+from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
+from pipeline.manifests import read_manifest, resolve_source
+from pipeline.stats import bootstrap_ci, units_bootstrap
+
+# Published frozen-CLIP ViT-L/14 (OpenAI) numbers the toy CLIP's profile is compared with
+# (SugarCrepe paper table; What'sUp/ARO via vl_compo; see shared/design/benchmarks.md §5).
+REAL_CLIP_PROFILE = {
+    ("shapes-sugarcrepe", "replace-obj"): 0.9407,
+    ("shapes-sugarcrepe", "replace-att"): 0.7919,
+    ("shapes-sugarcrepe", "replace-rel"): 0.6515,
+    ("shapes-sugarcrepe", "swap-obj"): 0.6016,
+    ("shapes-sugarcrepe", "swap-att"): 0.6231,
+    ("shapes-sugarcrepe", "add-obj"): 0.7832,
+    ("shapes-sugarcrepe", "add-att"): 0.7153,
+    ("shapes-aro", "relation"): 0.6152,
+    ("shapes-aro", "attribution"): 0.6186,
+    ("shapes-aro", "order"): 0.4658,
+    ("shapes-whatsup", "individual"): (0.2646 + 0.2525) / 2,
+}
+CHANCE = {"shapes-whatsup": {"individual": 0.25, "pair": 1 / 16, "set": 1 / 256}}
+
+
+def _fmt(x: float) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
+
+
+def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> dict[str, Any]:
+    """{suite: {"manifest": df, "scores": {variant: array}}} for what the score stage wrote."""
+    from stages.score import load_scores
+
+    out: dict[str, Any] = {}
+    for suite in score.suites:
+        src = resolve_source(suite, world.out, extract.manifests, extract.image_roots)
+        entry = {"manifest": read_manifest(src.manifest), "image_root": src.image_root, "scores": {}}
+        for variant in score.variants:
+            path = Path(score.scores_out) / variant / f"{suite}.parquet"
+            if path.is_file():
+                entry["scores"][variant] = load_scores(score, variant, suite)
+        out[suite] = entry
+    return out
+
+
+def suite_table(suite_name: str, entry: dict[str, Any], cfg: ReportConfig, baseline: str = "clip") -> tuple[str, list[dict]]:
+    """Markdown table: variant x metric with 95% CIs, and Δ vs the baseline with paired CIs."""
+    suite = SUITES.get(suite_name)
+    manifest = entry["manifest"]
+    units_by_variant = {v: suite.units(manifest, s) for v, s in entry["scores"].items()}
+    lines = [
+        f"| variant | " + " | ".join(suite.metric_names) + " |",
+        "|---|" + "---|" * len(suite.metric_names),
+    ]
+    long_rows = []
+    for variant, units in units_by_variant.items():
+        cells = []
+        for name in suite.metric_names:
+            u = units.get(name)
+            if u is None or len(u.values) == 0:
+                cells.append("–")
+                continue
+            ci = bootstrap_ci(u.values, u.groups, n_resamples=cfg.bootstrap, seed=cfg.seed)
+            cell = f"{_fmt(ci.estimate)} [{_fmt(ci.lo)}, {_fmt(ci.hi)}]"
+            if variant != baseline and baseline in units_by_variant:
+                d = units_bootstrap(u, units_by_variant[baseline][name], n_resamples=cfg.bootstrap, seed=cfg.seed)
+                cell += f"<br>Δ {100 * d.diff:+.1f} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]"
+            cells.append(cell)
+            long_rows.append(
+                {"suite": suite_name, "variant": variant, "metric": name, "value": ci.estimate, "lo": ci.lo, "hi": ci.hi}
+            )
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), long_rows
+
+
+def profile_table(results: dict[str, Any]) -> str:
+    """The toy CLIP's failure profile next to real ViT-L/14's published one."""
+    lines = ["| suite | metric | toy CLIP (frozen, `clip`) | real CLIP ViT-L/14 (published) |", "|---|---|---|---|"]
+    for (suite_name, metric), real in REAL_CLIP_PROFILE.items():
+        entry = results.get(suite_name)
+        if not entry or "clip" not in entry["scores"]:
+            continue
+        value = SUITES.get(suite_name).metrics(entry["manifest"], entry["scores"]["clip"]).get(metric)
+        lines.append(f"| {suite_name} | {metric} | {_fmt(value)} | {_fmt(real)} |")
+    return "\n".join(lines)
+
+
+def examples_figure(suite_name: str, entry: dict[str, Any], out: Path, n: int) -> Path | None:
+    """A figure of ``n`` items: image, caption options and each variant's scores."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    manifest = entry["manifest"]
+    if not entry["scores"] or len(manifest) == 0:
+        return None
+    rng = np.random.default_rng(0)
+    picks = rng.choice(len(manifest), size=min(n, len(manifest)), replace=False)
+    fig, axes = plt.subplots(1, len(picks), figsize=(3.4 * len(picks), 4.2))
+    axes = np.atleast_1d(axes)
+    for ax, i in zip(axes, picks, strict=True):
+        row = manifest.iloc[int(i)]
+        ax.imshow(Image.open(Path(entry["image_root"]) / row["image"]).convert("RGB"))
+        ax.set_xticks([])
+        ax.set_yticks([])
+        caps = list(row["captions"])[:5]
+        text = []
+        for k, cap in enumerate(caps):
+            mark = "✓" if k == int(row["correct"]) else " "
+            scores = " ".join(f"{v}:{entry['scores'][v][i, k]:.3f}" for v in entry["scores"] if k < entry["scores"][v].shape[1])
+            text.append(f"{mark} {cap[:38]}\n    {scores}")
+        ax.set_title(str(row["category"]), fontsize=9)
+        ax.set_xlabel("\n".join(text), fontsize=6.5, loc="left")
+    fig.tight_layout()
+    path = out / "figures" / f"examples-{suite_name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def bench_section(out: Path) -> str:
+    """Tables of the measurements `pipeline bench ...` wrote to reports/bench/*.json."""
+    files = sorted((out / "bench").glob("*.json"))
+    if not files:
+        return "_No measurements yet: run `pipeline bench extract`, `pipeline bench score`, `pipeline bench memory`._"
+    parts = []
+    for f in files:
+        data = json.loads(f.read_text())
+        parts.append(f"**{f.stem}** (`{data.get('command', '')}`)\n\n```json\n{json.dumps(data.get('results', data), indent=1)}\n```")
+    return "\n\n".join(parts)
+
+
+def run(cfg: ReportConfig, score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> Path:
+    out = Path(cfg.out)
+    results = load_results(score, extract, world)
+    sections = [
+        "# Compositionality report (shapes world)",
+        f"Encoder `{extract.model}`; variants {', '.join(f'`{v}`' for v in score.variants)}. "
+        f"Every number is recomputed by `dvc repro` (or `pipeline report`) from the cached scores. "
+        f"Cells: metric in % with a 95% bootstrap CI ({cfg.bootstrap} resamples, seed {cfg.seed}); "
+        f"for variants other than `clip`, Δ against `clip` with a paired-bootstrap 95% CI.",
+        "## The toy CLIP's failure profile",
+        "Frozen global CLIP on the shapes suites next to real ViT-L/14's published numbers "
+        "(SugarCrepe paper; ARO and What'sUp via vl_compo). The toy should be strong on "
+        "replacements and weak on swaps and spatial relations, like the real one.",
+        profile_table(results),
+    ]
+    long_rows: list[dict] = []
+    for suite_name, entry in results.items():
+        if not entry["scores"]:
+            continue
+        table, rows = suite_table(suite_name, entry, cfg)
+        long_rows += rows
+        sections += [f"## {suite_name}", f"{len(entry['manifest'])} items. {SUITES.get(suite_name).description}", table]
+        chance = CHANCE.get(suite_name)
+        if chance:
+            sections.append("Chance: " + ", ".join(f"{k} {_fmt(v)}" for k, v in chance.items()) + ".")
+        fig = examples_figure(suite_name, entry, out, cfg.examples)
+        if fig is not None:
+            sections.append(f"![examples {suite_name}](figures/{fig.name})")
+    sections += ["## Performance", bench_section(out)]
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(long_rows).to_csv(out / "plots" / "metrics.csv", index=False)
+    path = out / "report.md"
+    path.write_text("\n\n".join(sections) + "\n")
+    return path

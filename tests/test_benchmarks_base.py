@@ -1,0 +1,87 @@
+"""The suite registry contract and the shared intake helpers of pipeline.benchmarks.base."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.benchmarks import SUITES
+from pipeline.benchmarks.base import (
+    Units,
+    check_images,
+    choice_correct,
+    relative_image_path,
+    require_file,
+)
+
+REAL = ["aro-relation", "aro-attribution", "aro-coco-order", "aro-flickr-order", "sugarcrepe", "sugarcrepe-pp",
+        "whatsup-a", "whatsup-b", "whatsup-coco", "whatsup-vg", "coco-families"]  # fmt: skip
+SHAPES = [
+    "shapes-whatsup",
+    "shapes-aro",
+    "shapes-sugarcrepe",
+    "shapes-retrieval",
+    "shapes-train",
+    "shapes-dev",
+]
+
+
+def test_every_required_suite_is_registered():
+    assert set(REAL + SHAPES) <= set(SUITES.names())
+
+
+@pytest.mark.parametrize("name", REAL + SHAPES)
+def test_suite_contract(name, tmp_path):
+    suite = SUITES.get(name)
+    assert suite.name == name and re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", name)
+    assert suite.task == ("retrieval" if name == "shapes-retrieval" else "choice")
+    assert suite.headline in suite.metric_names and len(set(suite.metric_names)) == len(
+        suite.metric_names
+    )
+    assert suite.description
+    with pytest.raises(FileNotFoundError):  # an empty root names what is missing
+        suite.build_manifest(tmp_path)
+
+
+def test_relative_image_path_refuses_escapes():
+    assert (
+        relative_image_path("data/controlled_images/a_on_b.jpeg", "x")
+        == "data/controlled_images/a_on_b.jpeg"
+    )
+    assert relative_image_path("val2017\\000000000001.jpg", "x") == "val2017/000000000001.jpg"
+    for bad in ("/etc/passwd", "../x.jpg", "a/../../x.jpg", "C:/x.jpg", ""):
+        with pytest.raises(ValueError, match="item it7"):
+            relative_image_path(bad, "it7")
+
+
+def test_check_images_names_the_missing(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.png").write_bytes(b"")
+    m = pd.DataFrame(
+        {"image": ["a/x.png", "a/y.png", "a/y.png"], "flipped": [None, ["a/x.png", "z.png"], None]}
+    )
+    assert check_images(m, tmp_path) == ["a/y.png"]
+    assert check_images(m, tmp_path, columns=("image", "flipped")) == ["a/y.png", "z.png"]
+
+
+def test_require_file_message(tmp_path):
+    with pytest.raises(FileNotFoundError, match="f.json not found.*get it here"):
+        require_file(tmp_path, "f.json", "get it here")
+
+
+def test_units_statistic_micro_and_macro():
+    assert Units(np.array([1.0, 0.0, 1.0])).statistic() == pytest.approx(2 / 3)
+    assert Units(np.array([1.0, 0.0, 1.0]), np.array(["a", "a", "b"])).statistic() == pytest.approx(
+        0.75
+    )
+    assert np.isnan(Units(np.array([])).statistic())
+
+
+def test_choice_correct_tie_rules():
+    s = np.array([[0.2, 0.2], [0.1, 0.3], [0.3, np.nan]])
+    assert choice_correct(s, np.array([0, 1, 0]), "first").tolist() == [True, True, True]
+    assert choice_correct(s, np.array([0, 1, 0]), "wrong").tolist() == [False, True, True]
+    assert choice_correct(s, np.array([1, 0, 0]), "first").tolist() == [False, False, True]

@@ -1,0 +1,170 @@
+"""COCO hard-negative families on a tiny COCO-format file, and the family metric."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.benchmarks import SUITES
+from pipeline.benchmarks.base import bucket_split, hash_bucket
+from pipeline.benchmarks.coco_families import (
+    FAMILIES,
+    CocoFamiliesConfig,
+    build_families,
+    family_units,
+    plural,
+)
+
+CATS = [
+    {"id": 1, "name": "dog", "supercategory": "animal"},
+    {"id": 2, "name": "cat", "supercategory": "animal"},
+    {"id": 3, "name": "horse", "supercategory": "animal"},
+    {"id": 4, "name": "car", "supercategory": "vehicle"},
+    {"id": 5, "name": "bus", "supercategory": "vehicle"},
+    {"id": 6, "name": "person", "supercategory": "person"},
+]
+
+
+def _coco(tmp_path):
+    images = [
+        {"id": i, "file_name": f"{i:012d}.jpg", "width": 100, "height": 100} for i in (1, 2, 3)
+    ]
+    boxes = [
+        (1, 1, [5, 50, 20, 40]),  # image 1: dog, left, low
+        (1, 4, [60, 20, 30, 30]),  # car, right
+        (2, 6, [40, 10, 20, 30]),  # image 2: person above ...
+        (2, 3, [35, 50, 30, 40]),  # ... a horse
+        (3, 1, [10, 40, 50, 55]),  # image 3: dog reaching lower (in front) ...
+        (3, 2, [30, 30, 30, 40]),  # ... overlapping a cat
+    ]
+    anns = [
+        {"id": k, "image_id": im, "category_id": c, "bbox": b, "area": b[2] * b[3], "iscrowd": 0}
+        for k, (im, c, b) in enumerate(boxes)
+    ]
+    caps = [
+        {"id": 10, "image_id": 1, "caption": "A black dog sitting on a car."},
+        {"id": 20, "image_id": 2, "caption": "A person riding a horse."},
+        {"id": 30, "image_id": 3, "caption": "A dog and a cat"},
+    ]
+    (tmp_path / "annotations").mkdir()
+    (tmp_path / "annotations" / "captions_train2017.json").write_text(
+        json.dumps({"images": images, "annotations": caps})
+    )
+    (tmp_path / "annotations" / "instances_train2017.json").write_text(
+        json.dumps({"images": images, "annotations": anns, "categories": CATS})
+    )
+
+
+@pytest.fixture()
+def manifest(tmp_path):
+    _coco(tmp_path)
+    return SUITES.get("coco-families").build_manifest(tmp_path).set_index("item_id")
+
+
+def _pair(m, item):
+    return m.loc[item, "captions"]
+
+
+def test_caption_families(manifest):
+    pos, neg = _pair(manifest, "entity/1")
+    assert pos == "A black dog sitting on a car." and neg in {
+        "A black cat sitting on a car.",
+        "A black horse sitting on a car.",
+    }
+    assert _pair(manifest, "entity/3")[1] == "A horse and a cat"  # the absent animal
+    pos, neg = _pair(manifest, "attribute/1")
+    assert (
+        re.fullmatch(r"(A [^aeiou]|An [aeiou])\w* dog sitting on a car\.", neg)
+        and "black" not in neg
+    )
+    assert _pair(manifest, "role-swap/1") == [
+        "A black dog sitting on a car.",
+        "A black car sitting on a dog.",
+    ]
+    assert _pair(manifest, "role-swap/2")[1] == "A horse riding a person."
+    assert "role-swap/3" not in manifest.index  # "and" is symmetric: no swap
+    assert _pair(manifest, "negation/1") == [
+        "a photo of a car and no buses",
+        "a photo of a bus and no cars",
+    ]
+
+
+def test_geometric_families_are_true_by_the_boxes(manifest):
+    assert set(_pair(manifest, "relative-geometry/1")) in (
+        {"a dog to the left of a car", "a dog to the right of a car"},
+        {"a car to the right of a dog", "a car to the left of a dog"},
+    )
+    assert _pair(manifest, "relative-geometry/1")[0] in {
+        "a dog to the left of a car",
+        "a car to the right of a dog",
+    }
+    assert _pair(manifest, "absolute-position/1")[0] == "a car on the right side of the picture"
+    assert _pair(manifest, "vertical/2")[0] in {"a person above a horse", "a horse below a person"}
+    assert _pair(manifest, "depth/3")[0] in {"a dog in front of a cat", "a cat behind a dog"}
+    assert "vertical/1" not in manifest.index and "depth/2" not in manifest.index
+    row = manifest.loc["vertical/2"]
+    assert row["paraphrase"] in {"a horse below a person", "a person above a horse"}
+    words = row["captions"][0].split(" ")
+    assert [words[k] for k in row["ground_positions"]] == row["ground_words"]
+    assert sorted(row["ground_words"]) == ["horse", "person"]
+    boxes = dict(zip(row["ground_words"], row["ground_boxes"], strict=True))
+    assert boxes["person"] == pytest.approx([0.4, 0.1, 0.6, 0.4])
+
+
+def test_grounding_of_caption_families(manifest):
+    row = manifest.loc["role-swap/1"]  # "A black dog sitting on a car."
+    assert row["ground_words"] == ["dog", "car"] and row["ground_positions"] == [2, 6]
+    assert row["ground_boxes"][0] == pytest.approx([0.05, 0.5, 0.25, 0.9])
+    assert manifest.loc["negation/1", "ground_words"] == ["car"]  # the absent bus is not grounded
+
+
+def test_columns_split_and_no_counterfactuals(manifest):
+    assert set(manifest["family"]) == set(FAMILIES)
+    assert (manifest["correct"] == 0).all() and (manifest["category"] == manifest["family"]).all()
+    for col in ("cf_image", "flip_image", "flip_captions"):
+        assert manifest[col].isna().all()
+    for image, row in manifest.groupby("image").first().iterrows():
+        assert image.startswith("train2017/") and row["bucket"] == hash_bucket(image)
+        assert row["split"] == bucket_split(hash_bucket(image))
+    assert manifest.groupby("image")["split"].nunique().eq(1).all()  # image-disjoint
+
+
+def test_bucket_rule():
+    assert [bucket_split(b) for b in range(10)] == ["train"] * 3 + ["validation"] * 2 + [
+        "holdout"
+    ] * 5
+    assert (
+        hash_bucket("train2017/000000000001.jpg")
+        == int(__import__("hashlib").sha256(b"train2017/000000000001.jpg").hexdigest(), 16) % 10
+    )
+
+
+def test_max_per_family_and_missing_files(tmp_path):
+    _coco(tmp_path)
+    m = build_families(tmp_path, CocoFamiliesConfig(max_per_family=1))
+    assert m["family"].value_counts().max() == 1
+    with pytest.raises(FileNotFoundError, match="captions_train2017.json.*cocodataset"):
+        build_families(tmp_path / "nowhere")
+
+
+def test_plural():
+    assert [plural(w) for w in ("bus", "person", "knife", "teddy bear", "dog", "skis")] == [
+        "buses", "people", "knives", "teddy bears", "dogs", "skis",
+    ]  # fmt: skip
+
+
+def test_family_metric_strict_and_unweighted_mean():
+    m = pd.DataFrame({"family": ["negation", "negation", "depth"], "correct": 0})
+    scores = np.array([[0.3, 0.3], [0.5, 0.1], [0.4, 0.2]])  # tie wrong, right, right
+    units = family_units(m, scores)
+    assert units["negation"].statistic() == 0.5 and units["depth"].statistic() == 1.0
+    assert units["mean"].statistic() == pytest.approx(0.75)  # not the pooled 2/3
+    assert SUITES.get("coco-families").metrics(m, scores) == {
+        k: u.statistic() for k, u in units.items()
+    }
+    with pytest.raises(ValueError, match="unknown families"):
+        family_units(pd.DataFrame({"family": ["nope"], "correct": 0}), np.array([[1.0, 0.0]]))

@@ -1,0 +1,130 @@
+"""Shapes-world suites: manifests read from the world folder, scored by the official code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.benchmarks import SUITES
+from pipeline.benchmarks.shapes import retrieval_units, shapes_aro_units, target_ranks
+
+
+def _write(root, suite, rows):
+    (root / "manifests").mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(root / "manifests" / f"{suite}.parquet", index=False)
+
+
+def test_missing_world_manifest_names_the_stage(tmp_path):
+    with pytest.raises(FileNotFoundError, match="pipeline world"):
+        SUITES.get("shapes-whatsup").build_manifest(tmp_path)
+    _write(
+        tmp_path, "shapes-train", [{"item_id": "x1", "image": "../out.png", "captions": ["a", "b"]}]
+    )
+    with pytest.raises(ValueError, match="x1"):
+        SUITES.get("shapes-train").build_manifest(tmp_path)
+
+
+def test_whatsup_manifest_roundtrip_and_official_pair_metric(tmp_path):
+    rows = [
+        {"item_id": f"{k}-{a}", "image": f"{k}-{a}.png", "captions": ["t", "x", "y", "z"], "correct": 0,
+         "category": a, "pair_key": k, "arrangement": a}
+        for k in ("p0", "p1") for a in ("left", "right", "above", "below")
+    ]  # fmt: skip
+    _write(tmp_path, "shapes-whatsup", rows)
+    m = SUITES.get("shapes-whatsup").build_manifest(tmp_path)
+    assert isinstance(m["captions"].iloc[0], list) and len(m) == 8
+    scores = np.tile([0.5, 0.1, 0.1, 0.1], (8, 1))
+    scores[3, 2] = 0.9  # p0 "below" wrong: breaks the above/below pair of p0
+    metrics = SUITES.get("shapes-whatsup").metrics(m, scores)
+    assert metrics == {"individual": 7 / 8, "pair": 3 / 4, "set": 1 / 2}
+
+
+def test_aro_categories_with_padded_scores():
+    m = pd.DataFrame(
+        {
+            "category": ["relation"] * 3 + ["attribution"] * 2 + ["order"] * 2,
+            "correct": [1, 1, 1, 1, 1, 0, 0],
+            "relation_name": ["near", "near", "left of", None, None, None, None],
+            "attr_pair": [None, None, None, "red_blue", "blue_red", None, None],
+        }
+    )
+    nan = np.nan
+    scores = np.array(
+        [
+            [0.1, 0.2, nan, nan, nan],  # near: right ("near" is not excluded in the world)
+            [0.2, 0.2, nan, nan, nan],  # near: tie, wrong
+            [0.1, 0.3, nan, nan, nan],  # left of: right
+            [0.1, 0.3, nan, nan, nan],  # red_blue: right (a single item counts: min_count 1)
+            [0.3, 0.1, nan, nan, nan],  # blue_red: wrong
+            [0.2, 0.2, 0.2, 0.2, 0.2],  # order: tie, right
+            [0.1, 0.2, 0.0, 0.0, 0.0],  # order: wrong
+        ]
+    )
+    units = shapes_aro_units(m, scores)
+    assert units["relation"].statistic() == pytest.approx((0.5 + 1.0) / 2)
+    assert units["attribution"].statistic() == pytest.approx(0.5)
+    assert units["order"].statistic() == pytest.approx(0.5)
+    assert SUITES.get("shapes-aro").metrics(m, scores) == {
+        k: u.statistic() for k, u in units.items()
+    }
+
+
+def test_sugarcrepe_and_family_suites_reuse_official_metrics():
+    m = pd.DataFrame({"category": ["add-att", "add-att"], "correct": 0, "length_matched": [True, False],
+                      "family": ["negation", "depth"]})  # fmt: skip
+    scores = np.array([[0.2, 0.2], [0.3, 0.1]])
+    assert SUITES.get("shapes-sugarcrepe").metrics(m, scores) == {
+        "add-att": 0.5, "total": 0.5, "add-att-length-matched": 0.0,
+    }  # fmt: skip
+    assert SUITES.get("shapes-dev").metrics(m, scores) == {
+        "negation": 0.0,
+        "depth": 1.0,
+        "mean": 0.5,
+    }
+
+
+def test_ranks_are_pessimistic_on_a_3x4_case():
+    scores = np.array(
+        [
+            [0.9, 0.1, 0.2, 0.3],  # target 0 best: rank 1
+            [0.5, 0.4, 0.4, 0.1],  # target 1: one above, one tie: rank 3
+            [0.3, 0.3, 0.3, 0.3],  # target 3: all tie: rank 4
+        ]
+    )
+    ranks = target_ranks(scores, np.array([0, 1, 3]))
+    assert ranks.tolist() == [1, 3, 4]
+    r1 = (ranks <= 1).mean()
+    ndcg = (1 + 1 / np.log2(4) + 1 / np.log2(5)) / 3
+    assert r1 == pytest.approx(1 / 3) and np.mean(1 / np.log2(1 + ranks)) == pytest.approx(ndcg)
+    assert target_ranks(np.array([[np.nan, 0.0]]), np.array([0])).tolist() == [2]  # NaN ranks last
+
+
+def test_retrieval_metrics_by_hand():
+    n = 12
+    m = pd.DataFrame({"image": [f"g{j}" for j in range(n)], "captions": [["q"]] * n, "group": 0})
+    wanted = [1, 2, 5, 6, 10, 11, 12, 1, 1, 3, 1, 1]
+    scores = np.zeros((n, n))
+    for q, r in enumerate(wanted):
+        others = [j for j in range(n) if j != q]
+        scores[q, others] = np.arange(n - 1, 0, -1)  # 11, 10, ..., 1
+        scores[q, q] = 100.0 if r == 1 else scores[q, others[r - 2]]  # tie with the (r-1)-th other
+    units = retrieval_units(m, scores)
+    expected = np.array(wanted)
+    assert units["R@1"].statistic() == pytest.approx(5 / 12)
+    assert units["R@5"].statistic() == pytest.approx(8 / 12)
+    assert units["R@10"].statistic() == pytest.approx(10 / 12)
+    ndcg = np.where(expected <= 10, 1 / np.log2(1 + expected), 0)
+    assert units["nDCG@10"].statistic() == pytest.approx(ndcg.mean())
+    assert SUITES.get("shapes-retrieval").metrics(m, scores) == {
+        k: u.statistic() for k, u in units.items()
+    }
+    with pytest.raises(ValueError, match="shape"):
+        retrieval_units(m, scores[:3])
+
+
+def test_family_names_match_the_world():
+    world = pytest.importorskip("pipeline.world.families")
+    from pipeline.benchmarks.coco_families import FAMILIES
+
+    assert tuple(world.FAMILIES) == FAMILIES

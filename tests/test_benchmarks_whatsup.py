@@ -1,0 +1,161 @@
+"""What'sUp loaders (hand-made files in the official formats) and official metrics."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.benchmarks import SUITES
+from pipeline.benchmarks.whatsup import (
+    parse_controlled_name,
+    pooled_pair_accuracy,
+    pooled_pair_units,
+    qa_units,
+    whatsup_units,
+)
+
+PREP = {"on": "on", "under": "under", "left_of": "to the left of", "right_of": "to the right of"}
+
+
+def _controlled(tmp_path, subset="a", pairs=(("mug", "plate"), ("beer-bottle", "armchair"))):
+    arrangements = (
+        ["left_of", "right_of", "on", "under"]
+        if subset == "a"
+        else ["left_of", "right_of", "in-front_of", "behind"]
+    )
+    folder = "controlled_images" if subset == "a" else "controlled_clevr"
+    data = []
+    for obj, ref in pairs:
+        for arr in arrangements:
+            others = [a for a in arrangements if a != arr]
+            data.append(
+                {
+                    "image_path": f"data/{folder}/{obj}_{arr}_{ref}.jpeg",
+                    "caption_options": [
+                        f"A {obj} {PREP.get(a, a)} a {ref}" for a in [arr, *others]
+                    ],
+                }
+            )
+    name = "controlled_images_dataset.json" if subset == "a" else "controlled_clevr_dataset.json"
+    (tmp_path / name).write_text(json.dumps(data))
+    return SUITES.get(f"whatsup-{subset}").build_manifest(tmp_path)
+
+
+def test_parse_official_file_names():
+    assert parse_controlled_name("data/controlled_images/beer-bottle_on_armchair.jpeg") == (
+        "beer-bottle|armchair",
+        "on",
+    )
+    assert parse_controlled_name("data/controlled_clevr/cube_in-front_of_sphere.jpeg") == (
+        "cube|sphere",
+        "in-front",
+    )
+    assert parse_controlled_name("data/controlled_images/mug_left_of_plate.jpeg") == (
+        "mug|plate",
+        "left",
+    )
+
+
+def test_controlled_loader_keeps_official_paths_and_groups(tmp_path):
+    m = _controlled(tmp_path)
+    assert len(m) == 8 and (m["correct"] == 0).all()
+    # verbatim, relative to the official working directory
+    assert m["image"].iloc[0] == "data/controlled_images/mug_left_of_plate.jpeg"
+    assert m["arrangement"].tolist()[:4] == ["left", "right", "on", "under"]
+    assert m["category"].tolist()[:4] == ["left_of", "right_of", "on", "under"]
+    assert m["pair_key"].nunique() == 2 and m["captions"].map(len).eq(4).all()
+
+
+def _scores(correct_mask):
+    """[n, 4] scores where item i picks option 0 iff correct_mask[i]."""
+    s = np.tile([0.5, 0.1, 0.1, 0.1], (len(correct_mask), 1))
+    s[~np.asarray(correct_mask), 1] = 0.9
+    return s
+
+
+def test_pair_set_individual_with_official_denominators(tmp_path):
+    m = _controlled(tmp_path)
+    mask = np.ones(8, bool)
+    mask[1] = False  # mug right_of wrong: breaks the left/right pair of mug, not on/under
+    units = whatsup_units(m, _scores(mask))
+    assert units["individual"].statistic() == pytest.approx(7 / 8)
+    assert units["pair"].statistic() == pytest.approx(3 / (8 / 2))  # pair_correct / (N/2)
+    assert units["set"].statistic() == pytest.approx(1 / (8 / 4))
+    assert len(units["pair"].values) == 4 and len(units["set"].values) == 2
+    assert SUITES.get("whatsup-a").metrics(m, _scores(mask)) == {
+        k: units[k].statistic() for k in ("individual", "pair", "set")
+    }
+
+
+def test_tie_counts_right_argmax_first(tmp_path):
+    m = _controlled(tmp_path)
+    units = whatsup_units(m, np.zeros((8, 4)))
+    assert units["individual"].statistic() == 1.0 and units["set"].statistic() == 1.0
+
+
+def test_subset_b_axes_and_pooled_410_criterion(tmp_path):
+    a = _controlled(tmp_path)
+    b = _controlled(tmp_path, "b", pairs=(("cube", "sphere"),))
+    assert set(b["arrangement"]) == {"left", "right", "in-front", "behind"}
+    mask_a = np.ones(8, bool)
+    mask_a[[1, 6]] = False  # two pairs broken in A: 2 of 4 right
+    mask_b = np.ones(4, bool)
+    mask_b[3] = False  # behind wrong: 1 of 2 pairs right
+    ua, ub = whatsup_units(a, _scores(mask_a)), whatsup_units(b, _scores(mask_b))
+    assert ua["pair"].statistic() == 0.5 and ub["pair"].statistic() == 0.5
+    # (pair_correct_A + pair_correct_B) / (N_A/2 + N_B/2) = (2 + 1) / (4 + 2)
+    assert pooled_pair_accuracy(ua, ub) == pytest.approx(3 / 6)
+    assert len(pooled_pair_units(ua["pair"], ub["pair"]).values) == 6
+
+
+def test_incomplete_sets_warn_and_missing_arrangement_is_wrong(tmp_path):
+    m = _controlled(tmp_path).iloc[:7].reset_index(drop=True)  # beer-bottle lacks "under"
+    with pytest.warns(UserWarning, match="complete sets"):
+        units = whatsup_units(m, _scores(np.ones(7, bool)))
+    assert units["pair"].values.tolist() == [1, 1, 1, 0] and units["set"].values.tolist() == [1, 0]
+
+
+def test_escaping_and_missing_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="controlled_images_dataset.json.*whatsup_vlms"):
+        SUITES.get("whatsup-a").build_manifest(tmp_path)
+    bad = [{"image_path": "/abs/mug_left_of_plate.jpeg", "caption_options": ["a", "b", "c", "d"]}]
+    (tmp_path / "controlled_images_dataset.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="a/0"):
+        SUITES.get("whatsup-a").build_manifest(tmp_path)
+
+
+def _qa(tmp_path, dataset):
+    one = [
+        [42, "A dog on the left", "A dog on the right"],
+        [7, "A cat on the top", "A cat on the bottom"],
+    ]
+    two = [
+        [42, "A dog to the left of a cat", "A dog to the right of a cat"],
+        [8, "A cup above a table", "A cup below a table"],
+        [9, "A man in front of a car", "A man behind a car"],
+    ]
+    (tmp_path / f"{dataset}_qa_one_obj.json").write_text(json.dumps(one))
+    (tmp_path / f"{dataset}_qa_two_obj.json").write_text(json.dumps(two))
+    return SUITES.get(f"whatsup-{dataset}").build_manifest(tmp_path)
+
+
+def test_qa_loaders_paths_and_labels(tmp_path):
+    coco = _qa(tmp_path, "coco")
+    assert coco["image"].tolist()[:2] == ["val2017/000000000042.jpg", "val2017/000000000007.jpg"]
+    assert coco["category"].tolist() == ["one-obj"] * 2 + ["two-obj"] * 3
+    assert coco["preposition"].tolist() == ["left", "top", "left", "above", "below"]
+    vg = _qa(tmp_path, "vg")
+    assert vg["image"].iloc[0] == "vg_images/42.jpg"
+    assert vg["preposition"].tolist() == ["left", "top", "left", "top", "front"]
+
+
+def test_qa_individual_is_mean_of_subset_accuracies(tmp_path):
+    m = _qa(tmp_path, "coco")
+    # one-obj: right, tie (counts right); two-obj: all wrong
+    scores = np.array([[0.5, 0.1], [0.5, 0.5], [0.1, 0.5], [0.1, 0.5], [0.1, 0.5]])
+    units = qa_units(m, scores)
+    assert units["one-obj"].statistic() == 1.0 and units["two-obj"].statistic() == 0.0
+    assert units["individual"].statistic() == 0.5  # not the pooled 2/5
+    assert SUITES.get("whatsup-coco").metrics(m, scores)["individual"] == 0.5

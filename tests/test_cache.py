@@ -1,0 +1,200 @@
+"""The cache contract: round trip = direct forward pass, dedup, resume, refusal of foreign stores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.cache import FeatureStore, ForeignCacheError, StaleCacheError
+from pipeline.cache.schema import SCHEMA_VERSION
+from pipeline.config import ExtractConfig
+from pipeline.manifests import decode_image
+from stages import extract as extract_stage
+from tests.conftest import make_choice_manifest, make_images
+
+
+def _cfg(tmp_path, suites_manifests, batch_size=4):
+    return ExtractConfig(
+        model="tiny-test",
+        suites=list(suites_manifests),
+        manifests={s: str(p) for s, p in suites_manifests.items()},
+        image_roots={s: str(tmp_path / "images") for s in suites_manifests},
+        out=str(tmp_path / "features"),
+        batch_size=batch_size,
+    )
+
+
+@pytest.fixture
+def tiny_suite(tmp_path):
+    names = make_images(tmp_path / "images", 10)
+    manifest = make_choice_manifest(tmp_path / "m" / "sc.parquet", names)
+    return tmp_path / "m" / "sc.parquet", manifest
+
+
+def test_round_trip_equals_direct_forward(tmp_path, tiny_encoder, tiny_suite):
+    path, manifest = tiny_suite
+    cfg = _cfg(tmp_path, {"shapes-sugarcrepe": path})
+    summary = extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+    assert summary["images"]["encoded"] == 10
+    store = FeatureStore.open(extract_stage.store_path(cfg))
+    index = store.suite_index("shapes-sugarcrepe")
+    assert index["image"].shape == (10, 1) and index["captions"].shape == (10, 2)
+
+    imgs = [decode_image((tmp_path / "images" / n).read_bytes(), n) for n in manifest["image"]]
+    pixels = torch.stack([tiny_encoder.preprocess(im) for im in imgs])
+    direct = tiny_encoder.encode_images(pixels)
+    cached = store.images(index["image"][:, 0])
+    # fp16 storage: compare at fp16 precision
+    torch.testing.assert_close(cached.final, direct["final"][:, 1:].half().float())
+    torch.testing.assert_close(cached.early, direct["early"][:, 1:].half().float())
+    torch.testing.assert_close(cached.embed, direct["embed"], rtol=1e-5, atol=1e-5)
+    # pooled embedding is the CLS token through the stored projection
+    proj = store.projections()
+    torch.testing.assert_close(cached.cls @ proj.visual_proj, cached.embed, rtol=2e-2, atol=2e-2)
+
+    caps = [c[1] for c in manifest["captions"]]
+    direct_t = tiny_encoder.encode_texts(tiny_encoder.tokenizer(caps))
+    cached_t = store.texts(index["captions"][:, 1])
+    torch.testing.assert_close(cached_t.embed, direct_t["embed"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cached_t.tokens, direct_t["tokens"].half().float())
+    assert torch.equal(cached_t.mask, direct_t["mask"])
+    eot = cached_t.mask.sum(1) - 1
+    pooled = cached_t.tokens[torch.arange(10), eot] @ proj.text_projection
+    torch.testing.assert_close(pooled, cached_t.embed, rtol=2e-2, atol=2e-2)
+
+
+def test_dedup_across_suites_and_rerun_encodes_only_new(tmp_path, tiny_encoder, tiny_suite):
+    path, manifest = tiny_suite
+    cfg = _cfg(tmp_path, {"shapes-sugarcrepe": path})
+    extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+    # a second suite sharing 5 images and all captions of the first, plus 3 new images
+    more = make_images(tmp_path / "images" / "more", 3, seed=1)
+    shared = manifest.iloc[:5].copy()
+    extra = make_choice_manifest(tmp_path / "m" / "x.parquet", [f"more/{n}" for n in more], seed=9)
+    import pandas as pd
+
+    both = pd.concat([shared, extra], ignore_index=True)
+    both.to_parquet(tmp_path / "m" / "aro.parquet", index=False)
+    cfg2 = _cfg(tmp_path, {"shapes-sugarcrepe": path, "shapes-aro": tmp_path / "m" / "aro.parquet"})
+    summary = extract_stage.run(cfg2, progress=False, encoder=tiny_encoder)
+    assert summary["images"] == {"total": 13, "encoded": 3}
+    store = FeatureStore.open(extract_stage.store_path(cfg))
+    a = store.suite_index("shapes-sugarcrepe")["image"][:5, 0]
+    b = store.suite_index("shapes-aro")["image"][:5, 0]
+    assert np.array_equal(a, b)  # same image -> same row
+    # a third run with nothing new encodes nothing
+    assert extract_stage.run(cfg2, progress=False, encoder=tiny_encoder)["images"]["encoded"] == 0
+
+
+def test_resume_after_crash(tmp_path, tiny_encoder, tiny_suite, monkeypatch):
+    path, _ = tiny_suite
+    names = make_images(tmp_path / "images" / "big", 150, seed=3)
+    from tests.conftest import make_choice_manifest as mk
+
+    mk(tmp_path / "m" / "big.parquet", [f"big/{n}" for n in names])
+    cfg = _cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "big.parquet"}, batch_size=16)
+    calls = {"n": 0}
+    real = tiny_encoder.encode_images
+
+    def crashing(pixels):
+        calls["n"] += 1
+        if calls["n"] == 6:  # dies inside the second shard
+            raise KeyboardInterrupt("simulated crash")
+        return real(pixels)
+
+    monkeypatch.setattr(tiny_encoder, "encode_images", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+    store = FeatureStore.open(extract_stage.store_path(cfg))
+    done = store.root["image/done"][:]
+    assert done.sum() == 64  # the first shard survived whole, nothing else is flagged
+    monkeypatch.setattr(tiny_encoder, "encode_images", real)
+    summary = extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+    assert summary["images"]["encoded"] == 150 - 64
+    store = FeatureStore.open(extract_stage.store_path(cfg))
+    assert store.root["image/done"][:].all()
+    # resumed rows equal a clean extraction
+    clean = _cfg(tmp_path / "clean", {"shapes-aro": tmp_path / "m" / "big.parquet"}, batch_size=16)
+    clean.image_roots = cfg.image_roots
+    extract_stage.run(clean, progress=False, encoder=tiny_encoder)
+    other = FeatureStore.open(extract_stage.store_path(clean))
+    rows = store.suite_index("shapes-aro")["image"][:, 0]
+    rows2 = other.suite_index("shapes-aro")["image"][:, 0]
+    assert torch.equal(store.images(rows).final, other.images(rows2).final)
+
+
+def test_refuses_foreign_and_stale_stores(tmp_path, tiny_encoder, tiny_suite):
+    path, _ = tiny_suite
+    cfg = _cfg(tmp_path, {"shapes-sugarcrepe": path})
+    extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+    store_path = extract_stage.store_path(cfg)
+    fp = FeatureStore.open(store_path).fingerprint
+    with pytest.raises(ForeignCacheError, match="pipeline extract"):
+        FeatureStore.open(store_path, expect={**fp, "pretrained": "openai"})
+    FeatureStore.open(store_path, expect=fp)  # the right encoder is accepted
+    # a manifest edited after extraction is refused
+    import pandas as pd
+
+    df = pd.read_parquet(path)
+    df.loc[0, "category"] = "edited"
+    df.to_parquet(path, index=False)
+    from pipeline.manifests import file_sha256
+
+    with pytest.raises(StaleCacheError, match="rerun `pipeline extract`"):
+        FeatureStore.open(store_path).suite_index("shapes-sugarcrepe", file_sha256(path))
+    # another schema version is refused
+    import zarr
+
+    root = zarr.open_group(store_path, mode="r+")
+    root.attrs["schema_version"] = SCHEMA_VERSION + 1
+    with pytest.raises(StaleCacheError, match="schema"):
+        FeatureStore.open(store_path)
+
+
+def test_bad_inputs_fail_clearly(tmp_path, tiny_encoder, tiny_suite):
+    path, manifest = tiny_suite
+    # missing image named
+    bad = manifest.copy()
+    bad.loc[3, "image"] = "nope.png"
+    bad.to_parquet(tmp_path / "m" / "bad.parquet", index=False)
+    with pytest.raises(FileNotFoundError, match="nope.png"):
+        extract_stage.run(_cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "bad.parquet"}), progress=False, encoder=tiny_encoder)
+    # corrupt image named
+    (tmp_path / "images" / "corrupt.png").write_bytes(b"not a png")
+    bad.loc[3, "image"] = "corrupt.png"
+    bad.to_parquet(tmp_path / "m" / "bad.parquet", index=False)
+    with pytest.raises(ValueError, match="corrupt.png"):
+        extract_stage.run(_cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "bad.parquet"}), progress=False, encoder=tiny_encoder)
+    # escaping path refused
+    bad.loc[3, "image"] = "../../etc/passwd"
+    bad.to_parquet(tmp_path / "m" / "bad.parquet", index=False)
+    with pytest.raises(ValueError, match="escapes"):
+        extract_stage.run(_cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "bad.parquet"}), progress=False, encoder=tiny_encoder)
+    # empty caption refused
+    bad = manifest.copy()
+    bad.at[2, "captions"] = ["a red circle", "  "]
+    bad.to_parquet(tmp_path / "m" / "bad.parquet", index=False)
+    with pytest.raises(ValueError, match="empty caption"):
+        extract_stage.run(_cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "bad.parquet"}), progress=False, encoder=tiny_encoder)
+    # unknown suite lists the valid ones
+    from pipeline.registry import UnknownNameError
+
+    with pytest.raises(UnknownNameError, match="valid suites"):
+        extract_stage.run(_cfg(tmp_path, {"no-such-suite": path}), progress=False, encoder=tiny_encoder)
+
+
+def test_long_caption_truncated_and_warned_once(tmp_path, tiny_encoder, tiny_suite, caplog):
+    path, manifest = tiny_suite
+    long = manifest.copy()
+    long.at[0, "captions"] = [" ".join(["red circle"] * 40), "a blue square"]
+    long.at[1, "captions"] = [" ".join(["blue star"] * 40), "a blue square"]
+    long.to_parquet(tmp_path / "m" / "long.parquet", index=False)
+    with caplog.at_level("WARNING"):
+        extract_stage.run(_cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "long.parquet"}), progress=False, encoder=tiny_encoder)
+    msgs = [r.message for r in caplog.records if "truncated" in r.message]
+    assert len(msgs) == 1 and msgs[0].startswith("2 caption(s)")
+    store = FeatureStore.open(tmp_path / "features" / "tiny-test.zarr")
+    rows = store.suite_index("shapes-aro")["captions"][0, :1]
+    t = store.texts(rows)
+    assert t.mask.all() and int(t.ids[0, -1]) == 49407  # full context, eot kept last
