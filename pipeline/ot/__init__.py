@@ -1,0 +1,19 @@
+"""Shared optimal-transport solvers, POT style: pure functions named after the math.
+
+    from pipeline.ot import sinkhorn_log
+    P, log = sinkhorn_log(C, a, b, epsilon=0.1, n_iters=64, mask_rows=..., mask_cols=...)
+
+* ``sinkhorn`` — batched, differentiable log-domain Sinkhorn (balanced entropic OT).
+* ``assignment`` — Hungarian assignment (scipy) and Fused Gromov–Wasserstein (POT) wrappers.
+"""
+
+from pipeline.ot.assignment import fused_gromov_wasserstein, hungarian
+from pipeline.ot.sinkhorn import SinkhornLog, sinkhorn_log, sinkhorn_log_kernel
+
+__all__ = [
+    "SinkhornLog",
+    "fused_gromov_wasserstein",
+    "hungarian",
+    "sinkhorn_log",
+    "sinkhorn_log_kernel",
+]

@@ -1,0 +1,106 @@
+"""Zero-parameter local-alignment baselines over BindCLIP's tensors (methods.md §1.7).
+
+Seed: ``seeds/bindclip.txt`` §3.2 ("patch access is not the explanation"). Every caption
+content token (final layer, after ``ln_final``, through ``text_projection``) is compared by
+cosine with every final-layer patch (after ``ln_post``, through ``visual_proj``) in CLIP's
+joint space; the cosines are pooled over patches and averaged over the caption's content
+tokens (truncated to 32, as BindCLIP reads them):
+
+* ``local-max``: ``l(I, T) = mean_i max_p cos(t_i, v_p)``;
+* ``local-softmax``: ``l(I, T) = mean_i Σ_p softmax_p(cos / temperature) cos(t_i, v_p)``
+  (temperature 0.05 by default *(ours)*);
+* ``additive``: ``s(I, T) = logit_scale * (cos(e_I, e_T) + w * l(I, T))``, so the pairwise
+  margin is the frozen CLIP logit margin ``g`` plus ``w`` times the local margin in the same
+  logit units (kwargs ``pooling`` in {"max", "softmax"} and ``w``; the lead sweeps ``w``).
+
+All are per-caption scorers (``pairwise = False``) without parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
+from pipeline.scorers.base import SCORERS, Scorer
+
+POOLINGS = ("max", "softmax")
+
+
+def local_alignment(
+    tokens: torch.Tensor,
+    mask: torch.Tensor,
+    patches: torch.Tensor,
+    pooling: str,
+    temperature: float,
+) -> torch.Tensor:
+    """[B] mean over valid tokens of the patch-pooled token-patch cosine.
+
+    Args:
+        tokens: [B, N, D] caption tokens in the joint space.
+        mask: [B, N] valid content tokens.
+        patches: [B, R, D] patches in the joint space.
+        pooling: "max" or "softmax" (temperature-softmax-weighted mean cosine).
+        temperature: softmax temperature.
+    """
+    cos = torch.einsum("bnd,brd->bnr", F.normalize(tokens, dim=-1), F.normalize(patches, dim=-1))
+    if pooling == "max":
+        pooled = cos.amax(-1)  # [B, N]
+    else:
+        pooled = (torch.softmax(cos / temperature, -1) * cos).sum(-1)  # [B, N]
+    m = mask.to(pooled.dtype)
+    return (pooled * m).sum(-1) / m.sum(-1).clamp_min(1.0)
+
+
+class LocalAlignment(Scorer):
+    """Local (token-patch) alignment, optionally added to the global CLIP logit."""
+
+    def __init__(
+        self,
+        proj: Projections,
+        pooling: str = "max",
+        temperature: float = 0.05,
+        w: float | None = None,
+        max_tokens: int = 32,
+    ) -> None:
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        self.pooling, self.temperature = pooling, temperature
+        self.w, self.max_tokens = w, max_tokens
+        self.register_buffer("text_projection", proj.text_projection.float().clone())  # [d_t, D]
+        self.register_buffer("visual_proj", proj.visual_proj.float().clone())  # [d_v, D]
+        self.register_buffer("logit_scale", torch.as_tensor(proj.logit_scale).float().clone())
+
+    def local(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
+        """[B] local alignment l(I, T) in cosine units."""
+        sl = slice(1, 1 + self.max_tokens)  # content tokens start after sot
+        tokens = text.tokens[:, sl].float() @ self.text_projection  # [B, N, D]
+        patches = image.final.float() @ self.visual_proj  # [B, R, D]
+        mask = text.content_mask[:, sl]
+        return local_alignment(tokens, mask, patches, self.pooling, self.temperature)
+
+    def score(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
+        """[B] local alignment, or the additive logit when ``w`` is set."""
+        loc = self.local(image, text)
+        if self.w is None:
+            return loc
+        glob = F.normalize(image.embed.float(), dim=-1) * F.normalize(text.embed.float(), dim=-1)
+        return self.logit_scale * (glob.sum(-1) + self.w * loc)
+
+
+@SCORERS.register("local-max")
+def local_max(dims: FeatureDims, proj: Projections, **kwargs) -> LocalAlignment:
+    return LocalAlignment(proj, pooling="max", **kwargs)
+
+
+@SCORERS.register("local-softmax")
+def local_softmax(dims: FeatureDims, proj: Projections, **kwargs) -> LocalAlignment:
+    return LocalAlignment(proj, pooling="softmax", **kwargs)
+
+
+@SCORERS.register("additive")
+def additive(
+    dims: FeatureDims, proj: Projections, pooling: str = "max", w: float = 1.0, **kwargs
+) -> LocalAlignment:
+    return LocalAlignment(proj, pooling=pooling, w=w, **kwargs)

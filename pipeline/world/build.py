@@ -1,0 +1,150 @@
+"""Writing the shapes world: images, one Parquet manifest per suite, ``world.json``.
+
+``build_world(cfg)`` is the thin I/O shell around the pure item generators of
+``suites`` and ``families``::
+
+    <out>/images/<suite>/...png          every image, paths in the manifests are relative
+                                         to <out>/images (they start with <suite>/)
+    <out>/manifests/<suite>.parquet      one row per item (pipeline/benchmarks/base.py)
+    <out>/world.json                     resolved config, per-suite row and image counts
+
+A suite's image folder is emptied before it is written, so no stale image survives a
+rebuild with smaller counts. Building the default world takes ~30 s on one core.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from pipeline.config import SHAPES_SUITES, WorldConfig
+from pipeline.world.families import pair_item
+from pipeline.world.render import mirror, render, save_png
+from pipeline.world.scenes import COLOURS, RELATIONS, SHAPES, SIZES, SPLITS
+from pipeline.world.suites import (
+    ARO_CATEGORIES,
+    SUGARCREPE_CATEGORIES,
+    Item,
+    aro_item,
+    retrieval_items,
+    sugarcrepe_item,
+    whatsup_items,
+)
+
+WORLD_VERSION = 1  # bump when a change alters any image or manifest
+
+# suite -> (config field with its count, units of work for that count, items of one unit)
+SuiteSpec = tuple[str, Callable[[int], int], Callable[[int, int], list[Item]]]
+SUITE_SPECS: dict[str, SuiteSpec] = {
+    "shapes-whatsup": ("n_whatsup", lambda n: n, lambda seed, k: whatsup_items(seed, k)),
+    "shapes-aro": (
+        "n_aro",
+        lambda n: n * len(ARO_CATEGORIES),
+        lambda seed, k: [aro_item(seed, ARO_CATEGORIES[k % 3], k // 3)],
+    ),
+    "shapes-sugarcrepe": (
+        "n_sugarcrepe",
+        lambda n: n * len(SUGARCREPE_CATEGORIES),
+        lambda seed, k: [sugarcrepe_item(seed, SUGARCREPE_CATEGORIES[k % 7], k // 7)],
+    ),
+    "shapes-retrieval": (
+        "n_retrieval_groups",
+        lambda n: n,
+        lambda seed, k: retrieval_items(seed, k),
+    ),
+    "shapes-train": ("n_train", lambda n: n, lambda seed, k: [pair_item(seed, "shapes-train", k)]),
+    "shapes-dev": ("n_dev", lambda n: n, lambda seed, k: [pair_item(seed, "shapes-dev", k)]),
+}
+assert set(SUITE_SPECS) == set(SHAPES_SUITES), "every shapes suite needs a builder"
+
+
+def validate(cfg: WorldConfig) -> None:
+    """Raise ``ValueError`` naming the bad value (and the valid ones) for a bad config."""
+    unknown = [s for s in cfg.suites if s not in SUITE_SPECS]
+    if unknown:
+        raise ValueError(f"unknown world suite(s) {unknown}; valid: {', '.join(SUITE_SPECS)}")
+    if not cfg.suites:
+        raise ValueError(f"world.suites is empty; choose from: {', '.join(SUITE_SPECS)}")
+    if len(set(cfg.suites)) != len(cfg.suites):
+        raise ValueError(f"world.suites lists a suite twice: {cfg.suites}")
+    for suite in cfg.suites:
+        name = SUITE_SPECS[suite][0]
+        n = getattr(cfg, name)
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+            raise ValueError(f"world.{name} must be a positive integer (suite {suite}), got {n!r}")
+    if not isinstance(cfg.image_size, int) or cfg.image_size < 16:
+        raise ValueError(f"world.image_size must be an integer >= 16, got {cfg.image_size!r}")
+    if not isinstance(cfg.seed, int) or cfg.seed < 0:
+        raise ValueError(f"world.seed must be a non-negative integer, got {cfg.seed!r}")
+
+
+def suite_items(cfg: WorldConfig, suite: str) -> Iterator[Item]:
+    """Every item of ``suite`` in manifest order (pure; nothing is written)."""
+    name, units, make = SUITE_SPECS[suite]
+    for k in range(units(getattr(cfg, name))):
+        yield from make(cfg.seed, k)
+
+
+def write_items(items: list[Item], root: Path, image_size: int) -> int:
+    """Render and save every image of ``items`` under ``root``; the number written."""
+    n = 0
+    for item in items:
+        rendered: dict[int, object] = {}  # id(scene) -> image, so the mirror reuses it
+        for rel, scene, mirrored in item.images:
+            if id(scene) not in rendered:
+                rendered[id(scene)] = render(scene, image_size)
+            image = rendered[id(scene)]
+            save_png(mirror(image) if mirrored else image, root / rel)
+            n += 1
+    return n
+
+
+def build_world(
+    cfg: WorldConfig, out: Path | None = None, progress: bool = True
+) -> dict[str, Path]:
+    """Write the suites of ``cfg`` under ``out`` (default ``cfg.out``).
+
+    Returns:
+        ``{suite: manifest path}``.
+    """
+    validate(cfg)
+    out = Path(out if out is not None else cfg.out)
+    (out / "manifests").mkdir(parents=True, exist_ok=True)
+    total = sum(SUITE_SPECS[s][1](getattr(cfg, SUITE_SPECS[s][0])) for s in cfg.suites)
+    bar = tqdm(total=total, desc="world", unit="item", disable=not progress)
+    paths, rows_per_suite, images_per_suite = {}, {}, {}
+    for suite in cfg.suites:
+        shutil.rmtree(out / "images" / suite, ignore_errors=True)
+        name, units, make = SUITE_SPECS[suite]
+        rows, n_images = [], 0
+        bar.set_postfix_str(suite)
+        for k in range(units(getattr(cfg, name))):
+            items = make(cfg.seed, k)
+            n_images += write_items(items, out / "images", cfg.image_size)
+            rows.extend(item.row for item in items)
+            bar.update(1)
+        path = out / "manifests" / f"{suite}.parquet"
+        pd.DataFrame(rows).to_parquet(path, index=False)
+        paths[suite], rows_per_suite[suite], images_per_suite[suite] = path, len(rows), n_images
+    bar.close()
+    meta = {
+        "version": WORLD_VERSION,
+        "config": {**asdict(cfg), "out": str(out)},
+        "counts": rows_per_suite,
+        "images": images_per_suite,
+        "splits": {k: list(v) for k, v in SPLITS.items()},
+        "vocabulary": {
+            "shapes": list(SHAPES),
+            "colours": list(COLOURS),
+            "sizes": list(SIZES),
+            "relations": list(RELATIONS),
+        },
+    }
+    (out / "world.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return paths

@@ -1,0 +1,269 @@
+"""shapes-train / shapes-dev: [pos, neg] caption pairs from the eight BindCLIP families.
+
+Every pair comes with its *counterfactual* image: the same scene (same background, same
+other objects) edited minimally so that the negative caption becomes true and the
+positive false. Only a procedural world can render it.
+
+=====================  ==========================================  ========================
+family                 pos -> neg                                  counterfactual edit
+=====================  ==========================================  ========================
+entity                 a shape noun -> a shape absent from scene   that object's shape
+attribute              a colour (or size) word -> another          recolour (resize)
+role-swap              ``A rel B`` -> ``B rel A``                  swap A and B (or depth)
+negation               ``A and no B`` <-> ``A and B``              add B / remove B
+relative-geometry      ``A left of B`` -> ``A right of B``         swap the x of A and B
+absolute-position      ``A on the left side`` -> ``right side``    mirror A's x
+depth                  ``A in front of B`` -> ``A behind B``       swap the drawing order
+vertical               ``A above B`` -> ``A below B``              swap the y of A and B
+=====================  ==========================================  ========================
+
+Each row also has ``flip_image`` (the horizontal mirror), ``flip_captions`` ([pos, neg]
+with left/right exchanged: still true / false of the mirror), a ``paraphrase`` of pos
+(another template or the converse relation) and ``ground_words``/``ground_boxes``
+(``ground_positions``: word indices in pos) for the words of pos that name exactly one
+object; ``cf_scene`` is the counterfactual's scene graph (JSON, like ``scene``). Item
+``k`` belongs to family ``FAMILIES[k % 8]`` (balanced); shapes-train draws from the
+``train`` hash buckets, shapes-dev from ``validation``. Every item is checked
+with ``captions.truth`` on the scene, the counterfactual and the mirror.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from pipeline.world.captions import (
+    N_STYLES,
+    Claim,
+    Has,
+    Ref,
+    Rel,
+    Side,
+    caption,
+    clear_sides,
+    flip_claim,
+    flip_text,
+    grounding,
+    paraphrase,
+    ref_of,
+    say,
+    truth,
+)
+from pipeline.world.scenes import (
+    COLOURS,
+    OPPOSITE,
+    SHAPES,
+    SIZES,
+    Scene,
+    make_obj,
+    place_free,
+    random_scene,
+    scene_id_in_split,
+    scene_ok,
+    scene_rng,
+)
+from pipeline.world.suites import MAX_TRIES, Item, base_row, pair_relation, pair_scene, scene_json
+
+FAMILIES = (
+    "entity",
+    "attribute",
+    "role-swap",
+    "negation",
+    "relative-geometry",
+    "absolute-position",
+    "depth",
+    "vertical",
+)
+SUITE_SPLITS = {"shapes-train": "train", "shapes-dev": "validation"}
+
+Proposal = tuple[Scene, Claim, Claim, Scene]  # scene, pos, neg, counterfactual scene
+
+
+# ------------------------------------------------------------------------------ edits
+
+
+def _pick(rng: np.random.Generator, options: list):
+    return options[int(rng.integers(len(options)))]
+
+
+def _mentions(rng: np.random.Generator, scene: Scene) -> tuple[list[int], list[Ref]]:
+    """1-2 object indices and refs naming them."""
+    k = int(rng.integers(1, min(2, len(scene.objects)) + 1))
+    idx = sorted(int(i) for i in rng.permutation(len(scene.objects))[:k])
+    return idx, [ref_of(scene.objects[i], scene, rng) for i in idx]
+
+
+def _swap(scene: Scene, i: int, j: int, *fields: str) -> Scene:
+    a, b = scene.objects[i], scene.objects[j]
+    out = scene.with_object(i, **{f: getattr(b, f) for f in fields})
+    return out.with_object(j, **{f: getattr(a, f) for f in fields})
+
+
+def _entity(rng: np.random.Generator, sid: str) -> Proposal | None:
+    scene = random_scene(rng, sid, overlap_pair=rng.random() < 0.25)
+    idx, rs = _mentions(rng, scene)
+    k = int(rng.integers(len(idx)))
+    new_shape = _pick(rng, [s for s in SHAPES if all(o.shape != s for o in scene.objects)])
+    new = list(rs)
+    new[k] = Ref(new_shape, rs[k].colour, rs[k].size)
+    return scene, Has(tuple(rs)), Has(tuple(new)), scene.with_object(idx[k], shape=new_shape)
+
+
+def _attribute(rng: np.random.Generator, sid: str) -> Proposal | None:
+    scene = random_scene(rng, sid, overlap_pair=rng.random() < 0.25)
+    idx, rs = _mentions(rng, scene)
+    k = int(rng.integers(len(idx)))
+    o = scene.objects[idx[k]]
+    rs, new = list(rs), list(rs)
+    if rng.random() < 0.65:  # colour
+        colour = _pick(
+            rng,
+            [c for c in COLOURS if all((x.colour, x.shape) != (c, o.shape) for x in scene.objects)],
+        )
+        rs[k] = Ref(o.shape, o.colour, rs[k].size)
+        new[k] = Ref(o.shape, colour, rs[k].size)
+        cf = scene.with_object(idx[k], colour=colour)
+    else:  # size
+        size = next(s for s in SIZES if s != o.size)
+        rs[k] = Ref(o.shape, o.colour, o.size)
+        new[k] = Ref(o.shape, o.colour, size)
+        cf = scene.with_object(idx[k], size=size, r=float(rng.uniform(*SIZES[size])))
+    return scene, Has(tuple(rs)), Has(tuple(new)), cf
+
+
+def _relational(rng: np.random.Generator, sid: str, axis: str) -> tuple[Scene, str] | None:
+    scene = pair_scene(rng, sid, axis, int(rng.integers(2, 5)))
+    if scene is None:
+        return None
+    rel = pair_relation(scene, axis, rng)
+    return None if rel is None else (scene, rel)
+
+
+def _role_swap(rng: np.random.Generator, sid: str) -> Proposal | None:
+    axis = _pick(rng, ["horizontal", "vertical", "depth"])
+    made = _relational(rng, sid, axis)
+    if made is None:
+        return None
+    scene, rel = made
+    a, b = (ref_of(scene.objects[i], scene, rng) for i in (0, 1))
+    cf = _swap(scene, 0, 1, "z") if axis == "depth" else _swap(scene, 0, 1, "x", "y")
+    return scene, Rel(a, rel, b), Rel(b, rel, a), cf
+
+
+def _geometry(rng: np.random.Generator, sid: str, axis: str) -> Proposal | None:
+    made = _relational(rng, sid, axis)
+    if made is None:
+        return None
+    scene, rel = made
+    a, b = (ref_of(scene.objects[i], scene, rng) for i in (0, 1))
+    field = {"horizontal": ("x",), "vertical": ("y",), "depth": ("z",)}[axis]
+    return scene, Rel(a, rel, b), Rel(a, OPPOSITE[rel], b), _swap(scene, 0, 1, *field)
+
+
+def _absolute(rng: np.random.Generator, sid: str) -> Proposal | None:
+    scene = random_scene(rng, sid, overlap_pair=rng.random() < 0.25)
+    sides = clear_sides(scene)
+    if not sides:
+        return None
+    i, side = _pick(rng, sides)
+    a = ref_of(scene.objects[i], scene, rng)
+    other = OPPOSITE[side]
+    return scene, Side(a, side), Side(a, other), scene.with_object(i, x=1.0 - scene.objects[i].x)
+
+
+def _negation(rng: np.random.Generator, sid: str) -> Proposal | None:
+    if rng.random() < 0.5:  # pos "A and no B", neg "A and B": the counterfactual adds B
+        scene = random_scene(rng, sid, n_objects=int(rng.integers(2, 4)))
+        i = int(rng.integers(len(scene.objects)))
+        a = ref_of(scene.objects[i], scene, rng)
+        shape = _pick(rng, list(SHAPES))
+        colour = _pick(
+            rng,
+            [c for c in COLOURS if all((o.colour, o.shape) != (c, shape) for o in scene.objects)],
+        )
+        b = Ref(shape, colour)
+        if rng.random() < 0.3 and all(o.shape != shape for o in scene.objects):
+            b = Ref(shape)  # "no star" at all
+        new = place_free(
+            rng, make_obj(rng, shape, colour, _pick(rng, list(SIZES))), list(scene.objects)
+        )
+        if new is None:
+            return None
+        z = max(o.z for o in scene.objects) + 1
+        cf = replace(scene, objects=scene.objects + (replace(new, z=z),))
+        return scene, Has((a,), (b,)), Has((a, b)), cf
+    scene = random_scene(rng, sid, n_objects=int(rng.integers(3, 5)))  # pos "A and B", cf removes B
+    i, j = (int(v) for v in rng.permutation(len(scene.objects))[:2])
+    a = ref_of(scene.objects[i], scene, rng)
+    b = Ref(scene.objects[j].shape, scene.objects[j].colour)
+    return scene, Has((a, b)), Has((a,), (b,)), scene.without(j)
+
+
+PROPOSERS = {
+    "entity": _entity,
+    "attribute": _attribute,
+    "role-swap": _role_swap,
+    "negation": _negation,
+    "relative-geometry": lambda rng, sid: _geometry(rng, sid, "horizontal"),
+    "absolute-position": _absolute,
+    "depth": lambda rng, sid: _geometry(rng, sid, "depth"),
+    "vertical": lambda rng, sid: _geometry(rng, sid, "vertical"),
+}
+
+
+# ------------------------------------------------------------------------------ items
+
+
+def valid(scene: Scene, pos: Claim, neg: Claim, cf: Scene) -> bool:
+    """pos true / neg false in the scene, the reverse in the counterfactual, and the
+    left/right-exchanged claims true / false in the mirror."""
+    flipped = scene.flipped()
+    return (
+        scene_ok(cf)
+        and truth(pos, scene) is True
+        and truth(neg, scene) is False
+        and truth(pos, cf) is False
+        and truth(neg, cf) is True
+        and truth(flip_claim(pos), flipped) is True
+        and truth(flip_claim(neg), flipped) is False
+    )
+
+
+def pair_item(seed: int, suite: str, index: int) -> Item:
+    """Item ``index`` of shapes-train or shapes-dev (family ``FAMILIES[index % 8]``)."""
+    if suite not in SUITE_SPLITS:
+        raise ValueError(f"unknown pair suite {suite!r}; valid: {', '.join(SUITE_SPLITS)}")
+    family = FAMILIES[index % len(FAMILIES)]
+    sid, _ = scene_id_in_split(seed, f"pairs-{family}", index // len(FAMILIES), SUITE_SPLITS[suite])
+    rng = scene_rng(seed, index // len(FAMILIES), f"pairs-{family}/{sid}")
+    for _ in range(MAX_TRIES):
+        made = PROPOSERS[family](rng, sid)
+        if made is None or not valid(*made):
+            continue
+        scene, pos, neg, cf = made
+        style = int(rng.integers(N_STYLES))
+        cap = say(pos, style)
+        texts = [cap.text, caption(neg, style)]
+        flips = [flip_text(t) for t in texts]
+        if flips != [caption(flip_claim(pos), style), caption(flip_claim(neg), style)]:
+            continue  # never expected: flipping words must equal flipping the claim
+        words, boxes, positions = grounding(pos, cap, scene)
+        stem = f"{suite}/{family}/{sid}"
+        image, cf_image, flip_image = f"{stem}.png", f"{stem}_cf.png", f"{stem}_flip.png"
+        row = base_row(sid, image, texts, 0, family, scene)
+        row["cf_scene"] = scene_json(cf)
+        row.update(
+            family=family,
+            cf_image=cf_image,
+            flip_image=flip_image,
+            flip_captions=flips,
+            paraphrase=paraphrase(pos, texts[0], rng),
+            ground_words=words,
+            ground_boxes=boxes,
+            ground_positions=positions,
+        )
+        images = [(image, scene, False), (cf_image, cf, False), (flip_image, scene, True)]
+        extra = {"cf_scene": cf, "flip_scene": scene.flipped(), "pos": pos, "neg": neg}
+        return Item(row, images, scene, [pos, neg], extra)
+    raise RuntimeError(f"{family}: no valid pair for {sid} in {MAX_TRIES} proposals")

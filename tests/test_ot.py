@@ -1,0 +1,200 @@
+"""Invariants of the shared OT solvers: marginals, POT parity, known solutions, masks."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import ot
+import pytest
+import torch
+
+from pipeline.ot import fused_gromov_wasserstein, hungarian, sinkhorn_log, sinkhorn_log_kernel
+
+
+def _problem(B=4, n=7, m=9, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    C = torch.rand(B, n, m, generator=g, dtype=dtype)
+    a = torch.rand(B, n, generator=g, dtype=dtype) + 0.1
+    b = torch.rand(B, m, generator=g, dtype=dtype) + 0.1
+    return C, a / a.sum(-1, keepdim=True), b / b.sum(-1, keepdim=True)
+
+
+def test_marginals_within_tolerance():
+    C, a, b = _problem()
+    P, log = sinkhorn_log(C, a, b, epsilon=0.1, n_iters=200)
+    assert P.shape == C.shape
+    torch.testing.assert_close(P.sum(-1), a, atol=1e-8, rtol=0)
+    torch.testing.assert_close(P.sum(-2), b, atol=1e-8, rtol=0)
+    assert log.err.shape == (4,) and float(log.err.max()) < 1e-8
+
+
+@pytest.mark.parametrize("absorb_every", [None, 1, 16])
+def test_equals_pot_sinkhorn_log(absorb_every):
+    C, a, b = _problem(B=3, n=6, m=11, seed=1)
+    P, _ = sinkhorn_log(C, a, b, epsilon=0.05, n_iters=500, absorb_every=absorb_every)
+    for k in range(3):
+        ref = ot.sinkhorn(
+            a[k].numpy(), b[k].numpy(), C[k].numpy(), 0.05,
+            method="sinkhorn_log", numItermax=500, stopThr=0, warn=False,
+        )  # fmt: skip
+        np.testing.assert_allclose(P[k].numpy(), ref, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("absorb_every", [None, 2])
+def test_equals_pot_at_equal_unconverged_iterations(absorb_every):
+    """Same update order as POT: equal plans even before convergence."""
+    C, a, b = _problem(B=2, n=5, m=8, seed=2)
+    P, _ = sinkhorn_log(C, a, b, epsilon=0.01, n_iters=5, warn=False, absorb_every=absorb_every)
+    for k in range(2):
+        ref = ot.sinkhorn(
+            a[k].numpy(), b[k].numpy(), C[k].numpy(), 0.01,
+            method="sinkhorn_log", numItermax=5, stopThr=0, warn=False,
+        )  # fmt: skip
+        np.testing.assert_allclose(P[k].numpy(), ref, atol=1e-12, rtol=0)
+
+
+def test_absorbed_blocks_fall_back_to_log_domain_on_hard_problems(monkeypatch):
+    """Tiny epsilon, wide costs: absorbed blocks underflow, are redone, and match POT."""
+    import pipeline.ot.sinkhorn as sk
+
+    calls = {"blocks": 0, "fallbacks": 0}
+    absorbed = sk._absorbed_iterations
+
+    def counting(*args):
+        out = absorbed(*args)
+        calls["blocks"] += 1
+        calls["fallbacks"] += out is None
+        return out
+
+    monkeypatch.setattr(sk, "_absorbed_iterations", counting)
+    g = torch.Generator().manual_seed(0)
+    C = torch.rand(8, 6, 9, generator=g) ** 3 * 10  # float32: the absorbed kernel underflows
+    a = torch.rand(8, 6, generator=g) + 0.01
+    b = torch.rand(8, 9, generator=g) ** 4 + 1e-3
+    a, b = a / a.sum(-1, keepdim=True), b / b.sum(-1, keepdim=True)
+    P, _ = sinkhorn_log(C, a, b, epsilon=1e-3, n_iters=300, warn=False)
+    assert calls["fallbacks"] > 0 and torch.isfinite(P).all()
+    P_log, _ = sinkhorn_log(C, a, b, epsilon=1e-3, n_iters=300, warn=False, absorb_every=None)
+    torch.testing.assert_close(P, P_log, atol=1e-4, rtol=0)
+
+
+def test_uniform_default_and_unbatched():
+    C, _, _ = _problem(B=1)
+    P, _ = sinkhorn_log(C[0], epsilon=0.2, n_iters=200)
+    torch.testing.assert_close(P.sum(-1), torch.full((7,), 1 / 7, dtype=P.dtype))
+    torch.testing.assert_close(P.sum(-2), torch.full((9,), 1 / 9, dtype=P.dtype))
+
+
+def test_permutation_recovery_at_low_epsilon():
+    g = torch.Generator().manual_seed(3)
+    B, n = 5, 8
+    x = torch.randn(B, n, 2, generator=g, dtype=torch.float64)
+    perm = torch.stack([torch.randperm(n, generator=g) for _ in range(B)])  # [B, n]
+    y = torch.gather(x, 1, perm[..., None].expand(-1, -1, 2)) + 0.01  # y[j] = x[perm[j]]
+    C = torch.cdist(x, y) ** 2  # [B, n, n]
+    P, log = sinkhorn_log(C, epsilon=1e-3, n_iters=2000)
+    # row i goes to column j with perm[j] = i
+    expected = torch.argsort(perm, dim=-1)
+    assert torch.equal(P.argmax(-1), expected)
+    assert float((P.amax(-1) * n).min()) > 0.99
+    assert float(log.err.max()) < 1e-6
+
+
+def test_masks_give_zero_mass_and_match_unpadded_problem():
+    C, a, b = _problem(B=2, n=5, m=6, seed=4)
+    # pad to 8 x 9 with garbage (including inf) in padded cells
+    Cp = torch.full((2, 8, 9), float("inf"), dtype=C.dtype)
+    Cp[:, :5, :6] = C
+    ap = torch.zeros(2, 8, dtype=C.dtype)
+    ap[:, :5] = a
+    bp = torch.rand(2, 9, dtype=C.dtype)  # nonzero garbage on padded columns is ignored
+    bp[:, :6] = b
+    mr = torch.arange(8) < 5
+    mc = torch.arange(9) < 6
+    Pp, log = sinkhorn_log(Cp, ap, bp, epsilon=0.1, n_iters=300, mask_rows=mr, mask_cols=mc)
+    P, _ = sinkhorn_log(C, a, b, epsilon=0.1, n_iters=300)
+    assert torch.isfinite(Pp).all()
+    assert (Pp[:, 5:] == 0).all() and (Pp[:, :, 6:] == 0).all()
+    torch.testing.assert_close(Pp[:, :5, :6], P, atol=1e-12, rtol=0)
+    assert float(log.err.max()) < 1e-8
+
+
+def test_per_item_masks_and_uniform_default():
+    C, _, _ = _problem(B=2, n=6, m=6, seed=5)
+    mr = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    P, _ = sinkhorn_log(C, epsilon=0.1, n_iters=300, mask_rows=mr)
+    torch.testing.assert_close(P[0].sum(-1)[:3], torch.full((3,), 1 / 3, dtype=P.dtype))
+    assert (P[0, 3:] == 0).all()
+    torch.testing.assert_close(P[1].sum(-1), torch.full((6,), 1 / 6, dtype=P.dtype))
+
+
+def test_warns_naming_the_knobs_when_not_converged():
+    C, a, b = _problem(seed=6)
+    with pytest.warns(UserWarning, match="n_iters.*epsilon"):
+        sinkhorn_log(C * 10, a, b, epsilon=0.01, n_iters=2, tol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sinkhorn_log(C, a, b, epsilon=0.1, n_iters=300, tol=1e-6)
+
+
+def test_gradient_flows_and_matches_finite_differences():
+    C, a, b = _problem(B=2, n=4, m=5, seed=7)
+    C.requires_grad_(True)
+    a.requires_grad_(True)
+    W = torch.randn(2, 4, 5, dtype=C.dtype)
+
+    def loss(C, a):
+        P, _ = sinkhorn_log(C, a, b, epsilon=0.2, n_iters=50, warn=False)
+        return (P * W).sum()
+
+    loss(C, a).backward()
+    assert C.grad is not None and torch.isfinite(C.grad).all() and C.grad.abs().sum() > 0
+    assert a.grad is not None and torch.isfinite(a.grad).all()
+    assert torch.autograd.gradcheck(lambda C: loss(C, a.detach()), (C.detach().requires_grad_(),))
+
+
+def test_gradient_with_masks_is_finite():
+    C, a, _ = _problem(B=2, n=5, m=6, seed=8, dtype=torch.float32)
+    C.requires_grad_(True)
+    mr = torch.arange(5) < 3
+    P, _ = sinkhorn_log(C, mask_rows=mr, epsilon=0.1, n_iters=30, warn=False)
+    (P * torch.randn_like(P)).sum().backward()
+    assert torch.isfinite(C.grad).all()
+    assert (C.grad[:, 3:] == 0).all()
+
+
+def test_kernel_form_equals_cost_form():
+    C, a, b = _problem(seed=9)
+    P1, _ = sinkhorn_log(C, a, b, epsilon=0.1, n_iters=40, warn=False)
+    P2, _ = sinkhorn_log_kernel(-C / 0.1, a, b, n_iters=40, warn=False)
+    torch.testing.assert_close(P1, P2, atol=0, rtol=0)
+
+
+def test_epsilon_must_be_positive():
+    C, a, b = _problem()
+    with pytest.raises(ValueError, match="epsilon"):
+        sinkhorn_log(C, a, b, epsilon=0.0)
+
+
+def test_hungarian_equals_emd_on_square_uniform_problem():
+    C, _, _ = _problem(B=3, n=6, m=6, seed=10)
+    cols, cost = hungarian(C)
+    for k in range(3):
+        G = ot.emd(np.full(6, 1 / 6), np.full(6, 1 / 6), C[k].numpy())
+        np.testing.assert_array_equal(cols[k], G.argmax(1))
+        np.testing.assert_allclose(
+            cost[k], ot.emd2(np.full(6, 1 / 6), np.full(6, 1 / 6), C[k].numpy())
+        )
+
+
+def test_fgw_alpha_zero_is_wasserstein():
+    g = torch.Generator().manual_seed(11)
+    M = torch.rand(2, 4, 5, generator=g, dtype=torch.float64)
+    C1 = torch.cdist(torch.rand(2, 4, 2, generator=g), torch.rand(2, 4, 2, generator=g))
+    C2 = torch.cdist(torch.rand(2, 5, 2, generator=g), torch.rand(2, 5, 2, generator=g))
+    dist, plans = fused_gromov_wasserstein(M, C1, C2, alpha=0.0)
+    for k in range(2):
+        w = ot.emd2(np.full(4, 0.25), np.full(5, 0.2), M[k].numpy())
+        np.testing.assert_allclose(dist[k], w, atol=1e-9)
+        np.testing.assert_allclose(plans[k].sum(1), np.full(4, 0.25), atol=1e-9)

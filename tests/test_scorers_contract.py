@@ -1,0 +1,83 @@
+"""Contract tests over the whole scorer registry (timm style): every registered variant is
+built on small random dims and must return finite [B] scores; trainable ones must pass a
+gradient to every parameter. A new variant is tested the moment it is registered."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
+from pipeline.scorers import SCORERS, create_scorer, option_scores
+
+DIMS = FeatureDims(grid=(3, 4), d_v=16, d_t=12, embed_dim=8, context_length=12)
+
+
+def random_projections(dims: FeatureDims = DIMS, seed: int = 0) -> Projections:
+    g = torch.Generator().manual_seed(seed)
+    return Projections(
+        visual_proj=torch.randn(dims.d_v, dims.embed_dim, generator=g) / dims.d_v**0.5,
+        text_projection=torch.randn(dims.d_t, dims.embed_dim, generator=g) / dims.d_t**0.5,
+        logit_scale=torch.tensor(100.0),
+    )
+
+
+def random_image(B: int, dims: FeatureDims = DIMS, seed: int = 0) -> ImageFeatures:
+    g = torch.Generator().manual_seed(seed)
+    R = dims.n_patches
+    return ImageFeatures(
+        early=3 * torch.randn(B, R, dims.d_v, generator=g),
+        final=torch.randn(B, R, dims.d_v, generator=g),
+        cls=torch.randn(B, dims.d_v, generator=g),
+        embed=torch.randn(B, dims.embed_dim, generator=g),
+    )
+
+
+def random_text(lengths: list[int], dims: FeatureDims = DIMS, seed: int = 0) -> TextFeatures:
+    """Captions with the given content lengths (sot + content + eot, zero padded)."""
+    g = torch.Generator().manual_seed(seed)
+    B, C = len(lengths), dims.context_length
+    mask = torch.zeros(B, C, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        mask[i, : min(n + 2, C)] = True
+    ids = torch.randint(1, 49000, (B, C), generator=g) * mask
+    tokens = torch.randn(B, C, dims.d_t, generator=g) * mask[..., None]
+    return TextFeatures(ids, mask, tokens, torch.randn(B, dims.embed_dim, generator=g))
+
+
+def _scores(scorer, image, text_a, text_b):
+    if scorer.pairwise:
+        return scorer.score_pair(image, text_a, text_b)
+    return scorer.score(image, text_a)
+
+
+@pytest.mark.parametrize("name", SCORERS.names())
+def test_shape_finiteness_and_gradients(name):
+    torch.manual_seed(0)
+    scorer = create_scorer(name, dims=DIMS, proj=random_projections())
+    image = random_image(3)
+    text_a, text_b = random_text([3, 5, 7], seed=1), random_text([4, 2, 7], seed=2)
+    s = _scores(scorer, image, text_a, text_b)
+    assert s.shape == (3,)
+    assert torch.isfinite(s).all()
+    params = list(scorer.parameters())
+    if not scorer.trainable:
+        return
+    assert params, f"{name} is trainable but has no parameters"
+    s.pow(2).sum().backward()
+    for pname, p in scorer.named_parameters():
+        assert p.grad is not None, f"{name}: no gradient for {pname}"
+        assert torch.isfinite(p.grad).all(), f"{name}: non-finite gradient for {pname}"
+        assert p.grad.abs().sum() > 0, f"{name}: zero gradient for {pname}"
+
+
+@pytest.mark.parametrize("name", SCORERS.names())
+def test_option_scores_decide_like_the_scorer(name):
+    scorer = create_scorer(name, dims=DIMS, proj=random_projections())
+    image = random_image(4)
+    a, b = random_text([3, 5, 7, 1], seed=3), random_text([4, 2, 7, 6], seed=4)
+    with torch.no_grad():
+        out = option_scores(scorer, image, [a, b])
+        pair = scorer.score_pair(image, a, b)
+    assert out.shape == (4, 2) and torch.isfinite(out).all()
+    assert torch.equal(torch.sign(out[:, 0] - out[:, 1]), torch.sign(pair.float()))

@@ -1,0 +1,492 @@
+"""Tests for pipeline.world: determinism, splits, suite invariants, captions, training data.
+
+A tiny world is built once per module (and once more for the determinism check); every
+invariant is checked on all of its rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from pipeline.config import SHAPES_SUITES, WorldConfig
+from pipeline.world import (
+    FAMILIES,
+    SUGARCREPE_CATEGORIES,
+    build_world,
+    render,
+    split_of,
+    suite_items,
+    training_batch,
+    training_scene,
+    truth,
+)
+from pipeline.world.captions import (
+    Has,
+    Ref,
+    Rel,
+    Side,
+    bpe_len,
+    caption,
+    equivalents,
+    flip_claim,
+    flip_text,
+    pos_tag,
+    shuffle_all_but_nouns_and_adj,
+    shuffle_nouns_and_adj,
+    shuffle_trigrams,
+    shuffle_within_trigrams,
+)
+from pipeline.world.render import mirror, png_bytes
+from pipeline.world.scenes import (
+    SPLITS,
+    Obj,
+    Scene,
+    bucket_of,
+    random_scene,
+    relation_value,
+    scene_rng,
+    side_value,
+)
+
+TINY = WorldConfig(n_whatsup=3, n_aro=6, n_sugarcrepe=3, n_retrieval_groups=3, n_train=16, n_dev=8)
+EVAL_SUITES = ("shapes-whatsup", "shapes-aro", "shapes-sugarcrepe", "shapes-retrieval")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("world")
+    build_world(TINY, out=out, progress=False)
+    return out
+
+
+def manifest(world: Path, suite: str) -> pd.DataFrame:
+    return pd.read_parquet(world / "manifests" / f"{suite}.parquet")
+
+
+def pixels(world: Path, rel: str) -> np.ndarray:
+    return np.asarray(Image.open(world / "images" / rel).convert("RGB"))
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "world.json"
+    }
+
+
+@pytest.fixture(scope="module")
+def items() -> dict[str, list]:
+    return {suite: list(suite_items(TINY, suite)) for suite in SHAPES_SUITES}
+
+
+# ------------------------------------------------------------------------------ determinism
+
+
+def test_scene_is_pure_function_of_seed_and_index():
+    a = png_bytes(render(training_scene(0, 7)[0], 64))
+    np.random.seed(123)  # the global RNG must play no part
+    b = png_bytes(render(training_scene(0, 7)[0], 64))
+    assert a == b
+    assert a != png_bytes(render(training_scene(0, 8)[0], 64))
+    assert a != png_bytes(render(training_scene(1, 7)[0], 64))
+
+
+def test_build_world_twice_is_identical(world, tmp_path):
+    build_world(TINY, out=tmp_path, progress=False)
+    first, second = file_hashes(world), file_hashes(tmp_path)
+    assert first == second  # every image and manifest, byte for byte
+    assert sum(k.endswith(".png") for k in first) == sum(
+        json.loads((world / "world.json").read_text())["images"].values()
+    )
+
+
+def test_world_json_records_config_and_counts(world):
+    meta = json.loads((world / "world.json").read_text())
+    assert meta["config"]["n_train"] == TINY.n_train
+    assert meta["counts"] == {s: len(manifest(world, s)) for s in SHAPES_SUITES}
+    assert meta["counts"]["shapes-whatsup"] == 4 * TINY.n_whatsup
+    assert meta["counts"]["shapes-aro"] == 3 * TINY.n_aro
+    assert meta["counts"]["shapes-sugarcrepe"] == 7 * TINY.n_sugarcrepe
+    assert meta["counts"]["shapes-retrieval"] == 5 * TINY.n_retrieval_groups
+
+
+# ------------------------------------------------------------------------------ splits
+
+
+def test_split_of_follows_sha256_buckets():
+    for sid in [f"x-{i}" for i in range(200)]:
+        b = int(hashlib.sha256(sid.encode()).hexdigest(), 16) % 10
+        assert bucket_of(sid) == b
+        assert b in SPLITS[split_of(sid)]
+
+
+def test_suites_are_image_disjoint_by_bucket(world):
+    ids = {s: set(manifest(world, s)["scene_id"]) for s in SHAPES_SUITES}
+    assert all(split_of(i) == "train" for i in ids["shapes-train"])
+    assert all(split_of(i) == "validation" for i in ids["shapes-dev"])
+    for s in EVAL_SUITES:
+        assert all(split_of(i) == "holdout" for i in ids[s])
+    evals = set().union(*(ids[s] for s in EVAL_SUITES))
+    assert not ids["shapes-train"] & ids["shapes-dev"]
+    assert not (ids["shapes-train"] | ids["shapes-dev"]) & evals
+    # variants carry their base scene's id: the scene JSON names the same id as the row
+    for s in SHAPES_SUITES:
+        df = manifest(world, s)
+        assert all(
+            json.loads(j)["scene_id"] == i for j, i in zip(df["scene"], df["scene_id"], strict=True)
+        )
+
+
+# ------------------------------------------------------------------------------ contract
+
+
+@pytest.mark.parametrize("suite", SHAPES_SUITES)
+def test_manifest_contract(world, suite):
+    df = manifest(world, suite)
+    for col in ("item_id", "image", "captions", "correct", "category"):
+        assert col in df.columns
+    assert df["item_id"].is_unique
+    assert len(df) > 0
+    for _, row in df.iterrows():
+        assert isinstance(row["image"], str) and not row["image"].startswith("/")
+        assert (world / "images" / row["image"]).is_file()
+        caps = list(row["captions"])
+        assert caps and all(isinstance(c, str) and c for c in caps)
+        assert 0 <= int(row["correct"]) < len(caps)
+        assert len(set(caps)) == len(caps)  # no option ties with another by its text
+        assert max(bpe_len(c) for c in caps) <= 20
+    extra = {
+        "shapes-whatsup": {"pair_key", "arrangement"},
+        "shapes-aro": {"relation_name", "attr_pair"},
+        "shapes-sugarcrepe": {"length_matched"},
+        "shapes-retrieval": {"group"},
+        "shapes-train": {
+            "family",
+            "cf_image",
+            "flip_image",
+            "flip_captions",
+            "paraphrase",
+            "ground_words",
+            "ground_boxes",
+        },
+    }.get(suite, set())
+    if suite == "shapes-dev":
+        extra = {"family", "cf_image", "flip_image", "flip_captions", "paraphrase"}
+    assert extra <= set(df.columns)
+
+
+@pytest.mark.parametrize("suite", SHAPES_SUITES)
+def test_every_caption_claim_is_true_exactly_for_the_correct_option(items, suite):
+    for item in items[suite]:
+        correct = item.row["correct"]
+        for k, claim in enumerate(item.claims):
+            if claim is not None:
+                assert truth(claim, item.scene) is (k == correct), (item.row["item_id"], k)
+                assert caption(claim) and item.row["captions"][k]
+
+
+def test_categories_are_balanced(world):
+    aro = manifest(world, "shapes-aro")
+    assert aro["category"].value_counts().to_dict() == dict.fromkeys(
+        ("relation", "attribution", "order"), TINY.n_aro
+    )
+    sc = manifest(world, "shapes-sugarcrepe")
+    assert sc["category"].value_counts().to_dict() == dict.fromkeys(
+        SUGARCREPE_CATEGORIES, TINY.n_sugarcrepe
+    )
+    for suite, n in (("shapes-train", TINY.n_train), ("shapes-dev", TINY.n_dev)):
+        df = manifest(world, suite)
+        assert (df["family"] == df["category"]).all()
+        assert df["family"].value_counts().to_dict() == dict.fromkeys(FAMILIES, n // 8)
+
+
+# ------------------------------------------------------------------------------ shapes-whatsup
+
+
+def test_whatsup_pairs_differ_only_by_placement(world):
+    df = manifest(world, "shapes-whatsup")
+    assert len(df) == 4 * TINY.n_whatsup
+    for key, g in df.groupby("pair_key"):
+        assert sorted(g["arrangement"]) == ["above", "below", "left", "right"]
+        assert (g["category"] == g["arrangement"]).all()
+        assert len({frozenset(c) for c in g["captions"]}) == 1  # same four options
+        by = {r.arrangement: r for r in g.itertuples()}
+        for arr, r in by.items():
+            assert f"_{arr}" in r.image and r.image.startswith(f"shapes-whatsup/{key}/")
+        for a, b in (("left", "right"), ("above", "below")):
+            sa = Scene.from_dict(json.loads(by[a].scene))
+            sb = Scene.from_dict(json.loads(by[b].scene))
+            assert sa.background == sb.background
+            strip = [[replace(o, x=0.0, y=0.0) for o in s.objects] for s in (sa, sb)]
+            assert strip[0] == strip[1]  # same objects, sizes, colours, order
+            assert [(o.x, o.y) for o in sa.objects] != [(o.x, o.y) for o in sb.objects]
+            # away from every object (4 px for the resampling kernel) the pixels agree
+            ia, ib = pixels(world, by[a].image), pixels(world, by[b].image)
+            n = ia.shape[0]
+            keep = np.ones((n, n), bool)
+            for o in sa.objects + sb.objects:
+                x0, y0, x1, y1 = o.box()
+                keep[
+                    max(0, int(y0 * n) - 4) : int(y1 * n) + 5,
+                    max(0, int(x0 * n) - 4) : int(x1 * n) + 5,
+                ] = False
+            assert keep.sum() > n * n // 4
+            assert np.array_equal(ia[keep], ib[keep])
+            assert not np.array_equal(ia, ib)
+
+
+# ------------------------------------------------------------------------------ shapes-aro
+
+
+def test_aro_items(world, items):
+    df = manifest(world, "shapes-aro")
+    rel = df[df["category"] == "relation"]
+    assert (rel["correct"] == 1).all() and (rel["relation_name"] != "").all()
+    att = df[df["category"] == "attribution"]
+    assert (att["correct"] == 1).all()
+    for caps, pair in zip(att["captions"], att["attr_pair"], strict=True):
+        c1, c2 = pair.split("_")
+        false, true = caps
+        assert true.split() != false.split()
+        assert sorted(true.split()) == sorted(false.split())  # the same words, colours swapped
+        assert [w for w in true.split() if w in (c1, c2)] == [c1, c2]
+        assert [w for w in false.split() if w in (c1, c2)] == [c2, c1]
+    order = df[df["category"] == "order"]
+    assert (order["correct"] == 0).all()
+    for caps in order["captions"]:
+        assert len(caps) == 5
+        words = caps[0].split()
+        for p in caps[1:]:
+            assert p != caps[0] and sorted(p.split()) == sorted(words)
+        p1, p2 = caps[1].split(), caps[2].split()
+        assert [w for w in p1 if pos_tag(w) == "OTHER"] == [
+            w for w in words if pos_tag(w) == "OTHER"
+        ]
+        assert [pos_tag(w) for w in p1] == [pos_tag(w) for w in words]
+        assert [w for w, t in zip(p2, words, strict=True) if pos_tag(t) != "OTHER"] == [
+            w for w in words if pos_tag(w) != "OTHER"
+        ]
+
+
+def test_aro_shuffles_hand_case():
+    rng = np.random.default_rng(0)
+    words = "a small red circle to the left of a large blue square".split()
+    for _ in range(20):
+        s = shuffle_nouns_and_adj(words, rng)
+        assert {s[3], s[11]} == {"circle", "square"} and {s[1], s[2], s[9], s[10]} == {
+            "small",
+            "red",
+            "large",
+            "blue",
+        }
+        o = shuffle_all_but_nouns_and_adj(words, rng)
+        assert [o[i] for i in (1, 2, 3, 9, 10, 11)] == [words[i] for i in (1, 2, 3, 9, 10, 11)]
+        w = shuffle_within_trigrams(words, rng)
+        assert all(sorted(w[i : i + 3]) == sorted(words[i : i + 3]) for i in range(0, 12, 3))
+        t = shuffle_trigrams(words, rng)
+        assert sorted(tuple(t[i : i + 3]) for i in range(0, 12, 3)) == sorted(
+            tuple(words[i : i + 3]) for i in range(0, 12, 3)
+        )
+
+
+# ------------------------------------------------------------------------------ shapes-sugarcrepe
+
+
+def test_sugarcrepe_length_matched_agrees_with_bpe(world):
+    df = manifest(world, "shapes-sugarcrepe")
+    assert (df["correct"] == 0).all()
+    for caps, matched in zip(df["captions"], df["length_matched"], strict=True):
+        assert bool(matched) == (bpe_len(caps[0]) == bpe_len(caps[1]))
+    adds = df[df["category"].str.startswith("add")]
+    assert not adds["length_matched"].any()  # adding a word always lengthens the caption
+    swaps = df[df["category"].str.startswith("swap")]
+    for caps in swaps["captions"]:
+        assert sorted(caps[0].replace("an ", "a ").split()) == sorted(
+            caps[1].replace("an ", "a ").split()
+        )
+
+
+# ------------------------------------------------------------------------------ shapes-retrieval
+
+
+def test_retrieval_groups(world, items):
+    df = manifest(world, "shapes-retrieval")
+    assert df["group"].value_counts().eq(5).all()
+    assert len(df) == 5 * TINY.n_retrieval_groups
+    by_group: dict[str, list] = {}
+    for item in items["shapes-retrieval"]:
+        by_group.setdefault(item.row["group"], []).append(item)
+    for group in by_group.values():
+        shapes = {tuple(sorted(o.shape for o in it.scene.objects)) for it in group}
+        colours = {tuple(sorted(o.colour for o in it.scene.objects)) for it in group}
+        assert len(shapes) == 1 and len(colours) == 1  # same shapes and colours ...
+        assert (
+            len(
+                {
+                    frozenset((o.colour, o.shape, round(o.x, 3)) for o in it.scene.objects)
+                    for it in group
+                }
+            )
+            == 5
+        )
+        for i, query in enumerate(group):  # ... and each caption is true of its scene only
+            for j, target in enumerate(group):
+                assert truth(query.claims[0], target.scene) is (i == j)
+    # every query is true of exactly one image in the whole gallery
+    all_items = items["shapes-retrieval"]
+    for q in all_items:
+        assert sum(truth(q.claims[0], t.scene) is True for t in all_items) == 1
+
+
+# ------------------------------------------------------------------------------ shapes-train / dev
+
+
+@pytest.mark.parametrize("suite", ["shapes-train", "shapes-dev"])
+def test_pairs_counterfactual_flip_paraphrase(world, items, suite):
+    df = manifest(world, suite).set_index("item_id")
+    for item in items[suite]:
+        row = df.loc[item.row["item_id"]]
+        pos, neg = item.extra["pos"], item.extra["neg"]
+        cf, flipped = item.extra["cf_scene"], item.extra["flip_scene"]
+        # counterfactual: neg true, pos false, and a different image
+        assert truth(pos, cf) is False and truth(neg, cf) is True
+        assert not np.array_equal(pixels(world, row["image"]), pixels(world, row["cf_image"]))
+        # flip: the mirror image, captions with left/right swapped and still true/false
+        assert np.array_equal(pixels(world, row["flip_image"]), mirror(pixels(world, row["image"])))
+        assert list(row["flip_captions"]) == [flip_text(c) for c in row["captions"]]
+        for c, f in zip(row["captions"], row["flip_captions"], strict=True):
+            assert ("left" in c.split() or "right" in c.split()) == (c != f)
+        assert truth(flip_claim(pos), flipped) is True and truth(flip_claim(neg), flipped) is False
+        # paraphrase: other words, same meaning
+        assert row["paraphrase"] != row["captions"][0]
+        assert row["paraphrase"] in {caption(c, s) for c in equivalents(pos) for s in range(5)}
+        # grounding: words of pos, aligned with boxes that contain nothing but their object
+        words = row["captions"][0].split()
+        assert (
+            len(row["ground_words"]) == len(row["ground_boxes"]) == len(row["ground_positions"]) > 0
+        )
+        for w, box, k in zip(
+            row["ground_words"], row["ground_boxes"], row["ground_positions"], strict=True
+        ):
+            assert words[k] == w and pos_tag(w) in ("NOUN", "ADJ")
+            assert 0.0 <= box[0] < box[2] <= 1.0 and 0.0 <= box[1] < box[3] <= 1.0
+            hits = [o for o in item.scene.objects if np.allclose(o.box(), box, atol=1e-5)]
+            assert len(hits) == 1 and w in (hits[0].shape, hits[0].colour, hits[0].size)
+
+
+def test_left_right_families_flip_their_words(world):
+    df = manifest(world, "shapes-train")
+    for fam in ("relative-geometry", "absolute-position"):
+        rows = df[df["family"] == fam]
+        assert len(rows) > 0
+        for caps, flips in zip(rows["captions"], rows["flip_captions"], strict=True):
+            assert list(flips) != list(caps)
+            assert list(flips) == [
+                c.replace("left", "#").replace("right", "left").replace("#", "right") for c in caps
+            ]
+
+
+# ------------------------------------------------------------------------------ relations and captions
+
+
+def _obj(x: float, y: float, z: int = 0, shape: str = "circle", colour: str = "red") -> Obj:
+    return Obj(shape, colour, "small", x, y, 0.07, z)
+
+
+def test_relations_hand_cases():
+    a, b = _obj(0.2, 0.5), _obj(0.6, 0.5, 1, "square", "blue")
+    assert relation_value(a, b, "left") is True and relation_value(a, b, "right") is False
+    assert relation_value(a, b, "above") is False and relation_value(a, b, "below") is False
+    assert relation_value(a, b, "front") is None  # no overlap: depth undefined
+    c = _obj(0.25, 0.5, 1, "square", "blue")
+    assert relation_value(a, c, "left") is None  # a 0.05 offset is ambiguous
+    d = _obj(0.27, 0.52, 1, "square", "blue")
+    assert relation_value(d, a, "front") is True and relation_value(a, d, "front") is False
+    assert side_value(a, "left") is True and side_value(b, "left") is False
+    scene = Scene("t", (a, b), None)
+    red, blue = Ref("circle", "red"), Ref("square", "blue")
+    assert truth(Rel(red, "left", blue), scene) is True
+    assert truth(Rel(blue, "left", red), scene) is False
+    assert truth(Rel(Ref("star"), "left", blue), scene) is False  # absent object
+    assert truth(Has((red,), (Ref("square", "green"),)), scene) is True
+    assert truth(Has((red,), (Ref("square"),)), scene) is False
+    assert truth(Side(red, "left"), scene) is True
+    assert truth(flip_claim(Side(red, "left")), scene.flipped()) is True
+
+
+def test_caption_templates_and_converse():
+    red, blue = Ref("circle", "red"), Ref("square", "blue")
+    assert caption(Rel(red, "left", blue), 0) == "a red circle to the left of a blue square"
+    assert caption(Rel(blue, "right", red), 1) == "a blue square is right of a red circle"
+    assert caption(Side(red, "left"), 0) == "the red circle is on the left side of the picture"
+    assert caption(Has((red, Ref("hexagon", "orange"))), 0) == "a red circle and an orange hexagon"
+    assert caption(Has((red,), (blue,)), 0) == "a red circle and no blue square"
+    texts = {caption(c, s) for c in equivalents(Rel(red, "left", blue)) for s in range(5)}
+    assert "a blue square to the right of a red circle" in texts and len(texts) == 10
+
+
+# ------------------------------------------------------------------------------ training data
+
+
+def test_training_batch_train_buckets_and_deterministic():
+    idx = np.arange(40)
+    images, caps = training_batch(3, idx, 48)
+    assert images.shape == (40, 48, 48, 3) and images.dtype == np.uint8
+    assert len(caps) == 40 and all(isinstance(c, str) and c for c in caps)
+    images2, caps2 = training_batch(3, idx, 48)
+    assert np.array_equal(images, images2) and caps == caps2
+    ids = []
+    for i in idx:
+        scene, claim, style = training_scene(3, int(i))
+        assert split_of(scene.scene_id) == "train"
+        assert truth(claim, scene) is True and caption(claim, style) == caps[int(i)]
+        ids.append(scene.scene_id)
+    assert len(set(ids)) == len(ids)  # distinct indices -> distinct scenes
+    # a batch is the concatenation of its items
+    part, _ = training_batch(3, idx[10:12], 48)
+    assert np.array_equal(part, images[10:12])
+    kinds = {type(training_scene(3, i)[1]).__name__ for i in range(60)}
+    assert kinds == {"Has", "Rel", "Side"}
+
+
+def test_training_batch_speed():
+    training_batch(0, np.arange(5), 64)
+    t = time.perf_counter()
+    training_batch(0, np.arange(100, 300), 64)
+    per_image = (time.perf_counter() - t) / 200
+    assert per_image < 0.006  # ~1.2 ms measured; a loose bound for loaded CI machines
+
+
+def test_random_scenes_have_2_to_4_objects_with_exact_boxes():
+    for i in range(50):
+        s = random_scene(scene_rng(0, i, "t"), f"t{i}")
+        assert 2 <= len(s.objects) <= 4
+        assert len({(o.colour, o.shape) for o in s.objects}) == len(s.objects)
+        assert len({o.z for o in s.objects}) == len(s.objects)
+        for o in s.objects:
+            x0, y0, x1, y1 = o.box()
+            assert 0 < x0 < o.x < x1 < 1 and 0 < y0 < o.y < y1 < 1
+
+
+# ------------------------------------------------------------------------------ config errors
+
+
+def test_bad_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="shapes-whatsup") as e:
+        build_world(replace(TINY, suites=["shapes-whatsup", "nope"]), out=tmp_path, progress=False)
+    assert "nope" in str(e.value)
+    with pytest.raises(ValueError, match="n_aro"):
+        build_world(replace(TINY, n_aro=0), out=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="image_size"):
+        build_world(replace(TINY, image_size=4), out=tmp_path, progress=False)
+    assert not (tmp_path / "manifests").exists()  # nothing written on a bad config
