@@ -158,12 +158,12 @@ def manifest(
 ) -> None:
     """Build a suite's manifest from its annotation files alone (no images needed)."""
     from pipeline.benchmarks import SUITES
+    from pipeline.manifests import source_hashes, write_manifest
     from pipeline.registry import UnknownNameError
 
     try:
         df = SUITES.get(suite).build_manifest(root)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        df.to_parquet(out, index=False)
+        write_manifest(df, out, source_hashes(root))
         typer.echo(f"{suite}: {len(df)} items -> {out}")
     except (UnknownNameError, ValueError, FileNotFoundError) as e:
         _fail(e)

@@ -79,6 +79,7 @@ class ExtractConfig:
     batch_size: int = 64  # images/captions per forward pass
     threads: int = 2  # torch intra-op threads
     device: str = "cpu"  # torch device
+    skip_missing: bool = False  # score without items whose image is missing (counted, reported)
     replace_mismatch: bool = False  # replace (not refuse) a store written by another encoder/schema
 
 

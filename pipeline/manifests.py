@@ -54,6 +54,43 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def source_hashes(root: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".tsv", ".csv", ".txt")) -> dict[str, str]:
+    """sha256 of every annotation file directly under ``root`` (what a manifest is built from)."""
+    root = Path(root)
+    return {
+        p.name: file_sha256(p)
+        for p in sorted(root.iterdir())
+        if p.is_file() and p.suffix in suffixes
+    }
+
+
+def write_manifest(df: pd.DataFrame, out: str | Path, sources: dict[str, str]) -> Path:
+    """Write a manifest as Parquet, recording its source files' hashes in the file metadata
+    (so a changed annotation file changes the manifest's bytes, and extract re-indexes it)."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[b"pipeline.sources"] = json.dumps(sources, sort_keys=True).encode()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.replace_schema_metadata(meta), out)
+    return out
+
+
+def manifest_sources(path: str | Path) -> dict[str, str]:
+    """The source hashes recorded by `write_manifest` ({} if none)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(path).metadata or {}
+    return json.loads(meta.get(b"pipeline.sources", b"{}"))
+
+
 def read_manifest(path: str | Path) -> pd.DataFrame:
     """Read a Parquet manifest; list cells come back as Python lists."""
     df = pd.read_parquet(path)

@@ -64,6 +64,7 @@ def run(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None = Non
     images: dict[str, tuple[Path, str, Any]] = {}  # hex key -> (root, rel path, crop)
     captions: dict[str, str] = {}  # hex key -> text
     suite_cells: list[tuple[Any, dict[str, tuple[str, list[list[str]]]], str]] = []
+    missing: dict[str, list[str]] = {}  # suite -> image paths that could not be found
     for src in sources:
         suite = SUITES.get(src.suite)
         df = read_manifest(src.manifest)
@@ -74,7 +75,12 @@ def run(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None = Non
             for item_cells, crop in zip(cells(df[col]), crops, strict=True):
                 row_keys = []
                 for rel in item_cells:
-                    data = read_image_bytes(src.image_root, rel)
+                    try:
+                        data = read_image_bytes(src.image_root, rel)
+                    except FileNotFoundError:
+                        missing.setdefault(src.suite, []).append(rel)
+                        row_keys.append(None)
+                        continue
                     k = bytes(image_key(data, crop if col == "image" else None)).hex()
                     images.setdefault(k, (src.image_root, rel, crop if col == "image" else None))
                     row_keys.append(k)
@@ -93,6 +99,16 @@ def run(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None = Non
                 keyed.append(row_keys)
             columns[col] = ("text", keyed)
         suite_cells.append((src, columns, file_sha256(src.manifest)))
+
+    if missing and not cfg.skip_missing:
+        listing = "; ".join(f"{suite}: {len(paths)} ({', '.join(paths[:5])}{' ...' if len(paths) > 5 else ''})" for suite, paths in missing.items())
+        raise FileNotFoundError(
+            f"{sum(map(len, missing.values()))} image(s) not found — {listing}. Fix the image root "
+            f"(extract.image_roots) or set extract.skip_missing: true to score without those "
+            f"items (they are counted and reported in every metrics file)"
+        )
+    for suite, paths in missing.items():
+        log.warning("%s: %d image(s) missing, their items will be reported as missing", suite, len(paths))
 
     # 2. rows for every key; encode what is new or unfinished
     t0 = time.perf_counter()
@@ -118,7 +134,7 @@ def run(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None = Non
             width = max((len(k) for k in keyed), default=0)
             rows = np.full((len(keyed), max(width, 1)), -1, dtype=np.int64)
             for i, ks in enumerate(keyed):
-                rows[i, : len(ks)] = [lookup[k] for k in ks]
+                rows[i, : len(ks)] = [lookup[k] if k is not None else -1 for k in ks]
             index[col] = (modality, rows)
         writer.write_suite_index(
             root,
@@ -129,6 +145,7 @@ def run(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None = Non
                 "manifest_sha256": sha,
                 "image_root": str(src.image_root),
                 "n_items": len(next(iter(columns.values()))[1]) if columns else 0,
+                "missing_images": missing.get(src.suite, []),
             },
         )
     writer.finalize(root)

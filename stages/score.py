@@ -9,6 +9,7 @@ which is checked against the configured encoder (fingerprint) and each suite's m
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from pipeline.encoders import ENCODERS, resolve_pretrained
 from pipeline.manifests import file_sha256, read_manifest
 from pipeline.scorers import SCORERS, Scorer, create_scorer, option_scores
 from stages.extract import store_path
+
+log = logging.getLogger(__name__)
 
 
 def expected_fingerprint(store: FeatureStore, extract: ExtractConfig) -> dict[str, Any]:
@@ -77,6 +80,15 @@ def suite_inputs(store: FeatureStore, suite: str) -> tuple[pd.DataFrame, dict[st
     return read_manifest(manifest_path), index
 
 
+def drop_missing(manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> tuple[pd.DataFrame, dict[str, np.ndarray], int]:
+    """Items whose image was missing at extract (row -1) are left out, and counted."""
+    keep = (index["image"] >= 0).all(axis=1) if index["image"].ndim == 2 else index["image"] >= 0
+    n_missing = int((~keep).sum())
+    if n_missing == 0:
+        return manifest, index, 0
+    return manifest[keep].reset_index(drop=True), {k: v[keep] for k, v in index.items()}, n_missing
+
+
 @torch.no_grad()
 def score_choice(scorer: Scorer, store: FeatureStore, index: dict[str, np.ndarray], batch_size: int, desc: str = "") -> np.ndarray:
     """[n, K_max] option scores (NaN pad) for a choice suite."""
@@ -110,7 +122,7 @@ def score_retrieval(scorer: Scorer, store: FeatureStore, manifest: pd.DataFrame,
     return np.concatenate(blocks)
 
 
-def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Any]:
+def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, manifest: pd.DataFrame, scores: np.ndarray, n_missing: int = 0) -> dict[str, Any]:
     """Per-item scores (Parquet) and the metrics file (JSON); returns the metrics record."""
     scores_path = Path(cfg.scores_out) / variant / f"{suite.name}.parquet"
     scores_path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,6 +139,7 @@ def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, ma
         "variant": variant,
         "encoder": encoder,
         "n_items": int(len(manifest)),
+        "n_missing_images": n_missing,  # items left out because their image was missing
         "metrics": {k: round(float(v), 6) for k, v in suite.metrics(manifest, scores).items()},
     }
     metrics_path = Path(cfg.metrics_out) / variant / f"{suite.name}.json"
@@ -157,6 +170,9 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
         scorer = load_scorer(variant, store, cfg)
         for suite in suites:
             manifest, index = suite_inputs(store, suite.name)
+            manifest, index, n_missing = drop_missing(manifest, index)
+            if n_missing:
+                log.warning("%s: %d item(s) without an image are left out of every metric", suite.name, n_missing)
             if suite.task == "retrieval":
                 if scorer.pairwise:
                     continue  # pairwise caption scorers do not rank images
@@ -164,5 +180,5 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
             else:
                 desc = f"{variant} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc)
-            records.append(write_outputs(cfg, suite, variant, extract.model, manifest, scores))
+            records.append(write_outputs(cfg, suite, variant, extract.model, manifest, scores, n_missing))
     return records

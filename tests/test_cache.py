@@ -158,8 +158,20 @@ def test_bad_inputs_fail_clearly(tmp_path, tiny_encoder, tiny_suite):
     bad = manifest.copy()
     bad.loc[3, "image"] = "nope.png"
     bad.to_parquet(tmp_path / "m" / "bad.parquet", index=False)
-    with pytest.raises(FileNotFoundError, match="nope.png"):
+    with pytest.raises(FileNotFoundError, match=r"1 image\(s\) not found .*nope.png"):
         extract_stage.run(_cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "bad.parquet"}), progress=False, encoder=tiny_encoder)
+    # ... or, when asked, skipped: counted and recorded, never silently dropped
+    skip = _cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "bad.parquet"})
+    skip.skip_missing = True
+    extract_stage.run(skip, progress=False, encoder=tiny_encoder)
+    store = FeatureStore.open(extract_stage.store_path(skip))
+    assert store.suite_attrs("shapes-aro")["missing_images"] == ["nope.png"]
+    from stages.score import drop_missing
+
+    index = store.suite_index("shapes-aro")
+    assert index["image"][3, 0] == -1
+    kept, kept_index, n_missing = drop_missing(bad, index)
+    assert n_missing == 1 and len(kept) == 9 and "nope.png" not in set(kept["image"])
     # corrupt image named
     (tmp_path / "images" / "corrupt.png").write_bytes(b"not a png")
     bad.loc[3, "image"] = "corrupt.png"

@@ -161,4 +161,8 @@ def test_manifest_command_on_official_files(tmp_path):
 
     df = pd.read_parquet(out)
     assert {"item_id", "image", "captions", "correct", "category", "length_matched"} <= set(df.columns)
+    from pipeline.manifests import file_sha256, manifest_sources
+
+    sources = manifest_sources(out)
+    assert sources["swap_att.json"] == file_sha256(shared / "swap_att.json")
 

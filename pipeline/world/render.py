@@ -28,7 +28,7 @@ SUPERSAMPLE = 4  # shapes are drawn at SUPERSAMPLE x the output side, then area-
 
 def background(bg: Background, size: int) -> np.ndarray:
     """[size, size, 3] float32 texture of one background (grey levels 0..255)."""
-    g = np.random.default_rng()
+    g = np.random.default_rng(bg.seed)
     t = (np.arange(size, dtype=np.float32) + 0.5) / size - 0.5  # [S]
     ramp = bg.grad[0] * t[None, :] + bg.grad[1] * t[:, None]  # [S, S]
     coarse = Image.fromarray(g.standard_normal((6, 6)).astype(np.float32), mode="F")
