@@ -132,6 +132,27 @@ def score(
 
 
 @app.command()
+def train(
+    params: Params = DEFAULT_PARAMS,
+    variant: Annotated[str | None, typer.Option(help="trainable scorer variant")] = None,
+    steps: Annotated[int | None, typer.Option(help="optimisation steps")] = None,
+    seed: Annotated[list[int] | None, typer.Option(help="training seed(s) (repeatable)")] = None,
+    quiet: Quiet = False,
+) -> None:
+    """Train a scorer from the feature cache (objectives, worst-group, dev selection)."""
+    from pipeline.config import ExtractConfig, TrainConfig, load_config
+    from pipeline.registry import UnknownNameError
+    from stages import train as stage
+
+    try:
+        cfg = load_config(TrainConfig, params, "train", {"variant": variant, "steps": steps, "seeds": seed})
+        ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
+        _echo_json(stage.run(cfg, ext, progress=not quiet))
+    except (UnknownNameError, ValueError, FileNotFoundError, RuntimeError) as e:
+        _fail(e)
+
+
+@app.command()
 def report(params: Params = DEFAULT_PARAMS) -> None:
     """Write reports/report.md with tables, CIs, figures and examples."""
     from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig, load_config

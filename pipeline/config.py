@@ -97,6 +97,28 @@ class ScoreConfig:
 
 
 @dataclass
+class TrainConfig:
+    """Training a scorer from the cache (``pipeline train --variant bindclip``)."""
+
+    variant: str = "bindclip"  # trainable scorer registry key
+    encoder: str = "toy"  # which store under extract.out to read
+    train_suite: str = "shapes-train"  # training pairs (with cf/flip images and paraphrases)
+    dev_suite: str = "shapes-dev"  # checkpoint selection and q0 choice (never a test suite)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one model per seed; the first is the one scored as `variant`
+    steps: int = 300  # optimisation steps (paper: 3 epochs x 100 steps)
+    batch_size: int = 64  # pairs per step (paper: 64)
+    lr: float = 1e-4  # AdamW learning rate on the scorer's parameters (paper: 1e-4)
+    weight_decay: float = 1e-3  # AdamW weight decay (paper: 1e-3)
+    eval_every: int = 50  # dev evaluation / checkpoint-selection period in steps
+    group_tau: float = 1.0  # smooth worst-group temperature: tau * log mean_f exp(L_f / tau)
+    weights: dict[str, float] = field(default_factory=dict)  # per-objective loss weights (default 1 each)
+    scorer: dict = field(default_factory=dict)  # kwargs of the scorer factory (e.g. BindClipConfig fields)
+    q0_grid: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0])  # consensus q0 candidates, chosen on dev
+    out: str = "cache/checkpoints"  # <out>/<variant>/model.safetensors (+ seed<k>/)
+    threads: int = 2  # torch intra-op threads
+
+
+@dataclass
 class ReportConfig:
     """The human report (``pipeline report``)."""
 

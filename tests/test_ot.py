@@ -12,6 +12,15 @@ import torch
 from pipeline.ot import fused_gromov_wasserstein, hungarian, sinkhorn_log, sinkhorn_log_kernel
 
 
+@pytest.fixture(autouse=True)
+def _single_thread():
+    """Tiny tensors: one intra-op thread is faster and immune to a loaded machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _problem(B=4, n=7, m=9, seed=0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     C = torch.rand(B, n, m, generator=g, dtype=dtype)
@@ -198,3 +207,12 @@ def test_fgw_alpha_zero_is_wasserstein():
         w = ot.emd2(np.full(4, 0.25), np.full(5, 0.2), M[k].numpy())
         np.testing.assert_allclose(dist[k], w, atol=1e-9)
         np.testing.assert_allclose(plans[k].sum(1), np.full(4, 0.25), atol=1e-9)
+
+
+def test_bench_sinkhorn_reports_parity_and_extrapolation():
+    from pipeline.bench_ot import bench_sinkhorn
+
+    r = bench_sinkhorn(n_problems=6, n=5, m=7, n_iters=10, pot_subset=2, dtype="float64")
+    assert r["pot_extrapolated"] and r["pot_problems_timed"] == 2
+    assert r["pot_s"] == pytest.approx(r["pot_measured_s"] * 3)
+    assert r["max_abs_diff"] < 1e-12 and r["speedup"] > 0

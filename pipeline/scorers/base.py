@@ -74,7 +74,7 @@ def option_scores(
 
     Per-caption scorers score each option directly. Pairwise scorers give option k the
     mean preference over the other options, ``mean_{j != k} s(I, c_k, c_j)``; for K = 2
-    this is ``(+s/2, -s/2)``, so the decision equals the sign of ``s``. Antisymmetry means
+    this is ``(s, -s)``, so the decision equals the sign of ``s``. Antisymmetry means
     only the K(K-1)/2 pairs j > k are evaluated.
     """
     k = len(options)
