@@ -91,6 +91,7 @@ class ScoreConfig:
     suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES[:4]))  # suites to score
     encoder: str = "toy"  # which store under extract.out
     batch_size: int = 256  # items per scoring batch
+    seed_variants: list[str] = field(default_factory=list)  # trained variants also scored per training seed (<variant>@seed<k>)
     checkpoints: str = "cache/checkpoints"  # trained scorers: <checkpoints>/<variant>/
     scores_out: str = "cache/scores"  # per-item scores: <scores_out>/<variant>/<suite>.parquet
     metrics_out: str = "reports/metrics"  # <metrics_out>/<variant>/<suite>.json

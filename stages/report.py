@@ -51,10 +51,13 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
     for suite in score.suites:
         src = resolve_source(suite, world.out, extract.manifests, extract.image_roots)
         entry = {"manifest": read_manifest(src.manifest), "image_root": src.image_root, "scores": {}}
-        for variant in score.variants:
-            path = Path(score.scores_out) / variant / f"{suite}.parquet"
+        names = list(score.variants)
+        for variant in score.seed_variants:
+            names += sorted(p.name for p in Path(score.scores_out).glob(f"{variant}@seed*"))
+        for name in names:
+            path = Path(score.scores_out) / name / f"{suite}.parquet"
             if path.is_file():
-                entry["scores"][variant] = load_scores(score, variant, suite)
+                entry["scores"][name] = load_scores(score, name, suite)
         out[suite] = entry
     return out
 
@@ -65,7 +68,7 @@ def suite_table(suite_name: str, entry: dict[str, Any], cfg: ReportConfig, basel
     manifest = entry["manifest"]
     units_by_variant = {v: suite.units(manifest, s) for v, s in entry["scores"].items()}
     lines = [
-        f"| variant | " + " | ".join(suite.metric_names) + " |",
+        "| variant | " + " | ".join(suite.metric_names) + " |",
         "|---|" + "---|" * len(suite.metric_names),
     ]
     long_rows = []
@@ -149,6 +152,128 @@ def bench_section(out: Path) -> str:
     return "\n\n".join(parts)
 
 
+def _pct(x) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
+
+
+def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreConfig, extract: ExtractConfig, out: Path) -> list[str]:
+    """The BindCLIP analyses (seed Table 1, lesion by family, local/additive, statistics,
+    seeds, coupling pictures, goals) for whichever of its variants were scored."""
+    from pipeline import analysis
+
+    scored = {v for e in results.values() for v in e["scores"]}
+    if "bindclip" not in scored:
+        return []
+    parts = ["## BindCLIP (seed Table-1 layout)", "Headline metric per suite, then the binding slices; Δ = BindCLIP − frozen CLIP with a paired-bootstrap 95% CI and p-value."]
+    rows = analysis.binding_table(results, "bindclip", cfg.bootstrap, cfg.seed)
+    lines = ["| suite | metric | frozen CLIP | BindCLIP | Δ [95% CI] | p |", "|---|---|---|---|---|---|"]
+    for c in rows:
+        lines.append(f"| {c.suite} | {c.metric} | {_pct(c.base)} | {_pct(c.value)} | {100 * c.diff:+.1f} [{100 * c.lo:+.1f}, {100 * c.hi:+.1f}] | {c.p:.4f} |")
+    parts.append("\n".join(lines))
+    mc = analysis.whatsup_mcnemar(results, "bindclip")
+    if mc:
+        parts.append(
+            f"What'sUp-style pair criterion: frozen CLIP {mc['baseline_correct']}/{mc['pairs']} pairs, "
+            f"BindCLIP {mc['variant_correct']}/{mc['pairs']}; exact McNemar on the discordant pairs "
+            f"(b01 = {mc['b01']}, b10 = {mc['b10']}): p = {mc['p']:.3g}."
+        )
+    variants = [v for v in ("clip", "bindclip", "bindclip-lesion", "bindclip-noconsensus") if v in scored]
+    fam = analysis.family_table(results, variants)
+    if not fam.empty:
+        parts += ["### Lesion and consensus ablation by family (shapes-dev)", "The lesion keeps every locked parameter and replaces only the plan by the outer product of its own marginals.", _df_markdown(fam.map(_pct))]
+    grid = analysis.additive_grid(results)
+    if not grid.empty:
+        local = [v for v in ("clip", "local-max", "local-softmax", "additive", "bindclip") if v in scored]
+        table = analysis.family_table(results, local, "shapes-sugarcrepe")
+        parts += [
+            "### Local and additive baselines (shapes-sugarcrepe)",
+            "Zero-parameter local alignment (caption tokens vs final patches in CLIP's joint space) pooled by max or softmax, and global + w·local for every w of the grid (computed exactly from the cached option scores).",
+            _df_markdown(table.map(_pct)),
+            _df_markdown(grid.assign(**{c: grid[c].map(_pct) for c in grid.columns if c not in ("pooling", "w")})),
+        ]
+    seeds = sorted(v for v in scored if v.startswith("bindclip@"))
+    if seeds:
+        seed_rows = {}
+        for suite, metric in analysis.HEADLINE_ROWS + (("shapes-sugarcrepe", "swap-att"), ("shapes-whatsup", "individual")):
+            entry = results.get(suite)
+            if not entry:
+                continue
+            vals = [SUITES.get(suite).metrics(entry["manifest"], entry["scores"][v]).get(metric) for v in seeds if v in entry["scores"]]
+            seed_rows[f"{suite} {metric}"] = {**{v: _pct(x) for v, x in zip(seeds, vals, strict=False)}, "spread (max−min)": _pct(max(vals) - min(vals)) if vals else "–"}
+        parts += ["### Training seeds", _df_markdown(pd.DataFrame(seed_rows).T)]
+    fig = coupling_figure(results, score, extract, out)
+    if fig:
+        parts += ["### Coupling pictures", "For swap-attribute items: the plan mass of each caption's most distinctive token (largest cross-caption residual) over the image, summed over both depths; left the true caption, right the negative.", f"![coupling](figures/{fig.name})"]
+    checks = analysis.goal_checks(results)
+    if checks:
+        lines = ["| goal | measured | met |", "|---|---|---|"]
+        for c in checks:
+            lines.append(f"| {c['goal']} | {c['measured']} (frozen {_pct(c['frozen'])} → {_pct(c['value'])}) | {'yes' if c['met'] else '**no**'} |")
+        parts += ["### The issue's goals, as measured", "\n".join(lines)]
+    return parts
+
+
+def _df_markdown(df: pd.DataFrame) -> str:
+    cols = [str(c) for c in df.columns]
+    lines = ["| | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for idx, row in df.iterrows():
+        lines.append(f"| {idx} | " + " | ".join(str(v) for v in row.tolist()) + " |")
+    return "\n".join(lines)
+
+
+def coupling_figure(results: dict[str, Any], score: ScoreConfig, extract: ExtractConfig, out: Path, n: int = 3) -> Path | None:
+    """Plan mass of each caption's most distinctive token drawn over the image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+    from open_clip.tokenizer import _tokenizer
+    from PIL import Image
+
+    from stages.score import load_scorer, open_store
+
+    entry = results.get("shapes-sugarcrepe")
+    if not entry:
+        return None
+    store = open_store(extract)
+    scorer = load_scorer("bindclip", store, score)
+    manifest = entry["manifest"]
+    picks = np.flatnonzero(manifest["category"].to_numpy() == "swap-att")[:n]
+    if len(picks) == 0:
+        return None
+    index = store.suite_index("shapes-sugarcrepe")
+    image = store.images(index["image"][picks, 0])
+    ta, tb = store.texts(index["captions"][picks, 0]), store.texts(index["captions"][picks, 1])
+    with torch.no_grad():
+        ex = scorer.explain(image, ta, tb)
+    gh, gw = ex.grid
+    n_tok = ex.u.shape[-1]
+    fig, axes = plt.subplots(len(picks), 2, figsize=(6, 3.1 * len(picks)))
+    axes = np.atleast_2d(axes)
+    for i, item in enumerate(picks):
+        row = manifest.iloc[int(item)]
+        img = np.asarray(Image.open(Path(entry["image_root"]) / row["image"]).convert("RGB"))
+        for x in range(2):
+            u = ex.u[i, x].masked_fill(~ex.token_mask[i, x], -1)
+            k = int(u.argmax())
+            mass = ex.plan[i, x * n_tok + k, : 2 * gh * gw].reshape(2, gh * gw).sum(0).reshape(gh, gw)
+            ax = axes[i, x]
+            ax.imshow(img)
+            ax.imshow(mass.numpy(), cmap="magma", alpha=0.55, extent=(0, img.shape[1], img.shape[0], 0), interpolation="nearest")
+            word = _tokenizer.decode([int(ex.ids[i, x, k])]).strip()
+            cap = row["captions"][x]
+            ax.set_title(f"{'✓' if x == 0 else '✗'} {cap[:34]}\ntoken '{word}', s = {float(ex.score[i]) * (1 if x == 0 else -1):+.2f}", fontsize=7)
+            ax.set_xticks([])
+            ax.set_yticks([])
+    fig.tight_layout()
+    path = out / "figures" / "coupling.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def run(cfg: ReportConfig, score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> Path:
     out = Path(cfg.out)
     results = load_results(score, extract, world)
@@ -177,6 +302,7 @@ def run(cfg: ReportConfig, score: ScoreConfig, extract: ExtractConfig, world: Wo
         fig = examples_figure(suite_name, entry, out, cfg.examples)
         if fig is not None:
             sections.append(f"![examples {suite_name}](figures/{fig.name})")
+    sections += bindclip_sections(results, cfg, score, extract, out)
     sections += ["## Performance", bench_section(out)]
     (out / "plots").mkdir(parents=True, exist_ok=True)
     pd.DataFrame(long_rows).to_csv(out / "plots" / "metrics.csv", index=False)

@@ -54,19 +54,39 @@ def open_store(extract: ExtractConfig) -> FeatureStore:
     return FeatureStore.open(path, expect=expected_fingerprint(store, extract))
 
 
-def load_scorer(variant: str, store: FeatureStore, cfg: ScoreConfig) -> Scorer:
-    """Build ``variant`` for this store; trained scorers load their checkpoint."""
-    scorer = create_scorer(variant, dims=store.dims, proj=store.projections())
-    if scorer.trainable:
-        from safetensors.torch import load_file
+def checkpoint_dir(variant: str, cfg: ScoreConfig) -> Path:
+    """Where a trained variant's weights live; ablations of a trained scorer (e.g.
+    ``bindclip-lesion``) declare ``checkpoint_variant`` and share its locked parameters."""
+    factory = SCORERS.get(variant)
+    owner = getattr(factory, "checkpoint_variant", None) or variant
+    return Path(cfg.checkpoints) / owner
 
-        ckpt = Path(cfg.checkpoints) / variant / "model.safetensors"
-        if not ckpt.is_file():
-            raise FileNotFoundError(
-                f"{variant} is trained but {ckpt} does not exist; run `pipeline train --variant {variant}`"
-            )
-        scorer.load_state_dict(load_file(ckpt))
+
+def load_scorer(variant: str, store: FeatureStore, cfg: ScoreConfig, ckpt_dir: Path | None = None) -> Scorer:
+    """Build ``variant`` for this store; trained scorers load their checkpoint and the
+    scorer options chosen at training time (``config.json`` ``scorer_kwargs``, e.g. q0)."""
+    scorer = create_scorer(variant, dims=store.dims, proj=store.projections())
+    if not scorer.trainable:
+        return scorer.eval()
+    from safetensors.torch import load_file
+
+    ckpt_dir = ckpt_dir or checkpoint_dir(variant, cfg)
+    ckpt = ckpt_dir / "model.safetensors"
+    if not ckpt.is_file():
+        raise FileNotFoundError(
+            f"{variant} is trained but {ckpt} does not exist; run `pipeline train --variant {ckpt_dir.name}`"
+        )
+    config = ckpt_dir / "config.json"
+    kwargs = json.loads(config.read_text()).get("scorer_kwargs", {}) if config.is_file() else {}
+    if kwargs:
+        scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **kwargs)
+    scorer.load_state_dict(load_file(ckpt))
     return scorer.eval()
+
+
+def seed_checkpoints(variant: str, cfg: ScoreConfig) -> list[Path]:
+    """Per-seed checkpoint folders of a trained variant (``<dir>/seed<k>/``)."""
+    return sorted(p for p in checkpoint_dir(variant, cfg).glob("seed*") if (p / "model.safetensors").is_file())
 
 
 def suite_inputs(store: FeatureStore, suite: str) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
@@ -165,9 +185,12 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
         SCORERS.get(variant)
     suites = [SUITES.get(s) for s in cfg.suites]
     store = open_store(extract)
+    runs = [(v, v, None) for v in cfg.variants]  # (name in outputs, registry key, checkpoint)
+    for variant in cfg.seed_variants:
+        runs += [(f"{variant}@{d.name}", variant, d) for d in seed_checkpoints(variant, cfg)]
     records = []
-    for variant in cfg.variants:
-        scorer = load_scorer(variant, store, cfg)
+    for name, variant, ckpt in runs:
+        scorer = load_scorer(variant, store, cfg, ckpt)
         for suite in suites:
             manifest, index = suite_inputs(store, suite.name)
             manifest, index, n_missing = drop_missing(manifest, index)
@@ -178,7 +201,7 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
                     continue  # pairwise caption scorers do not rank images
                 scores = score_retrieval(scorer, store, manifest, index, cfg.batch_size)
             else:
-                desc = f"{variant} {suite.name}" if progress else ""
+                desc = f"{name} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc)
-            records.append(write_outputs(cfg, suite, variant, extract.model, manifest, scores, n_missing))
+            records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, n_missing))
     return records

@@ -26,10 +26,10 @@ def tiny_encoder(tmp_path_factory):
     """An `Encoder` around a tiny random-init open_clip model (4x4 grid, early layer 2)."""
     import open_clip
     import torch
+    from open_clip.transform import PreprocessCfg, image_transform_v2
 
     from pipeline.encoders import Encoder, EncoderSpec
     from pipeline.features import FeatureDims
-    from open_clip.transform import PreprocessCfg, image_transform_v2
 
     cfg_dir = tmp_path_factory.mktemp("tiny_cfg")
     (cfg_dir / "tiny-vit-test.json").write_text(json.dumps(TINY))

@@ -1,0 +1,161 @@
+"""The seed papers' analyses on cached scores (pure functions; the report stage renders them).
+
+* ``binding_table``: the BindCLIP Table-1 layout — headline metric per suite, then the
+  binding slices — for a scorer against frozen CLIP, with paired-bootstrap CIs.
+* ``additive_grid``: global + w * local margins for each pooling over a grid of w, computed
+  exactly from the cached per-option scores of ``clip`` and ``local-*`` (the additive
+  scorer's decision is ``cos_global + w * local`` up to the positive logit scale).
+* ``goal_checks``: the issue's quantitative goals, each with the measured value and a
+  verdict — nothing is asserted, everything is reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from pipeline.benchmarks import SUITES
+from pipeline.stats import mcnemar_exact, units_bootstrap
+
+# (suite, metric) rows of the Table-1 layout: headline per suite, then the binding slices.
+HEADLINE_ROWS = (
+    ("shapes-whatsup", "pair"),
+    ("shapes-aro", "relation"),
+    ("shapes-aro", "attribution"),
+    ("shapes-sugarcrepe", "total"),
+)
+BINDING_ROWS = (
+    ("shapes-whatsup", "individual"),
+    ("shapes-whatsup", "set"),
+    ("shapes-sugarcrepe", "swap-att"),
+    ("shapes-sugarcrepe", "swap-obj"),
+    ("shapes-sugarcrepe", "replace-rel"),
+    ("shapes-sugarcrepe", "replace-att"),
+    ("shapes-sugarcrepe", "replace-obj"),
+    ("shapes-sugarcrepe", "add-obj-length-matched"),
+    ("shapes-sugarcrepe", "add-att-length-matched"),
+)
+SPATIAL_FAMILIES = ("relative-geometry", "absolute-position", "depth", "vertical")
+ENTITY_FAMILIES = ("entity", "attribute", "role-swap", "negation")
+
+
+@dataclass
+class Comparison:
+    suite: str
+    metric: str
+    base: float
+    value: float
+    diff: float
+    lo: float
+    hi: float
+    p: float
+
+
+def compare(results: dict, suite: str, metric: str, variant: str, baseline: str = "clip", n_resamples: int = 10_000, seed: int = 0) -> Comparison | None:
+    """Paired bootstrap of ``variant`` vs ``baseline`` on one metric (None if unavailable)."""
+    entry = results.get(suite)
+    if not entry or variant not in entry["scores"] or baseline not in entry["scores"]:
+        return None
+    s = SUITES.get(suite)
+    ua = s.units(entry["manifest"], entry["scores"][variant]).get(metric)
+    ub = s.units(entry["manifest"], entry["scores"][baseline]).get(metric)
+    if ua is None or ub is None or len(ua.values) == 0:
+        return None
+    r = units_bootstrap(ua, ub, n_resamples=n_resamples, seed=seed)
+    return Comparison(suite, metric, ub.statistic(), ua.statistic(), r.diff, r.lo, r.hi, r.p)
+
+
+def binding_table(results: dict, variant: str, n_resamples: int = 10_000, seed: int = 0) -> list[Comparison]:
+    rows = []
+    for suite, metric in HEADLINE_ROWS + BINDING_ROWS:
+        c = compare(results, suite, metric, variant, n_resamples=n_resamples, seed=seed)
+        if c is not None:
+            rows.append(c)
+    return rows
+
+
+def whatsup_mcnemar(results: dict, variant: str, baseline: str = "clip") -> dict | None:
+    """Exact McNemar on What'sUp-style pair correctness (units = pairs)."""
+    entry = results.get("shapes-whatsup")
+    if not entry or variant not in entry["scores"] or baseline not in entry["scores"]:
+        return None
+    s = SUITES.get("shapes-whatsup")
+    a = s.units(entry["manifest"], entry["scores"][variant])["pair"].values.astype(bool)
+    b = s.units(entry["manifest"], entry["scores"][baseline])["pair"].values.astype(bool)
+    r = mcnemar_exact(b, a)
+    return {"pairs": len(a), "baseline_correct": int(b.sum()), "variant_correct": int(a.sum()), "b01": r.b01, "b10": r.b10, "p": r.p}
+
+
+def family_table(results: dict, variants: list[str], suite: str = "shapes-dev") -> pd.DataFrame:
+    """Per-family accuracy (rows: families, columns: variants)."""
+    entry = results.get(suite)
+    if not entry:
+        return pd.DataFrame()
+    s = SUITES.get(suite)
+    cols = {v: s.metrics(entry["manifest"], entry["scores"][v]) for v in variants if v in entry["scores"]}
+    return pd.DataFrame(cols)
+
+
+def additive_grid(results: dict, weights: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)) -> pd.DataFrame:
+    """shapes-sugarcrepe accuracy of ``clip + w * local`` for each pooling and w.
+
+    Columns: pooling, w, then ``total``, the length-matched add-* slices, ``replace-rel``
+    and ``swap-att`` (the categories the seed discusses).
+    """
+    entry = results.get("shapes-sugarcrepe")
+    if not entry or "clip" not in entry["scores"]:
+        return pd.DataFrame()
+    s = SUITES.get("shapes-sugarcrepe")
+    keep = ("total", "add-obj-length-matched", "add-att-length-matched", "replace-rel", "swap-att")
+    rows = []
+    for pooling in ("local-max", "local-softmax"):
+        if pooling not in entry["scores"]:
+            continue
+        for w in weights:
+            scores = entry["scores"]["clip"] + w * entry["scores"][pooling]
+            m = s.metrics(entry["manifest"], scores)
+            rows.append({"pooling": pooling, "w": w, **{k: m.get(k, np.nan) for k in keep}})
+    return pd.DataFrame(rows)
+
+
+def goal_checks(results: dict, variant: str = "bindclip", lesion: str = "bindclip-lesion") -> list[dict]:
+    """The BindCLIP issue's goals with measured values and verdicts."""
+    checks = []
+
+    def metric(suite: str, v: str, name: str) -> float | None:
+        entry = results.get(suite)
+        if not entry or v not in entry["scores"]:
+            return None
+        return SUITES.get(suite).metrics(entry["manifest"], entry["scores"][v]).get(name)
+
+    for suite, name in (
+        ("shapes-sugarcrepe", "swap-att"),
+        ("shapes-sugarcrepe", "swap-obj"),
+        ("shapes-aro", "relation"),
+        ("shapes-whatsup", "individual"),
+    ):
+        base, val = metric(suite, "clip", name), metric(suite, variant, name)
+        if base is None or val is None:
+            continue
+        removed = (val - base) / (1 - base) if base < 1 else float("nan")
+        c = compare(results, suite, name, variant)
+        ok = removed >= 0.5 and c is not None and c.lo > 0
+        checks.append({"goal": f"{suite} {name}: remove >= half of frozen errors, CI excludes 0", "frozen": base, "value": val, "measured": f"{100 * removed:.0f}% of errors removed; Δ CI [{100 * c.lo:+.1f}, {100 * c.hi:+.1f}]" if c else "", "met": bool(ok)})
+    base, val = metric("shapes-whatsup", "clip", "pair"), metric("shapes-whatsup", variant, "pair")
+    if base is not None and val is not None:
+        checks.append({"goal": "shapes-whatsup pair >= 3x frozen", "frozen": base, "value": val, "measured": f"{val / base:.1f}x" if base > 0 else "frozen is 0", "met": bool(val >= 3 * base)})
+    base, val = metric("shapes-sugarcrepe", "clip", "replace-obj"), metric("shapes-sugarcrepe", variant, "replace-obj")
+    if base is not None and val is not None:
+        checks.append({"goal": "replace-obj loses <= 2 points", "frozen": base, "value": val, "measured": f"{100 * (val - base):+.1f} points", "met": bool(val - base >= -0.02)})
+    fam = family_table(results, [variant, lesion])
+    if not fam.empty and {variant, lesion} <= set(fam.columns):
+        drop = fam[variant] - fam[lesion]
+        sp = [f for f in SPATIAL_FAMILIES if f in drop.index]
+        en = [f for f in ENTITY_FAMILIES if f in drop.index]
+        if sp:
+            checks.append({"goal": "lesion loses >= 10 points on the spatial dev families (mean)", "frozen": None, "value": None, "measured": ", ".join(f"{f} {100 * drop[f]:+.1f}" for f in sp), "met": bool(drop[sp].mean() >= 0.10)})
+        if en:
+            checks.append({"goal": "lesion loses <= 3 points on entity/attribute families (each)", "frozen": None, "value": None, "measured": ", ".join(f"{f} {100 * drop[f]:+.1f}" for f in en), "met": bool((drop[en] <= 0.03).all())})
+    return checks
