@@ -142,7 +142,18 @@ def score_retrieval(scorer: Scorer, store: FeatureStore, manifest: pd.DataFrame,
     return np.concatenate(blocks)
 
 
-def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, manifest: pd.DataFrame, scores: np.ndarray, n_missing: int = 0) -> dict[str, Any]:
+def text_only_metrics(suite: Suite, store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> dict[str, float]:
+    """A suite's text-only metrics (e.g. SugarCrepe++ TOT) from the cached pooled caption
+    embeddings; they describe the frozen text encoder, so they are the same for every scorer."""
+    if suite.text_units is None:
+        return {}
+    rows = index["captions"]  # [n, K]
+    embeds = store.texts(rows.reshape(-1)).embed.reshape(*rows.shape, -1)  # [n, K, D]
+    unit = torch.nn.functional.normalize(embeds, dim=-1).double().numpy()
+    return {name: u.statistic() for name, u in suite.text_units(manifest, unit).items()}
+
+
+def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, manifest: pd.DataFrame, scores: np.ndarray, n_missing: int = 0, extra: dict[str, float] | None = None) -> dict[str, Any]:
     """Per-item scores (Parquet) and the metrics file (JSON); returns the metrics record."""
     scores_path = Path(cfg.scores_out) / variant / f"{suite.name}.parquet"
     scores_path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,7 +171,7 @@ def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, ma
         "encoder": encoder,
         "n_items": int(len(manifest)),
         "n_missing_images": n_missing,  # items left out because their image was missing
-        "metrics": {k: round(float(v), 6) for k, v in suite.metrics(manifest, scores).items()},
+        "metrics": {k: round(float(v), 6) for k, v in {**suite.metrics(manifest, scores), **(extra or {})}.items()},
     }
     metrics_path = Path(cfg.metrics_out) / variant / f"{suite.name}.json"
     metrics_path.parent.mkdir(parents=True, exist_ok=True)
@@ -203,5 +214,6 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
             else:
                 desc = f"{name} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc)
-            records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, n_missing))
+            extra = text_only_metrics(suite, store, manifest, index)
+            records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, n_missing, extra))
     return records

@@ -36,7 +36,11 @@ def tiny_encoder(tmp_path_factory):
     open_clip.add_model_config(cfg_dir / "tiny-vit-test.json")
     torch.manual_seed(0)
     model = open_clip.create_model("tiny-vit-test", pretrained=None).eval().requires_grad_(False)
+    from pipeline.encoders import ENCODERS
+
     spec = EncoderSpec("tiny-test", "tiny-vit-test", early_layer=2, default_pretrained="none")
+    if "tiny-test" not in ENCODERS:
+        ENCODERS.register("tiny-test", spec)  # so score-side fingerprint checks know it
     return Encoder(
         spec=spec,
         model=model,

@@ -73,6 +73,9 @@ class Suite:
         description: one line for ``pipeline suites``.
         image_columns: manifest columns holding image paths to encode.
         caption_columns: manifest columns holding captions to encode.
+        text_units: optional text-only metrics ``(manifest, unit caption embeddings
+            [n, K, D]) -> {name: Units}`` (SugarCrepe++ TOT), computed from the frozen text
+            encoder's pooled embeddings in the cache, the same for every scorer.
     """
 
     name: str
@@ -82,6 +85,7 @@ class Suite:
     metric_names: tuple[str, ...]
     headline: str
     description: str = ""
+    text_units: Callable[[pd.DataFrame, np.ndarray], dict[str, Units]] | None = None
     image_columns: tuple[str, ...] = ("image",)
     caption_columns: tuple[str, ...] = ("captions",)
     extra: dict = field(default_factory=dict)

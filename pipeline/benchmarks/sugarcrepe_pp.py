@@ -112,6 +112,16 @@ def sugarcrepe_pp_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str,
     return units
 
 
+def sugarcrepe_pp_text_units(manifest: pd.DataFrame, text: np.ndarray) -> dict[str, Units]:
+    """TOT per category (``TOT-<category>``) and pooled (``TOT``) from unit caption
+    embeddings ``text`` [n, 3, D] ordered (P1, P2, N)."""
+    correct = tot_correct(text[:, 0], text[:, 1], text[:, 2]).astype(float)
+    cat = manifest["category"].to_numpy()
+    units = {f"TOT-{c}": Units(correct[cat == c]) for c in CATEGORIES if (cat == c).any()}
+    units["TOT"] = Units(correct)
+    return units
+
+
 SUITES.register(
     "sugarcrepe-pp",
     Suite(
@@ -119,6 +129,7 @@ SUITES.register(
         task="choice",
         build_manifest=build_manifest,
         units=sugarcrepe_pp_units,
+        text_units=sugarcrepe_pp_text_units,
         metric_names=METRIC_NAMES,
         headline="total",
         description=(

@@ -138,18 +138,24 @@ def build_model(cfg: ToyClipConfig) -> torch.nn.Module:
     return model
 
 
-def make_optimizer(model: torch.nn.Module, cfg: ToyClipConfig) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters; weight decay on matrices only (as CLIP)."""
+def make_optimizers(model: torch.nn.Module, cfg: ToyClipConfig) -> list[torch.optim.Optimizer]:
+    """AdamW over the dense trainable parameters, weight decay on matrices only (as CLIP);
+    plus, if the token embedding is trained, SparseAdam over the rows each batch uses."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        if not p.requires_grad:
+        if not p.requires_grad or name == "token_embedding.weight":
             continue
         (decay if p.ndim >= 2 and "embedding" not in name else no_decay).append(p)
-    return torch.optim.AdamW(
+    opts: list[torch.optim.Optimizer] = [torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay},
          {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6,
-    )  # fmt: skip
+    )]  # fmt: skip
+    if cfg.train_token_embedding:
+        model.token_embedding.sparse = True  # backward gives [rows used] gradients only
+        opts.append(torch.optim.SparseAdam(
+            [model.token_embedding.weight], lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6))  # fmt: skip
+    return opts
 
 
 def _identity(cfg: ToyClipConfig) -> dict[str, Any]:
@@ -231,13 +237,14 @@ def train_toyclip(
     t0 = time.perf_counter()
 
     model = build_model(cfg).train()
-    opt = make_optimizer(model, cfg)
+    opts = make_optimizers(model, cfg)
     start, log, elapsed, resumed = 0, [], 0.0, None
     if resume_path.exists():
         state = torch.load(resume_path, map_location="cpu", weights_only=False)
         if state["identity"] == identity:
             model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
+            for opt, opt_state in zip(opts, state["optimizers"], strict=True):
+                opt.load_state_dict(opt_state)
             start, log, elapsed, resumed = state["step"], state["log"], state["elapsed"], state["step"]
         elif progress:
             print(f"toyclip: {resume_path} was made with another config; starting afresh")
@@ -253,7 +260,7 @@ def train_toyclip(
 
     def save_resume(step: int) -> None:
         _atomic_save({"identity": identity, "step": step, "model": model.state_dict(),
-                      "optimizer": opt.state_dict(), "log": log,
+                      "optimizers": [o.state_dict() for o in opts], "log": log,
                       "elapsed": elapsed + time.perf_counter() - t0}, resume_path)  # fmt: skip
 
     bar = tqdm(range(start, cfg.steps), desc="toyclip: train", initial=start, total=cfg.steps,
@@ -261,16 +268,19 @@ def train_toyclip(
     running = None
     loss = torch.tensor(float("nan"))
     for step in bar:
-        for g in opt.param_groups:
-            g["lr"] = learning_rate(step, cfg)
+        for opt in opts:
+            for g in opt.param_groups:
+                g["lr"] = learning_rate(step, cfg)
         rows = batch_indices(step, cfg.batch_size, cfg.pool_size, cfg.seed)  # [B]
         pixels = pixels_from_uint8(images[rows], pcfg["mean"], pcfg["std"])  # [B, 3, H, W]
         img = model.encode_image(pixels, normalize=True)  # [B, D]
         txt = model.encode_text(ids[rows], normalize=True)  # [B, D]
         loss = clip_loss(img, txt, model.logit_scale)
-        opt.zero_grad(set_to_none=True)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        for opt in opts:
+            opt.step()
         with torch.no_grad():
             model.logit_scale.clamp_(0.0, math.log(100.0))
         value = loss.item()
