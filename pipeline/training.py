@@ -1,0 +1,499 @@
+"""Training a pairwise scorer from the feature cache (methods.md §1.6, seed bindclip §2.4).
+
+    from pipeline.training import train_scorer
+    summary = train_scorer(cfg, store)            # cfg: TrainConfig, store: FeatureStore
+
+The frozen features of the training and development suites are read from the store ONCE
+(sorted unique rows, one read per array) and kept in memory in fp16; each step gathers a
+batch from memory. A step scores, in one batched forward pass,
+
+* ``(I, pos, neg)``          -> caption preference, structural sufficiency, grounding;
+* ``(I', pos, neg)``         -> correct-vs-mismatched image (I' = counterfactual render);
+* ``(flip I, flip pos, flip neg)`` -> reflection consistency against ``(I, pos, neg)``;
+* ``(I, paraphrase, neg)``   -> paraphrase consistency against ``(I, pos, neg)``,
+
+and minimises ``sum_k w_k * worst_group_tau(L_k)`` over the eight families
+(:mod:`pipeline.objectives`). Objectives with weight 0 are not computed.
+
+Selection *(ours)*: every ``eval_every`` steps (and at the last step) the development
+suite is scored and the checkpoint with the best ``mean`` dev accuracy (the official
+COCO-families metric: unweighted over families) is kept, ties to the earlier step. After
+training, consensus ``q0`` is chosen on dev only from ``cfg.q0_grid`` for the selected
+weights (ties to the grid value listed first).
+
+Reproducibility: the scorer is initialised under ``torch.manual_seed(seed)`` and batches
+are drawn from a ``torch.Generator`` seeded with ``seed``; a periodic ``resume.pt`` holds
+model, optimiser, step, both RNG states, the log and the best checkpoint so far, so a
+crashed run resumes to the same weights (if its config matches; it is removed at the end).
+
+Layout under ``<cfg.out>/<variant>/``: ``seed<k>/{model.safetensors, config.json,
+train_log.json}`` per seed; ``model.safetensors`` + ``config.json`` = the first seed's
+selected model (what ``pipeline score`` loads); ``summary.json`` = per-seed dev metrics and
+their spread. ``config.json["scorer_kwargs"]`` are the factory kwargs the scorer must be
+built with at scoring time (``cfg.scorer`` plus the chosen ``q0``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from pipeline.benchmarks import SUITES
+from pipeline.benchmarks.coco_families import FAMILIES
+from pipeline.cache import FeatureStore
+from pipeline.config import TrainConfig
+from pipeline.features import ImageFeatures, TextFeatures
+from pipeline.manifests import file_sha256, read_manifest
+from pipeline.objectives import (
+    box_cells,
+    caption_preference,
+    consistency,
+    group_means,
+    image_contrast,
+    region_grounding,
+    structural_sufficiency,
+    word_token_positions,
+    worst_group,
+)
+from pipeline.scorers import Scorer, create_scorer
+
+OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase")
+EVAL_BATCH = 256  # dev items per scoring forward pass
+
+# ---------------------------------------------------------------------------- data
+
+
+@dataclass
+class PairData:
+    """One suite's [pos, neg] pairs with every feature a step needs, in memory (fp16).
+
+    Item arrays index into ``images`` / ``texts`` (the suite's unique store rows, sorted);
+    -1 marks a missing column value (e.g. no paraphrase).
+    """
+
+    manifest: Any  # pandas DataFrame of the suite
+    images: ImageFeatures  # [U_i] unique images
+    texts: TextFeatures  # [U_t] unique captions
+    image: torch.Tensor  # [n] I
+    cf: torch.Tensor  # [n] I' (counterfactual, the negative is true)
+    flip: torch.Tensor  # [n] mirrored I
+    pos: torch.Tensor  # [n]
+    neg: torch.Tensor  # [n]
+    flip_pos: torch.Tensor  # [n]
+    flip_neg: torch.Tensor  # [n]
+    para: torch.Tensor  # [n] paraphrase of pos
+    family: torch.Tensor  # [n] index into FAMILIES
+    g_offsets: np.ndarray  # [n+1] CSR offsets of each item's grounded tokens
+    g_row: torch.Tensor  # [E] plan row of the token (content position - 1 in pos)
+    g_cells: torch.Tensor  # [E, R] bool, patches of the token's object box
+
+    def __len__(self) -> int:
+        return len(self.image)
+
+
+def _half(x: ImageFeatures | TextFeatures):
+    cls = type(x)
+    return cls(**{f.name: (v.half() if v.is_floating_point() else v) for f in dataclasses.fields(x) for v in [getattr(x, f.name)]})
+
+
+def _column(index: dict[str, np.ndarray], name: str, n: int, width: int = 1) -> np.ndarray:
+    """[n, width] store rows of a suite column, -1 where absent."""
+    if name not in index:
+        return np.full((n, width), -1, dtype=np.int64)
+    rows = np.asarray(index[name], dtype=np.int64)
+    return rows.reshape(n, -1)
+
+
+def load_pairs(store: FeatureStore, suite: str, grounding: bool = True) -> PairData:
+    """Read every feature of ``suite``'s pairs (one read per array) and the grounding map."""
+    attrs = store.suite_attrs(suite) if suite in store.suites() else {}
+    index = store.suite_index(suite)  # raises naming the extract command when absent
+    path = Path(attrs.get("manifest", ""))
+    if not path.is_file():
+        raise FileNotFoundError(f"manifest of {suite} not found at {str(path)!r}; run `pipeline world`")
+    store.suite_index(suite, manifest_sha256=file_sha256(path))  # refuse a stale index
+    m = read_manifest(path)
+    n = len(m)
+    if "family" not in m:
+        raise ValueError(f"{suite} has no `family` column; train on shapes-train / coco-families style suites")
+    unknown = sorted(set(m["family"]) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"{suite}: unknown families {unknown}; valid: {', '.join(FAMILIES)}")
+
+    correct = m["correct"].to_numpy().astype(np.int64)  # [n]
+    caps = _column(index, "captions", n)  # [n, 2]
+    pos, neg = caps[np.arange(n), correct], caps[np.arange(n), 1 - correct]
+    fcaps = _column(index, "flip_captions", n, 2)
+    fpos, fneg = fcaps[np.arange(n), correct], fcaps[np.arange(n), 1 - correct]
+    img_cols = {c: _column(index, c, n)[:, 0] for c in ("image", "cf_image", "flip_image")}
+    para = _column(index, "paraphrase", n)[:, 0]
+
+    img_rows = np.unique(np.concatenate(list(img_cols.values())))
+    img_rows = img_rows[img_rows >= 0]
+    txt_rows = np.unique(np.concatenate([pos, neg, fpos, fneg, para]))
+    txt_rows = txt_rows[txt_rows >= 0]
+    images = _half(store.images(img_rows))  # one read per array, sorted unique rows
+    texts = _half(store.texts(txt_rows))
+
+    def local(rows: np.ndarray, uniq: np.ndarray) -> torch.Tensor:
+        out = np.searchsorted(uniq, rows)
+        return torch.from_numpy(np.where(rows >= 0, out, -1).astype(np.int64))
+
+    # grounding: word indices of pos -> BPE positions -> plan rows, boxes -> patch cells
+    offsets, g_rows, g_boxes = [0], [], []
+    if grounding and "ground_positions" in m:
+        from open_clip.tokenizer import _tokenizer
+
+        ids = texts.ids[local(pos, txt_rows)]  # [n, C] stored BPE ids of pos
+        max_tok = ids.shape[1] - 2
+        for i, row in enumerate(m.itertuples(index=False)):
+            cap = row.captions[correct[i]]
+            words = list(row.ground_positions or [])
+            boxes = list(row.ground_boxes or [])
+            for toks, box in zip(
+                word_token_positions(cap, words, _tokenizer.encode, max_tok), boxes, strict=True
+            ):
+                for p in toks:
+                    if int(ids[i, p]) == 0:  # beyond the stored caption (truncated)
+                        continue
+                    g_rows.append(p - 1)
+                    g_boxes.append(list(box))
+            offsets.append(len(g_rows))
+    else:
+        offsets = [0] * (n + 1)
+    boxes_t = torch.tensor(g_boxes, dtype=torch.float32).reshape(-1, 4)
+    return PairData(
+        manifest=m,
+        images=images,
+        texts=texts,
+        image=local(img_cols["image"], img_rows),
+        cf=local(img_cols["cf_image"], img_rows),
+        flip=local(img_cols["flip_image"], img_rows),
+        pos=local(pos, txt_rows),
+        neg=local(neg, txt_rows),
+        flip_pos=local(fpos, txt_rows),
+        flip_neg=local(fneg, txt_rows),
+        para=local(para, txt_rows),
+        family=torch.tensor([FAMILIES.index(f) for f in m["family"]], dtype=torch.long),
+        g_offsets=np.asarray(offsets, dtype=np.int64),
+        g_row=torch.tensor(g_rows, dtype=torch.long),
+        g_cells=box_cells(boxes_t, store.dims.grid),
+    )
+
+
+def _cat(parts: list[ImageFeatures | TextFeatures]):
+    cls = type(parts[0])
+    return cls(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(cls)})
+
+
+# ---------------------------------------------------------------------------- one step
+
+
+def step_losses(
+    model: Scorer,
+    data: PairData,
+    batch: torch.Tensor,
+    weights: dict[str, float],
+    group_tau: float,
+    consistency_kind: str = "smooth_l1",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Total loss of one batch of item indices [B] and each objective's value (floats)."""
+    on = {k: weights.get(k, 1.0) for k in OBJECTIVES}
+    fam = data.family[batch]  # [B]
+    chunks = [(data.image[batch], data.pos[batch], data.neg[batch])]
+    sel: dict[str, torch.Tensor] = {}
+    for name, (img, a, b) in {
+        "image": (data.cf, data.pos, data.neg),
+        "reflection": (data.flip, data.flip_pos, data.flip_neg),
+        "paraphrase": (data.image, data.para, data.neg),
+    }.items():
+        if on[name] == 0:
+            continue
+        ok = (img[batch] >= 0) & (a[batch] >= 0) & (b[batch] >= 0)  # [B]
+        if ok.any():
+            sel[name] = torch.nonzero(ok).squeeze(1)
+            chunks.append((img[batch[ok]], a[batch[ok]], b[batch[ok]]))
+    image = data.images.index(torch.cat([c[0] for c in chunks]))
+    text_a = data.texts.index(torch.cat([c[1] for c in chunks]))
+    text_b = data.texts.index(torch.cat([c[2] for c in chunks]))
+    e = model.explain(image, text_a, text_b)  # one forward over every chunk
+    B = len(batch)
+    s0, g0 = e.score[:B], e.margin[:B]
+
+    per: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
+        "preference": (caption_preference(s0), fam),
+        "sufficiency": (structural_sufficiency(s0, g0), fam),
+    }
+    start = B
+    for name in ("image", "reflection", "paraphrase"):
+        if name not in sel:
+            continue
+        idx = sel[name]
+        s = e.score[start : start + len(idx)]
+        start += len(idx)
+        if name == "image":
+            per[name] = (image_contrast(s0[idx], s), fam[idx])
+        else:
+            per[name] = (consistency(s, s0[idx], consistency_kind), fam[idx])
+    if on["grounding"] != 0 and len(data.g_row):
+        b_np = batch.numpy()
+        lo, hi = data.g_offsets[b_np], data.g_offsets[b_np + 1]
+        ent = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)] or [np.zeros(0, int)])
+        if len(ent):
+            item = torch.from_numpy(np.repeat(np.arange(B), hi - lo))  # [E] batch position
+            ent_t = torch.from_numpy(ent)
+            loss = region_grounding(e.plan[:B], e.r[:B], item, data.g_row[ent_t], data.g_cells[ent_t])
+            per["grounding"] = (loss, fam[item])
+
+    total = s0.new_zeros(())
+    logged = {}
+    for name, (loss, groups) in per.items():
+        if on[name] == 0:
+            continue
+        agg = worst_group(loss, groups, group_tau)
+        total = total + on[name] * agg
+        logged[name] = float(agg)
+    logged["total"] = float(total)
+    logged["acc"] = float((s0 > 0).float().mean())
+    return total, logged
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def pair_scores(model: Scorer, data: PairData, batch_size: int = EVAL_BATCH) -> np.ndarray:
+    """[n] s(I, pos, neg) for every item."""
+    out = []
+    for start in range(0, len(data), batch_size):
+        sl = slice(start, start + batch_size)
+        out.append(
+            model.score_pair(
+                data.images.index(data.image[sl]), data.texts.index(data.pos[sl]), data.texts.index(data.neg[sl])
+            ).double()
+        )
+    return torch.cat(out).numpy()
+
+
+def dev_metrics(model: Scorer, data: PairData, suite: str) -> dict[str, float]:
+    """The suite's official metrics (per family + ``mean``) from ``[n, 2] = (s, -s)`` scores."""
+    was = model.training
+    model.eval()
+    s = pair_scores(model, data)
+    model.train(was)
+    correct = data.manifest["correct"].to_numpy()
+    scores = np.where(correct[:, None] == 0, np.stack([s, -s], 1), np.stack([-s, s], 1))
+    return {k: round(float(v), 6) for k, v in SUITES.get(suite).metrics(data.manifest, scores).items()}
+
+
+# ---------------------------------------------------------------------------- the loop
+
+
+def _fingerprint(cfg: TrainConfig, seed: int, store: FeatureStore) -> str:
+    d = asdict(cfg)
+    for k in ("seeds", "threads", "out", "eval_every"):
+        d.pop(k, None)
+    d.update(seed=seed, store=store.root.attrs.get("fingerprint_id"))
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _state(model: Scorer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _set_q0(model: Scorer, q0: float) -> None:
+    model.config = dataclasses.replace(model.config, q0=q0)
+
+
+def train_seed(
+    cfg: TrainConfig,
+    store: FeatureStore,
+    train: PairData,
+    dev: PairData,
+    seed: int,
+    out: Path,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> dict[str, Any]:
+    """Train one seed into ``out`` (``seed<k>/``); returns its config record.
+
+    ``stop_after`` stops (without finishing) after that many steps, leaving ``resume.pt``:
+    a simulated crash for tests.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = create_scorer(cfg.variant, dims=store.dims, proj=store.projections(), **cfg.scorer)
+    if not model.trainable:
+        raise ValueError(f"{cfg.variant} has no trainable parameters; nothing to train")
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    fp = _fingerprint(cfg, seed, store)
+    log: dict[str, Any] = {"steps": [], "dev": []}
+    best: dict[str, Any] = {"metric": -math.inf, "step": 0, "state": _state(model), "dev": {}}
+    step, order = 0, torch.zeros(0, dtype=torch.long)  # order: items left in this epoch
+    resume = out / "resume.pt"
+    if resume.is_file():
+        ck = torch.load(resume, weights_only=False)
+        if ck.get("fingerprint") == fp:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optim"])
+            gen.set_state(ck["generator"])
+            torch.set_rng_state(ck["torch_rng"])
+            step, log, best, order = ck["step"], ck["log"], ck["best"], ck["order"]
+
+    def save_resume() -> None:
+        tmp = resume.with_suffix(".tmp")
+        torch.save(
+            {
+                "fingerprint": fp,
+                "step": step,
+                "model": model.state_dict(),
+                "optim": opt.state_dict(),
+                "generator": gen.get_state(),
+                "torch_rng": torch.get_rng_state(),
+                "log": log,
+                "order": order,
+                "best": best,
+            },
+            tmp,
+        )
+        tmp.replace(resume)
+
+    def evaluate() -> None:
+        metrics = dev_metrics(model, dev, cfg.dev_suite)
+        log["dev"].append({"step": step, **metrics})
+        if metrics["mean"] > best["metric"]:
+            best.update(metric=metrics["mean"], step=step, state=_state(model), dev=metrics)
+
+    if step == 0:
+        evaluate()  # step 0 = the initialisation is a candidate too
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.variant} seed {seed}", disable=not progress)
+    t0 = time.time()
+    while step < cfg.steps:
+        if stop_after is not None and step >= stop_after:
+            bar.close()
+            return {"stopped_at": step}
+        if len(order) < cfg.batch_size:  # epoch-wise permutation, drawn from the seeded generator
+            order = torch.cat([order, torch.randperm(len(train), generator=gen)])
+        batch, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        loss, logged = step_losses(model, train, batch, cfg.weights, cfg.group_tau)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        log["steps"].append({"step": step, **{k: round(v, 6) for k, v in logged.items()}})
+        bar.update(1)
+        bar.set_postfix(loss=f"{logged['total']:.3f}", acc=f"{logged['acc']:.2f}")
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            evaluate()
+            bar.set_postfix(loss=f"{logged['total']:.3f}", dev=f"{log['dev'][-1]['mean']:.3f}")
+            if step < cfg.steps:
+                save_resume()
+    bar.close()
+    train_seconds = time.time() - t0
+
+    # selected checkpoint, then q0 on dev only
+    model.load_state_dict(best["state"])
+    q0_dev: dict[str, float] = {}
+    chosen_q0 = getattr(model.config, "q0", None)
+    if getattr(model.config, "consensus", False) and cfg.q0_grid:
+        for q in cfg.q0_grid:
+            _set_q0(model, float(q))
+            q0_dev[str(float(q))] = dev_metrics(model, dev, cfg.dev_suite)["mean"]
+        chosen_q0 = float(max(cfg.q0_grid, key=lambda q: (q0_dev[str(float(q))], -cfg.q0_grid.index(q))))
+        _set_q0(model, chosen_q0)
+    final_dev = dev_metrics(model, dev, cfg.dev_suite)
+
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    kwargs = dict(cfg.scorer)
+    if chosen_q0 is not None and "q0" in {f.name for f in dataclasses.fields(model.config)}:
+        kwargs["q0"] = chosen_q0
+    record = {
+        "variant": cfg.variant,
+        "seed": seed,
+        "selected_step": best["step"],
+        "selection": "max mean dev accuracy (official COCO-families mean), earliest step on ties",
+        "q0": chosen_q0,
+        "q0_dev_mean": q0_dev,
+        "dev": final_dev,
+        "scorer_kwargs": kwargs,  # build the scorer with these at scoring time
+        "scorer": asdict(model.config) if dataclasses.is_dataclass(model.config) else {},
+        "train": asdict(cfg),
+        "store": str(store.path),
+        "store_fingerprint_id": store.root.attrs.get("fingerprint_id"),
+        "train_seconds": round(train_seconds, 1),
+    }
+    (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+    (out / "train_log.json").write_text(json.dumps(log) + "\n")
+    if resume.is_file():
+        resume.unlink()
+    return record
+
+
+def train_scorer(
+    cfg: TrainConfig, store: FeatureStore, progress: bool = True, stop_after: int | None = None
+) -> dict[str, Any]:
+    """Train ``cfg.variant`` for every seed of ``cfg.seeds``; write the checkpoint layout.
+
+    Returns the summary written to ``<cfg.out>/<variant>/summary.json``.
+    """
+    probe = create_scorer(cfg.variant, dims=store.dims, proj=store.projections(), **cfg.scorer)
+    owner = getattr(probe, "checkpoint_variant", cfg.variant)
+    if owner != cfg.variant:
+        raise ValueError(
+            f"{cfg.variant} reuses the parameters of {owner!r}; train `pipeline train --variant {owner}`"
+        )
+    if not cfg.seeds:
+        raise ValueError("TrainConfig.seeds is empty; give at least one seed")
+    unknown = sorted(set(cfg.weights) - set(OBJECTIVES))
+    if unknown:
+        raise ValueError(f"unknown objective weight(s) {unknown}; valid: {', '.join(OBJECTIVES)}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        train = load_pairs(store, cfg.train_suite, grounding=cfg.weights.get("grounding", 1.0) != 0)
+        dev = load_pairs(store, cfg.dev_suite, grounding=False)
+        root = Path(cfg.out) / cfg.variant
+        records = []
+        for seed in cfg.seeds:
+            rec = train_seed(cfg, store, train, dev, seed, root / f"seed{seed}", progress, stop_after)
+            if "stopped_at" in rec:
+                return rec
+            records.append(rec)
+    finally:
+        torch.set_num_threads(threads)
+
+    first = root / f"seed{cfg.seeds[0]}"
+    shutil.copyfile(first / "model.safetensors", root / "model.safetensors")
+    shutil.copyfile(first / "config.json", root / "config.json")
+    names = list(records[0]["dev"])
+    spread = {}
+    for k in names:
+        v = np.array([r["dev"][k] for r in records], dtype=float)
+        spread[k] = {"mean": float(v.mean()), "std": float(v.std()), "min": float(v.min()), "max": float(v.max())}
+    summary = {
+        "variant": cfg.variant,
+        "dev_suite": cfg.dev_suite,
+        "scored_seed": cfg.seeds[0],
+        "seeds": {
+            str(r["seed"]): {"dev": r["dev"], "selected_step": r["selected_step"], "q0": r["q0"]} for r in records
+        },
+        "spread": spread,
+    }
+    (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
