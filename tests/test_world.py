@@ -429,7 +429,7 @@ def test_caption_templates_and_converse():
     assert caption(Rel(red, "left", blue), 0) == "a red circle to the left of a blue square"
     assert caption(Rel(blue, "right", red), 1) == "a blue square is right of a red circle"
     assert caption(Side(red, "left"), 0) == "the red circle is on the left side of the picture"
-    assert caption(Has((red, Ref("hexagon", "orange"))), 0) == "a red circle and an orange hexagon"
+    assert caption(Has((red, Ref("star", "orange"))), 0) == "a red circle and an orange star"
     assert caption(Has((red,), (blue,)), 0) == "a red circle and no blue square"
     texts = {caption(c, s) for c in equivalents(Rel(red, "left", blue)) for s in range(5)}
     assert "a blue square to the right of a red circle" in texts and len(texts) == 10

@@ -346,9 +346,16 @@ def clear_sides(scene: Scene) -> list[tuple[int, str]]:
 
 
 def describe(
-    scene: Scene, rng: np.random.Generator, kinds: tuple[str, ...] = ("has", "rel", "side")
+    scene: Scene,
+    rng: np.random.Generator,
+    kinds: tuple[str, ...] = ("has", "rel", "side"),
+    p_bare: float = 0.1,
 ) -> Claim:
-    """A random true claim about ``scene``: an object list, a relation or a side."""
+    """A random true claim about ``scene``: an object list, a relation or a side.
+
+    ``p_bare``: probability that an object whose shape is unique in the scene is named by
+    its shape alone (no colour/size), as real captions often omit attributes.
+    """
     rels = clear_relations(scene) if "rel" in kinds else []
     sides = clear_sides(scene) if "side" in kinds else []
     weights = {"has": 0.35, "rel": 0.45 if rels else 0.0, "side": 0.2 if sides else 0.0}
@@ -358,13 +365,13 @@ def describe(
     objs = scene.objects
     if kind == "rel":
         i, rel, j = rels[int(rng.integers(len(rels)))]
-        return Rel(ref_of(objs[i], scene, rng), rel, ref_of(objs[j], scene, rng))
+        return Rel(ref_of(objs[i], scene, rng, p_bare=p_bare), rel, ref_of(objs[j], scene, rng, p_bare=p_bare))
     if kind == "side":
         i, s = sides[int(rng.integers(len(sides)))]
-        return Side(ref_of(objs[i], scene, rng), s)
+        return Side(ref_of(objs[i], scene, rng, p_bare=p_bare), s)
     k = int(rng.integers(1, min(3, len(objs)) + 1))
     pick = rng.permutation(len(objs))[:k]
-    return Has(tuple(ref_of(objs[i], scene, rng) for i in sorted(pick)))
+    return Has(tuple(ref_of(objs[i], scene, rng, p_bare=p_bare) for i in sorted(pick)))
 
 
 # ------------------------------------------------------------------------------ POS and ARO order

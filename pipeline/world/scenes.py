@@ -40,7 +40,9 @@ from PIL import Image, ImageDraw
 
 # ------------------------------------------------------------------------------ vocabulary
 
-SHAPES = ("circle", "square", "triangle", "star", "hexagon", "pentagon", "cross", "diamond")
+# Six shapes that stay distinct at 64 px (hexagon and pentagon, tried first, are a few
+# pixels from a circle at this resolution; no toy CLIP learnt to tell them apart).
+SHAPES = ("circle", "square", "triangle", "star", "cross", "diamond")
 COLOURS: dict[str, tuple[int, int, int]] = {  # saturated or bright; all far from the grey
     "red": (222, 44, 44),
     "green": (46, 184, 72),
@@ -51,8 +53,8 @@ COLOURS: dict[str, tuple[int, int, int]] = {  # saturated or bright; all far fro
     "white": (242, 242, 242),
 }
 SIZES: dict[str, tuple[float, float]] = {  # circumradius range (normalised) per size word
-    "small": (0.068, 0.085),
-    "large": (0.122, 0.142),
+    "small": (0.085, 0.10),
+    "large": (0.14, 0.16),
 }
 RELATIONS = ("left", "right", "above", "below", "front", "behind")
 OPPOSITE = {
