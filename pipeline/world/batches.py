@@ -27,6 +27,9 @@ P_OVERLAP = 0.3  # share of training scenes with an overlapping (depth) pair
 # in (almost) every caption, colour alone picks the right image out of a contrastive batch
 # and the toy CLIP never learnt shape (replace-obj 0.55 after 1500 steps at p = 0.1).
 P_BARE = 0.5
+# Share of single-colour training scenes: colour cannot tell them apart within a batch, so
+# the contrastive loss can only fall by reading shape (still positives + in-batch negatives).
+P_MONO = 0.3
 
 
 def training_scene(seed: int, index: int) -> tuple[Scene, Claim, int]:
@@ -34,6 +37,10 @@ def training_scene(seed: int, index: int) -> tuple[Scene, Claim, int]:
     sid, _ = scene_id_in_split(seed, "pool", int(index), "train")
     rng = scene_rng(seed, int(index), f"pool/{sid}")
     scene = random_scene(rng, sid, overlap_pair=bool(rng.random() < P_OVERLAP))
+    if rng.random() < P_MONO:
+        colour = scene.objects[0].colour
+        for i in range(1, len(scene.objects)):
+            scene = scene.with_object(i, colour=colour)
     return scene, describe(scene, rng, p_bare=P_BARE), int(rng.integers(N_STYLES))
 
 
