@@ -91,21 +91,29 @@ def read_category(path: Path, category: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def build_manifest(root: Path, categories: tuple[str, ...] = CATEGORIES) -> pd.DataFrame:
-    """All official category files present under ``root`` (warns about missing ones)."""
+def read_present_categories(
+    root: Path, categories: tuple[str, ...], read, benchmark: str, source: str
+) -> pd.DataFrame:
+    """Concatenate ``read(path, category)`` over the official category files present under
+    ``root``; warn about missing ones, fail if none is there."""
     root = Path(root)
     present = [c for c in categories if (root / file_name(c)).is_file()]
     missing = [file_name(c) for c in categories if c not in present]
     if not present:
         raise FileNotFoundError(
-            f"no SugarCrepe file found under {root} (expected {', '.join(missing)}); {SOURCE}"
+            f"no {benchmark} file found under {root} (expected {', '.join(missing)}); {source}"
         )
     if missing:
         warnings.warn(
-            f"SugarCrepe: {root} lacks {', '.join(missing)}; those categories are skipped",
-            stacklevel=2,
+            f"{benchmark}: {root} lacks {', '.join(missing)}; those categories are skipped",
+            stacklevel=3,
         )
-    m = pd.concat([read_category(root / file_name(c), c) for c in present], ignore_index=True)
+    return pd.concat([read(root / file_name(c), c) for c in present], ignore_index=True)
+
+
+def build_manifest(root: Path, categories: tuple[str, ...] = CATEGORIES) -> pd.DataFrame:
+    """All official category files present under ``root`` (warns about missing ones)."""
+    m = read_present_categories(root, categories, read_category, "SugarCrepe", SOURCE)
     m["length_matched"] = length_matched(
         [c[0] for c in m["captions"]], [c[1] for c in m["captions"]]
     )

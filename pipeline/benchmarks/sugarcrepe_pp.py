@@ -21,14 +21,13 @@ stage supplies the unit text embeddings of P1, P2 and N to ``tot_accuracy`` / ``
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks.base import SUITES, Suite, Units, relative_image_path
-from pipeline.benchmarks.sugarcrepe import file_name
+from pipeline.benchmarks.sugarcrepe import read_present_categories
 
 CATEGORIES = ("replace-obj", "replace-att", "replace-rel", "swap-obj", "swap-att")
 METRIC_NAMES = (*CATEGORIES, "total")
@@ -58,19 +57,7 @@ def read_category(path: Path, category: str) -> pd.DataFrame:
 
 def build_manifest(root: Path, categories: tuple[str, ...] = CATEGORIES) -> pd.DataFrame:
     """All official category files present under ``root`` (warns about missing ones)."""
-    root = Path(root)
-    present = [c for c in categories if (root / file_name(c)).is_file()]
-    missing = [file_name(c) for c in categories if c not in present]
-    if not present:
-        raise FileNotFoundError(
-            f"no SugarCrepe++ file found under {root} (expected {', '.join(missing)}); {SOURCE}"
-        )
-    if missing:
-        warnings.warn(
-            f"SugarCrepe++: {root} lacks {', '.join(missing)}; those categories are skipped",
-            stacklevel=2,
-        )
-    return pd.concat([read_category(root / file_name(c), c) for c in present], ignore_index=True)
+    return read_present_categories(root, categories, read_category, "SugarCrepe++", SOURCE)
 
 
 # ---------------------------------------------------------------------------- metrics

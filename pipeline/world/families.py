@@ -33,6 +33,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from pipeline.benchmarks.coco_families import FAMILIES  # one list for real and shapes data
 from pipeline.world.captions import (
     N_STYLES,
     Claim,
@@ -65,16 +66,6 @@ from pipeline.world.scenes import (
 )
 from pipeline.world.suites import MAX_TRIES, Item, base_row, pair_relation, pair_scene, scene_json
 
-FAMILIES = (
-    "entity",
-    "attribute",
-    "role-swap",
-    "negation",
-    "relative-geometry",
-    "absolute-position",
-    "depth",
-    "vertical",
-)
 SUITE_SPLITS = {"shapes-train": "train", "shapes-dev": "validation"}
 
 Proposal = tuple[Scene, Claim, Claim, Scene]  # scene, pos, neg, counterfactual scene
