@@ -41,6 +41,7 @@ import json
 import math
 import shutil
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -59,17 +60,18 @@ from pipeline.objectives import (
     box_cells,
     caption_preference,
     consistency,
-    group_means,
     image_contrast,
     region_grounding,
     structural_sufficiency,
     word_token_positions,
     worst_group,
 )
-from pipeline.scorers import Scorer, create_scorer
+from pipeline.scorers import SCORERS, Scorer, create_scorer
 
 OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase")
 EVAL_BATCH = 256  # dev items per scoring forward pass
+CONSISTENCY_ITEMS = 16  # items of each batch that also get the mirrored / paraphrased forward
+DEFAULTS: dict[str, Any] = {"consistency_items": CONSISTENCY_ITEMS}
 
 # ---------------------------------------------------------------------------- data
 
@@ -206,9 +208,14 @@ def step_losses(
     batch: torch.Tensor,
     weights: dict[str, float],
     group_tau: float,
+    consistency_items: int | None = CONSISTENCY_ITEMS,
     consistency_kind: str = "smooth_l1",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Total loss of one batch of item indices [B] and each objective's value (floats)."""
+    """Total loss of one batch of item indices [B] and each objective's value (floats).
+
+    The two consistency objectives score an extra (mirrored / paraphrased) copy of only the
+    first ``consistency_items`` items of the batch (None = all), to bound the step's cost.
+    """
     on = {k: weights.get(k, 1.0) for k in OBJECTIVES}
     fam = data.family[batch]  # [B]
     chunks = [(data.image[batch], data.pos[batch], data.neg[batch])]
@@ -221,6 +228,8 @@ def step_losses(
         if on[name] == 0:
             continue
         ok = (img[batch] >= 0) & (a[batch] >= 0) & (b[batch] >= 0)  # [B]
+        if name != "image" and consistency_items is not None:
+            ok[consistency_items:] = False
         if ok.any():
             sel[name] = torch.nonzero(ok).squeeze(1)
             chunks.append((img[batch[ok]], a[batch[ok]], b[batch[ok]]))
@@ -263,9 +272,10 @@ def step_losses(
             continue
         agg = worst_group(loss, groups, group_tau)
         total = total + on[name] * agg
-        logged[name] = float(agg)
-    logged["total"] = float(total)
-    logged["acc"] = float((s0 > 0).float().mean())
+        logged[name] = float(agg.detach())
+    logged["total"] = float(total.detach())
+    logged["acc"] = float((s0.detach() > 0).float().mean())
+    logged["sinkhorn_err"] = float(e.marginal_err.max())
     return total, logged
 
 
@@ -298,6 +308,11 @@ def dev_metrics(model: Scorer, data: PairData, suite: str) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------- the loop
+
+
+def _opt(cfg: TrainConfig, name: str) -> Any:
+    """A training option that TrainConfig may not declare yet: its field, else our default."""
+    return getattr(cfg, name, DEFAULTS[name])
 
 
 def _fingerprint(cfg: TrainConfig, seed: int, store: FeatureStore) -> str:
@@ -389,7 +404,11 @@ def train_seed(
         if len(order) < cfg.batch_size:  # epoch-wise permutation, drawn from the seeded generator
             order = torch.cat([order, torch.randperm(len(train), generator=gen)])
         batch, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        loss, logged = step_losses(model, train, batch, cfg.weights, cfg.group_tau)
+        with warnings.catch_warnings():  # per-step convergence is logged (sinkhorn_err)
+            warnings.simplefilter("ignore", UserWarning)
+            loss, logged = step_losses(
+                model, train, batch, cfg.weights, cfg.group_tau, _opt(cfg, "consistency_items")
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -452,8 +471,7 @@ def train_scorer(
 
     Returns the summary written to ``<cfg.out>/<variant>/summary.json``.
     """
-    probe = create_scorer(cfg.variant, dims=store.dims, proj=store.projections(), **cfg.scorer)
-    owner = getattr(probe, "checkpoint_variant", cfg.variant)
+    owner = getattr(SCORERS.get(cfg.variant), "checkpoint_variant", None) or cfg.variant
     if owner != cfg.variant:
         raise ValueError(
             f"{cfg.variant} reuses the parameters of {owner!r}; train `pipeline train --variant {owner}`"

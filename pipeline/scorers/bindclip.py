@@ -94,6 +94,9 @@ class BindClipConfig:
     var_floor: float = 1e-4  # added to a token's spatial variance before the log (ours)
     sinkhorn_tol: float = 1e-3  # max abs marginal error (total mass 1) before the solver warns
     absorb_every: int | None = 16  # Sinkhorn absorption block (None = pure log domain)
+    text_center: bool = False  # subtract each caption's mean content-token state before phi_t (ours)
+    grad_iters: int | None = None  # backprop through only the last k Sinkhorn iterations
+    #   (the first K - k run without autograd and warm-start the rest; same plan). None = all K
 
     def __post_init__(self) -> None:
         if self.plan not in ("sinkhorn", "outer"):
@@ -248,6 +251,7 @@ class BindClip(Scorer):
 
     pairwise = True
     trainable = True
+    checkpoint_variant = "bindclip"  # every variant (lesion, noconsensus) loads bindclip's weights
 
     def __init__(self, dims: FeatureDims, proj: Projections, config: BindClipConfig) -> None:
         super().__init__()
@@ -270,7 +274,11 @@ class BindClip(Scorer):
         ma, mb = mask[:, 0], mask[:, 1]
 
         # 1. compatibility
-        pt = self.phi_t(H.float())  # [B, 2, N, h]
+        H = H.float()
+        if cfg.text_center:  # remove the caption's shared context, keep what each token adds
+            w = mask[..., None].float()  # [B, 2, N, 1]
+            H = H - (w * H).sum(2, keepdim=True) / w.sum(2, keepdim=True).clamp_min(1.0)
+        pt = self.phi_t(H)  # [B, 2, N, h]
         t = F.normalize(pt, dim=-1)
         G = torch.stack([image.early, image.final], 1).float()  # [B, L, R, d_v]
         v = F.normalize(self.phi_v(G) + self.depth_offset[:, None], dim=-1)  # [B, L, R, h]
@@ -293,16 +301,7 @@ class BindClip(Scorer):
         else:
             S_full = F.pad(S_rows, (0, 1, 0, 1))  # [B, 2N+1, L*R+1], null compatibility 0
             rows = torch.cat([mask.reshape(B, 2 * n), mask.new_ones(B, 1)], -1)
-            P, log = sinkhorn_log_kernel(
-                S_full / cfg.epsilon,  # log-kernel of the cost -S
-                r,
-                c,
-                cfg.n_iters,
-                mask_rows=rows,
-                tol=cfg.sinkhorn_tol,
-                absorb_every=cfg.absorb_every,
-            )
-            err = log.err
+            P, err = self._plan(S_full / cfg.epsilon, r, c, rows)  # log-kernel of the cost -S
 
         # 4. energies, per depth (views = L) and depth-summed (views = 1)
         Q = P[:, : 2 * n, : L * R].reshape(B, 2, n, L, R)  # [B, 2, N, L, R]
@@ -350,6 +349,28 @@ class BindClip(Scorer):
             marginal_err=err,
             grid=self.grid,
         )
+
+    def _plan(
+        self, log_K: torch.Tensor, r: torch.Tensor, c: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Balanced plan [B, n, m] and its marginal error [B] (Sinkhorn, K iterations).
+
+        With ``grad_iters = k`` and autograd on, the first K - k iterations run without
+        autograd and their potentials (f, g) are absorbed into the kernel,
+        ``log_K + f ⊕ g``, on which the last k iterations run differentiably: the same K
+        iterations (diagonal scalings of the kernel leave the Sinkhorn map unchanged), with
+        gradients truncated to the last k (ours; a training-speed option).
+        """
+        cfg = self.config
+        k, n_iters = cfg.grad_iters, cfg.n_iters
+        opts = dict(mask_rows=rows, tol=cfg.sinkhorn_tol, absorb_every=cfg.absorb_every)
+        if k is not None and 0 < k < n_iters and torch.is_grad_enabled():
+            with torch.no_grad():
+                _, warm = sinkhorn_log_kernel(log_K, r, c, n_iters - k, warn=False, **opts)
+            log_K = log_K + (warm.f[..., :, None] + warm.g[..., None, :])  # padded rows: masked
+            n_iters = k
+        P, log = sinkhorn_log_kernel(log_K, r, c, n_iters, **opts)
+        return P, log.err
 
     def score_pair(
         self, image: ImageFeatures, text_a: TextFeatures, text_b: TextFeatures
@@ -400,3 +421,7 @@ def bindclip_lesion(dims: FeatureDims, proj: Projections, **kwargs) -> BindClip:
 @SCORERS.register("bindclip-noconsensus")
 def bindclip_noconsensus(dims: FeatureDims, proj: Projections, **kwargs) -> BindClip:
     return _create(dims, proj, **{"consensus": False, **kwargs})
+
+
+for _factory in (bindclip, bindclip_lesion, bindclip_noconsensus):
+    _factory.checkpoint_variant = "bindclip"  # trained once, as `bindclip` (same locked parameters)

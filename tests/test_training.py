@@ -1,0 +1,290 @@
+"""Training objectives on hand-computed cases, and the training loop on a tiny store:
+determinism under the seed, resume after a crash, checkpoint layout, decreasing loss."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipeline.objectives import (
+    box_cells,
+    caption_preference,
+    consistency,
+    group_means,
+    image_contrast,
+    region_grounding,
+    structural_sufficiency,
+    word_token_positions,
+    worst_group,
+)
+
+# ---------------------------------------------------------------------------- objectives
+
+
+def test_worst_group_limits_and_hand_value():
+    losses = torch.tensor([1.0, 3.0, 2.0, 6.0, 0.5])
+    groups = torch.tensor([0, 0, 1, 1, 4])  # group means 2, 4, 0.5
+    means = torch.tensor([2.0, 4.0, 0.5])
+    torch.testing.assert_close(worst_group(losses, groups, 0.0), means.max())
+    torch.testing.assert_close(worst_group(losses, groups, math.inf), means.mean())
+    torch.testing.assert_close(worst_group(losses, groups, 1e-3), means.max(), atol=2e-3, rtol=0)
+    big = worst_group(losses.double(), groups, 1e4)  # float64: tau*log-mean-exp cancels
+    assert float(big) == pytest.approx(float(means.mean()), abs=1e-3)
+    want = 1.0 * math.log((math.exp(2) + math.exp(4) + math.exp(0.5)) / 3)
+    assert float(worst_group(losses, groups, 1.0)) == pytest.approx(want, rel=1e-6)
+    # absent groups do not count; a single group is its own mean at any tau
+    assert float(worst_group(torch.tensor([3.0, 5.0]), torch.tensor([7, 7]), 0.3)) == pytest.approx(4.0)
+    assert float(worst_group(torch.zeros(0), torch.zeros(0, dtype=torch.long), 1.0)) == 0.0
+    with pytest.raises(ValueError, match="group_tau"):
+        worst_group(losses, groups, -1.0)
+    g = group_means(losses, groups, 6)
+    torch.testing.assert_close(g[[0, 1, 4]], means)
+    assert torch.isnan(g[[2, 3, 5]]).all()
+
+
+def test_score_objectives_hand_values():
+    s = torch.tensor([0.0, 2.0, -1.0])
+    torch.testing.assert_close(caption_preference(s), torch.log1p(torch.exp(-s)))
+    assert float(caption_preference(torch.tensor([0.0]))) == pytest.approx(math.log(2))
+    # image interaction: only the difference of margins matters
+    torch.testing.assert_close(image_contrast(s, s), torch.full((3,), math.log(2)))
+    torch.testing.assert_close(image_contrast(s + 5, s - 5), F.softplus(torch.full((3,), -10.0)))
+    torch.testing.assert_close(image_contrast(s, s, gamma=1.0), F.softplus(torch.ones(3)))
+    # sufficiency ignores the frozen margin g
+    torch.testing.assert_close(structural_sufficiency(s + 7.0, torch.full((3,), 7.0)), caption_preference(s))
+    # consistency: zero on equal scores, Huber / square otherwise
+    torch.testing.assert_close(consistency(s, s), torch.zeros(3))
+    torch.testing.assert_close(consistency(torch.tensor([0.5, 3.0]), torch.zeros(2)), torch.tensor([0.125, 2.5]))
+    torch.testing.assert_close(consistency(torch.tensor([3.0]), torch.zeros(1), "squared"), torch.tensor([9.0]))
+    with pytest.raises(ValueError, match="smooth_l1"):
+        consistency(s, s, "l3")
+
+
+def test_region_grounding_hand_cases():
+    # one item, rows [tok0, tok1, null], cells 2 depths x 4 patches + null
+    R = 4
+    cells = torch.tensor([[True, True, False, False], [False, False, False, True]])  # [M=2, R]
+    plan = torch.zeros(1, 3, 2 * R + 1)
+    plan[0, 0, [0, 1, R + 0]] = torch.tensor([0.1, 0.1, 0.1])  # all of tok0 in its box
+    plan[0, 1, [3, R + 2, 2 * R]] = torch.tensor([0.1, 0.1, 0.2])  # tok1: 0.1 in, 0.1 out, 0.2 null
+    r = plan.sum(-1)
+    loss = region_grounding(plan, r, torch.tensor([0, 0]), torch.tensor([0, 1]), cells)
+    torch.testing.assert_close(loss, torch.tensor([0.0, -math.log(0.1 / 0.4)]))
+
+
+def test_box_cells_and_word_positions():
+    cells = box_cells(torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.6, 0.6, 0.65, 0.65]]), (2, 2))
+    assert cells.tolist() == [[True, False, False, False], [False, False, False, True]]
+    # a box covering a quarter of a 4x4 grid's patch (1,1) and most of (1,2)
+    c = box_cells(torch.tensor([[0.3, 0.3, 0.7, 0.45]]), (4, 4)).reshape(4, 4)
+    assert c[1, 1] and c[1, 2] and c.sum() == 2
+
+    def encode(w: str) -> list[int]:  # a fake BPE: "hexagon" is two pieces
+        return [1, 2] if w == "hexagon" else [3]
+
+    pos = word_token_positions("a red hexagon left of a star", [1, 2, 6], encode)
+    assert pos == [[2], [3, 4], [8]]
+    assert word_token_positions("a red hexagon", [2], encode, max_tokens=3) == [[3]]
+    with pytest.raises(ValueError, match="out of range"):
+        word_token_positions("a red", [5], encode)
+
+
+def test_word_positions_match_open_clip_tokenizer():
+    import open_clip
+
+    cap = "a small purple hexagon partly covering a yellow pentagon"
+    ids = open_clip.tokenize([cap])[0]
+    for word_idx, positions in zip([2, 3, 8], word_token_positions(cap, [2, 3, 8]), strict=True):
+        from open_clip.tokenizer import _tokenizer
+
+        assert [int(ids[p]) for p in positions] == _tokenizer.encode(cap.split()[word_idx])
+
+
+# ---------------------------------------------------------------------------- the loop
+
+FAMS = ["entity", "attribute", "role-swap", "negation", "relative-geometry", "absolute-position", "depth", "vertical"]
+COLOURS, SHAPES = ["red", "green", "blue", "yellow"], ["circle", "square", "star", "cross"]
+
+
+def _pairs_manifest(path, images, n, seed):
+    """A shapes-train-style manifest: [pos, neg], cf/flip images, flip captions, paraphrase,
+    grounding (two object words per item)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        c1, c2 = rng.choice(COLOURS, 2, replace=False)
+        s1, s2 = rng.choice(SHAPES, 2, replace=False)
+        rel, other = ("left", "right") if i % 2 else ("right", "left")
+        pos, neg = f"a {c1} {s1} {rel} of a {c2} {s2}", f"a {c1} {s1} {other} of a {c2} {s2}"
+        rows.append(
+            {
+                "item_id": f"it{i}",
+                "image": images[i % len(images)],
+                "captions": [pos, neg],
+                "correct": 0,
+                "category": FAMS[i % 8],
+                "family": FAMS[i % 8],
+                "cf_image": images[(i + 1) % len(images)],
+                "flip_image": images[(i + 2) % len(images)],
+                "flip_captions": [neg, pos],
+                "paraphrase": f"a {c2} {s2} {other} of a {c1} {s1}",
+                "ground_words": [s1, s2],
+                "ground_boxes": [[0.0, 0.0, 0.5, 0.5], [0.5, 0.5, 1.0, 1.0]],
+                "ground_positions": [2, 7],
+            }
+        )
+    df = pd.DataFrame(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(path, index=False)
+    return df
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory, tiny_encoder):
+    """A tiny store with shapes-train (16 pairs) and shapes-dev (8 pairs) and every column."""
+    import dataclasses
+
+    from pipeline.benchmarks import SUITES
+    from pipeline.cache import FeatureStore
+    from pipeline.config import ExtractConfig
+    from stages import extract as extract_stage
+    from tests.conftest import make_images
+
+    tmp = tmp_path_factory.mktemp("train_store")
+    names = make_images(tmp / "images", 12)
+    paths = {
+        "shapes-train": tmp / "m" / "train.parquet",
+        "shapes-dev": tmp / "m" / "dev.parquet",
+    }
+    _pairs_manifest(paths["shapes-train"], names, 16, seed=0)
+    _pairs_manifest(paths["shapes-dev"], names, 8, seed=1)
+    SUITES.names()
+    saved = {s: SUITES._entries[s] for s in paths}
+    for s in paths:  # encode the extra columns whatever shapes.py declares
+        SUITES._entries[s] = dataclasses.replace(
+            saved[s],
+            image_columns=("image", "cf_image", "flip_image"),
+            caption_columns=("captions", "flip_captions", "paraphrase"),
+        )
+    try:
+        cfg = ExtractConfig(
+            model="tiny-test",
+            suites=list(paths),
+            manifests={s: str(p) for s, p in paths.items()},
+            image_roots={s: str(tmp / "images") for s in paths},
+            out=str(tmp / "features"),
+            batch_size=16,
+        )
+        extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+    finally:
+        SUITES._entries.update(saved)
+    return FeatureStore.open(extract_stage.store_path(cfg))
+
+
+def _cfg(out, **kw):
+    from pipeline.config import TrainConfig
+
+    base = dict(
+        seeds=[0],
+        steps=6,
+        batch_size=8,
+        lr=1e-2,
+        eval_every=3,
+        q0_grid=[0.5, 1.0],
+        out=str(out),
+        threads=1,
+        scorer={"h": 16, "n_iters": 16, "absorb_every": 8},
+    )
+    return TrainConfig(**{**base, **kw})
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def test_load_pairs_grounding_maps_words_to_tokens(tiny_store):
+    from pipeline.training import load_pairs
+
+    data = load_pairs(tiny_store, "shapes-train")
+    assert len(data) == 16 and (data.cf >= 0).all() and (data.para >= 0).all()
+    assert list(np.diff(data.g_offsets)) == [2] * 16  # one-piece shape words
+    # each grounded row holds the shape word's BPE id in pos
+    from open_clip.tokenizer import _tokenizer
+
+    for i in range(16):
+        words = data.manifest["captions"][i][0].split()
+        for e, w in zip(range(data.g_offsets[i], data.g_offsets[i + 1]), (2, 7), strict=True):
+            token = int(data.texts.ids[data.pos[i], data.g_row[e] + 1])
+            assert [token] == _tokenizer.encode(words[w])
+    assert data.g_cells.shape == (32, 16) and data.g_cells[0].reshape(4, 4)[:2, :2].all()
+
+
+def test_training_layout_determinism_and_resume(tmp_path, tiny_store):
+    from pipeline.config import ScoreConfig
+    from pipeline.training import train_scorer
+    from stages.score import load_scorer
+
+    summary = train_scorer(_cfg(tmp_path / "a", seeds=[0, 1]), tiny_store, progress=False)
+    root = tmp_path / "a" / "bindclip"
+    for sub in ("seed0", "seed1"):
+        for f in ("model.safetensors", "config.json", "train_log.json"):
+            assert (root / sub / f).is_file()
+        assert not (root / sub / "resume.pt").exists()
+    for f in ("model.safetensors", "config.json", "summary.json"):
+        assert (root / f).is_file()
+    assert set(summary["seeds"]) == {"0", "1"} and "mean" in summary["spread"]
+    rec = json.loads((root / "config.json").read_text())
+    assert rec["seed"] == 0 and rec["q0"] in (0.5, 1.0) and rec["scorer_kwargs"]["q0"] == rec["q0"]
+    assert rec["selected_step"] in (0, 3, 6) and rec["scorer"]["h"] == 16
+    log = json.loads((root / "seed0" / "train_log.json").read_text())
+    assert [d["step"] for d in log["dev"]] == [0, 3, 6] and len(log["steps"]) == 6
+    assert {"preference", "image", "sufficiency", "grounding", "reflection", "paraphrase"} <= set(log["steps"][0])
+    w0, w1, top = (_weights(root / p) for p in ("seed0/model.safetensors", "seed1/model.safetensors", "model.safetensors"))
+    assert all(torch.equal(top[k], w0[k]) for k in w0)
+    assert any(not torch.equal(w0[k], w1[k]) for k in w0)  # seeds differ
+
+    # same seed, same weights
+    train_scorer(_cfg(tmp_path / "b"), tiny_store, progress=False)
+    wb = _weights(tmp_path / "b" / "bindclip" / "seed0" / "model.safetensors")
+    assert all(torch.equal(wb[k], w0[k]) for k in w0)
+
+    # crash after 4 steps (resume.pt written at step 3), then resume: the same weights
+    out = train_scorer(_cfg(tmp_path / "c"), tiny_store, progress=False, stop_after=4)
+    assert out == {"stopped_at": 4}
+    assert (tmp_path / "c" / "bindclip" / "seed0" / "resume.pt").is_file()
+    train_scorer(_cfg(tmp_path / "c"), tiny_store, progress=False)
+    wc = _weights(tmp_path / "c" / "bindclip" / "seed0" / "model.safetensors")
+    assert all(torch.equal(wc[k], w0[k]) for k in w0)
+    assert not (tmp_path / "c" / "bindclip" / "seed0" / "resume.pt").exists()
+
+    # the ablations load bindclip's locked parameters and its dev-chosen q0
+    les = load_scorer("bindclip-lesion", tiny_store, ScoreConfig(checkpoints=str(tmp_path / "a")))
+    assert les.config.plan == "outer" and les.config.q0 == rec["q0"]
+    assert all(torch.equal(les.state_dict()[k], w0[k]) for k in w0)
+
+
+def test_training_reduces_the_loss(tmp_path, tiny_store):
+    from pipeline.training import train_scorer
+
+    cfg = _cfg(tmp_path, steps=30, batch_size=16, eval_every=30, lr=2e-2, q0_grid=[])
+    train_scorer(cfg, tiny_store, progress=False)
+    log = json.loads((tmp_path / "bindclip" / "seed0" / "train_log.json").read_text())
+    total = [s["total"] for s in log["steps"]]
+    assert np.mean(total[-5:]) < 0.8 * np.mean(total[:5]), total
+
+
+def test_ablation_variants_are_not_trained_separately(tmp_path, tiny_store):
+    from pipeline.training import train_scorer
+
+    with pytest.raises(ValueError, match="train `pipeline train --variant bindclip`"):
+        train_scorer(_cfg(tmp_path, variant="bindclip-lesion"), tiny_store, progress=False)
+    with pytest.raises(ValueError, match="unknown objective"):
+        train_scorer(_cfg(tmp_path, weights={"bogus": 1.0}), tiny_store, progress=False)
