@@ -154,6 +154,13 @@ _SPECS = {
     ),
 }
 
+# Training/dev pairs also carry the counterfactual and flipped images, the flipped captions
+# and a paraphrase: extract encodes them so training reads everything from the cache.
+_PAIR_COLUMNS = {
+    "image_columns": ("image", "cf_image", "flip_image"),
+    "caption_columns": ("captions", "flip_captions", "paraphrase"),
+}
+
 for _name, (_task, _units, _metrics, _headline, _what) in _SPECS.items():
     SUITES.register(
         _name,
@@ -165,5 +172,6 @@ for _name, (_task, _units, _metrics, _headline, _what) in _SPECS.items():
             metric_names=_metrics,
             headline=_headline,
             description=f"shapes world, {_what}: root = world folder (manifests/{_name}.parquet, images/)",
+            **(_PAIR_COLUMNS if _name in ("shapes-train", "shapes-dev") else {}),
         ),
     )
