@@ -71,7 +71,12 @@ from pipeline.scorers import SCORERS, Scorer, create_scorer
 OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase")
 EVAL_BATCH = 256  # dev items per scoring forward pass
 CONSISTENCY_ITEMS = 16  # items of each batch that also get the mirrored / paraphrased forward
-DEFAULTS: dict[str, Any] = {"consistency_items": CONSISTENCY_ITEMS}
+DEFAULTS: dict[str, Any] = {
+    "consistency_items": CONSISTENCY_ITEMS,  # see step_losses
+    "all_views": False,  # caption preference also on the counterfactual / mirrored / paraphrased views
+    "curriculum": [],  # [[end_fraction, [families]], ...]; [] = all families throughout
+    "consistency_from": 0.0,  # fraction of steps before which reflection/paraphrase are off
+}
 
 # ---------------------------------------------------------------------------- data
 
@@ -199,6 +204,34 @@ def _cat(parts: list[ImageFeatures | TextFeatures]):
     return cls(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(cls)})
 
 
+def curriculum_pools(
+    data: PairData, curriculum: list | None, steps: int
+) -> tuple[list[torch.Tensor], Any]:
+    """Item pools per curriculum phase and ``step -> phase``.
+
+    ``curriculum``: ``[[end_fraction, [families]], ...]`` with increasing end fractions of
+    ``steps`` (the last phase runs to the end); empty/None = every family throughout.
+    """
+    if not curriculum:
+        return [torch.arange(len(data))], lambda step: 0
+    ends, pools = [], []
+    for end, fams in curriculum:
+        unknown = sorted(set(fams) - set(FAMILIES))
+        if unknown:
+            raise ValueError(f"curriculum names unknown families {unknown}; valid: {', '.join(FAMILIES)}")
+        ids = torch.tensor([FAMILIES.index(f) for f in fams], dtype=torch.long)
+        pool = torch.nonzero(torch.isin(data.family, ids)).squeeze(1)
+        if len(pool) == 0:
+            raise ValueError(f"curriculum phase {fams} has no training items")
+        ends.append(float(end) * steps)
+        pools.append(pool)
+
+    def phase_of(step: int) -> int:
+        return next((i for i, end in enumerate(ends) if step < end), len(ends) - 1)
+
+    return pools, phase_of
+
+
 # ---------------------------------------------------------------------------- one step
 
 
@@ -209,6 +242,7 @@ def step_losses(
     weights: dict[str, float],
     group_tau: float,
     consistency_items: int | None = CONSISTENCY_ITEMS,
+    all_views: bool = False,
     consistency_kind: str = "smooth_l1",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss of one batch of item indices [B] and each objective's value (floats).
@@ -240,8 +274,8 @@ def step_losses(
     B = len(batch)
     s0, g0 = e.score[:B], e.margin[:B]
 
+    pref, pref_fam = [caption_preference(s0)], [fam]
     per: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
-        "preference": (caption_preference(s0), fam),
         "sufficiency": (structural_sufficiency(s0, g0), fam),
     }
     start = B
@@ -255,6 +289,10 @@ def step_losses(
             per[name] = (image_contrast(s0[idx], s), fam[idx])
         else:
             per[name] = (consistency(s, s0[idx], consistency_kind), fam[idx])
+        if all_views:  # every view is itself a labelled pair (the negative is true of I')
+            pref.append(caption_preference(-s if name == "image" else s))
+            pref_fam.append(fam[idx])
+    per["preference"] = (torch.cat(pref), torch.cat(pref_fam))
     if on["grounding"] != 0 and len(data.g_row):
         b_np = batch.numpy()
         lo, hi = data.g_offsets[b_np], data.g_offsets[b_np + 1]
@@ -357,7 +395,8 @@ def train_seed(
     fp = _fingerprint(cfg, seed, store)
     log: dict[str, Any] = {"steps": [], "dev": []}
     best: dict[str, Any] = {"metric": -math.inf, "step": 0, "state": _state(model), "dev": {}}
-    step, order = 0, torch.zeros(0, dtype=torch.long)  # order: items left in this epoch
+    step = 0
+    pools, phase_of = curriculum_pools(train, _opt(cfg, "curriculum"), cfg.steps)
     resume = out / "resume.pt"
     if resume.is_file():
         ck = torch.load(resume, weights_only=False)
@@ -366,7 +405,7 @@ def train_seed(
             opt.load_state_dict(ck["optim"])
             gen.set_state(ck["generator"])
             torch.set_rng_state(ck["torch_rng"])
-            step, log, best, order = ck["step"], ck["log"], ck["best"], ck["order"]
+            step, log, best = ck["step"], ck["log"], ck["best"]
 
     def save_resume() -> None:
         tmp = resume.with_suffix(".tmp")
@@ -379,7 +418,6 @@ def train_seed(
                 "generator": gen.get_state(),
                 "torch_rng": torch.get_rng_state(),
                 "log": log,
-                "order": order,
                 "best": best,
             },
             tmp,
@@ -401,13 +439,21 @@ def train_seed(
         if stop_after is not None and step >= stop_after:
             bar.close()
             return {"stopped_at": step}
-        if len(order) < cfg.batch_size:  # epoch-wise permutation, drawn from the seeded generator
-            order = torch.cat([order, torch.randperm(len(train), generator=gen)])
-        batch, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        pool = pools[phase_of(step)]  # items of the curriculum phase this step is in
+        batch = pool[torch.randperm(len(pool), generator=gen)[: cfg.batch_size]]
+        weights = dict(cfg.weights)
+        if step < _opt(cfg, "consistency_from") * cfg.steps:  # consistency warm-up: off
+            weights.update(reflection=0.0, paraphrase=0.0)
         with warnings.catch_warnings():  # per-step convergence is logged (sinkhorn_err)
             warnings.simplefilter("ignore", UserWarning)
             loss, logged = step_losses(
-                model, train, batch, cfg.weights, cfg.group_tau, _opt(cfg, "consistency_items")
+                model,
+                train,
+                batch,
+                weights,
+                cfg.group_tau,
+                _opt(cfg, "consistency_items"),
+                _opt(cfg, "all_views"),
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
