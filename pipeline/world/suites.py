@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pipeline.benchmarks.sugarcrepe import CATEGORIES as SUGARCREPE_METRIC_CATEGORIES  # noqa: E402
+from pipeline.benchmarks.sugarcrepe import CATEGORIES as SUGARCREPE_METRIC_CATEGORIES
 from pipeline.world.captions import (
     N_STYLES,
     RELATION_NAMES,
