@@ -58,7 +58,8 @@ class ToyClipConfig:
     logit_scale_init: float = 14.3  # initial CLIP temperature exp(t) (CLIP: 1/0.07); learnt
     text_position_std: float = 0.002  # frozen text positional embedding N(0, std): 0 = exact
     #   bag of words (swap captions tie), 0.01 = open_clip's init (not frozen there)
-    train_token_embedding: bool = False  # False: 49k-row token embedding frozen at its init
+    train_token_embedding: bool = False  # False: 49k-row token embedding frozen at its init;
+    #   True: trained with SparseAdam on the rows each batch uses
     log_every: int = 10  # steps between train_log.json entries
     checkpoint_every: int = 200  # steps between resume.pt checkpoints
     threads: int = 2  # torch intra-op threads

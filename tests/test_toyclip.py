@@ -87,7 +87,9 @@ def test_clip_loss_is_symmetric_infonce():
     txt = torch.nn.functional.normalize(torch.randn(5, 7), dim=-1)
     t = torch.tensor(2.0)
     logits = t.exp() * img @ txt.T
-    ref = 0.5 * (-torch.log_softmax(logits, 1).diag().mean() - torch.log_softmax(logits, 0).diag().mean())
+    ref = 0.5 * (
+        -torch.log_softmax(logits, 1).diag().mean() - torch.log_softmax(logits, 0).diag().mean()
+    )
     assert clip_loss(img, txt, t).item() == pytest.approx(ref.item(), rel=1e-6)
     assert clip_loss(img, txt, t).item() == pytest.approx(clip_loss(txt, img, t).item(), rel=1e-6)
 
@@ -182,5 +184,35 @@ def test_loss_decreases_on_a_fixed_batch(tmp_path):
     # pool == batch: every step sees the same 8 (image, caption) pairs
     cfg = tiny_cfg(tmp_path, steps=25, pool_size=8, warmup=5, lr=5e-4)
     train_toyclip(cfg, progress=False, batch_fn=tiny_world)
-    losses = [e["loss"] for e in json.loads((tmp_path / "run" / "train_log.json").read_text())["log"]]
+    losses = [
+        e["loss"] for e in json.loads((tmp_path / "run" / "train_log.json").read_text())["log"]
+    ]
     assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3])
+
+
+# ------------------------------------------------------------------------------ calibration
+
+
+def test_evaluate_gives_tied_options_equal_credit(tmp_path):
+    """Identical options tie exactly: an item earns 1/k, wherever its correct index is."""
+    import pandas as pd
+
+    from pipeline.encoders.toyclip import evaluate_toyclip
+
+    images, captions = tiny_world(0, np.arange(2), 64)
+    (tmp_path / "images").mkdir()
+    (tmp_path / "manifests").mkdir()
+    for i, im in enumerate(images):
+        Image.fromarray(im).save(tmp_path / "images" / f"{i}.png")
+    rows = [
+        {"item_id": "a", "image": "0.png", "captions": [captions[0]] * 2, "correct": 0,
+         "category": "swap-att"},
+        {"item_id": "b", "image": "1.png", "captions": [captions[1]] * 3, "correct": 2,
+         "category": "add-obj"},
+    ]  # fmt: skip
+    pd.DataFrame(rows).to_parquet(tmp_path / "manifests" / "shapes-sugarcrepe.parquet")
+    model = build_model(ToyClipConfig())
+    res = evaluate_toyclip(model, tmp_path)["shapes-sugarcrepe"]
+    assert res["swap-att"] == pytest.approx(1 / 2) and res["swap-att/n"] == 1
+    assert res["add-obj"] == pytest.approx(1 / 3) and res["add-obj/n"] == 1
+    assert model.training  # the caller's mode is restored
