@@ -107,7 +107,9 @@ def structural_sufficiency(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return F.softplus(-(s - g))
 
 
-def consistency(s: torch.Tensor, s_ref: torch.Tensor, kind: str = "smooth_l1", beta: float = 1.0) -> torch.Tensor:
+def consistency(
+    s: torch.Tensor, s_ref: torch.Tensor, kind: str = "smooth_l1", beta: float = 1.0
+) -> torch.Tensor:
     """[B] penalty on ``s - s_ref`` (objectives 5 and 6: reflection and paraphrase).
 
     Args:
@@ -149,7 +151,9 @@ def region_grounding(
 # ---------------------------------------------------------------------------- helpers
 
 
-def box_cells(boxes: torch.Tensor, grid: tuple[int, int], min_overlap: float = 0.25) -> torch.Tensor:
+def box_cells(
+    boxes: torch.Tensor, grid: tuple[int, int], min_overlap: float = 0.25
+) -> torch.Tensor:
     """[M, R] bool: patches whose area is at least ``min_overlap`` covered by each box.
 
     The patch holding the box centre always counts, so a box smaller than a patch still
@@ -163,8 +167,12 @@ def box_cells(boxes: torch.Tensor, grid: tuple[int, int], min_overlap: float = 0
     x0, y0, x1, y1 = boxes.float().unbind(-1)  # [M] each
     ex = torch.arange(gw + 1, dtype=torch.float32) / gw  # [gw+1] patch edges
     ey = torch.arange(gh + 1, dtype=torch.float32) / gh
-    ox = (torch.minimum(ex[None, 1:], x1[:, None]) - torch.maximum(ex[None, :-1], x0[:, None])).clamp_min(0) * gw
-    oy = (torch.minimum(ey[None, 1:], y1[:, None]) - torch.maximum(ey[None, :-1], y0[:, None])).clamp_min(0) * gh
+    ox = (
+        torch.minimum(ex[None, 1:], x1[:, None]) - torch.maximum(ex[None, :-1], x0[:, None])
+    ).clamp_min(0) * gw
+    oy = (
+        torch.minimum(ey[None, 1:], y1[:, None]) - torch.maximum(ey[None, :-1], y0[:, None])
+    ).clamp_min(0) * gh
     cover = oy[:, :, None] * ox[:, None, :]  # [M, gh, gw] covered fraction of each patch
     cx = ((x0 + x1) / 2 * gw).long().clamp(0, gw - 1)
     cy = ((y0 + y1) / 2 * gh).long().clamp(0, gh - 1)

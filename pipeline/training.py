@@ -13,7 +13,16 @@ batch from memory. A step scores, in one batched forward pass,
 * ``(I, paraphrase, neg)``   -> paraphrase consistency against ``(I, pos, neg)``,
 
 and minimises ``sum_k w_k * worst_group_tau(L_k)`` over the eight families
-(:mod:`pipeline.objectives`). Objectives with weight 0 are not computed.
+(:mod:`pipeline.objectives`; ``w_k = cfg.weights.get(k, 1)``, ``tau = cfg.group_tau``).
+Objectives with weight 0 are not computed; the two consistency objectives score an extra
+copy of only the first ``consistency_items`` (16) items of each batch, to bound the step's
+cost. Each step draws ``batch_size`` items without replacement from the items of the
+current curriculum phase (all items by default) with the seeded generator.
+
+Options that ``TrainConfig`` does not declare (yet) are read with ``getattr`` and default
+to :data:`DEFAULTS`: ``consistency_items``, ``curriculum`` (``[[end_fraction,
+[families]], ...]``) and ``consistency_from`` (fraction of steps before which reflection
+and paraphrase consistency are off).
 
 Selection *(ours)*: every ``eval_every`` steps (and at the last step) the development
 suite is scored and the checkpoint with the best ``mean`` dev accuracy (the official
@@ -73,7 +82,6 @@ EVAL_BATCH = 256  # dev items per scoring forward pass
 CONSISTENCY_ITEMS = 16  # items of each batch that also get the mirrored / paraphrased forward
 DEFAULTS: dict[str, Any] = {
     "consistency_items": CONSISTENCY_ITEMS,  # see step_losses
-    "all_views": False,  # caption preference also on the counterfactual / mirrored / paraphrased views
     "curriculum": [],  # [[end_fraction, [families]], ...]; [] = all families throughout
     "consistency_from": 0.0,  # fraction of steps before which reflection/paraphrase are off
 }
@@ -111,7 +119,13 @@ class PairData:
 
 def _half(x: ImageFeatures | TextFeatures):
     cls = type(x)
-    return cls(**{f.name: (v.half() if v.is_floating_point() else v) for f in dataclasses.fields(x) for v in [getattr(x, f.name)]})
+    return cls(
+        **{
+            f.name: (v.half() if v.is_floating_point() else v)
+            for f in dataclasses.fields(x)
+            for v in [getattr(x, f.name)]
+        }
+    )
 
 
 def _column(index: dict[str, np.ndarray], name: str, n: int, width: int = 1) -> np.ndarray:
@@ -128,12 +142,16 @@ def load_pairs(store: FeatureStore, suite: str, grounding: bool = True) -> PairD
     index = store.suite_index(suite)  # raises naming the extract command when absent
     path = Path(attrs.get("manifest", ""))
     if not path.is_file():
-        raise FileNotFoundError(f"manifest of {suite} not found at {str(path)!r}; run `pipeline world`")
+        raise FileNotFoundError(
+            f"manifest of {suite} not found at {str(path)!r}; run `pipeline world`"
+        )
     store.suite_index(suite, manifest_sha256=file_sha256(path))  # refuse a stale index
     m = read_manifest(path)
     n = len(m)
     if "family" not in m:
-        raise ValueError(f"{suite} has no `family` column; train on shapes-train / coco-families style suites")
+        raise ValueError(
+            f"{suite} has no `family` column; train on shapes-train / coco-families style suites"
+        )
     unknown = sorted(set(m["family"]) - set(FAMILIES))
     if unknown:
         raise ValueError(f"{suite}: unknown families {unknown}; valid: {', '.join(FAMILIES)}")
@@ -199,11 +217,6 @@ def load_pairs(store: FeatureStore, suite: str, grounding: bool = True) -> PairD
     )
 
 
-def _cat(parts: list[ImageFeatures | TextFeatures]):
-    cls = type(parts[0])
-    return cls(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(cls)})
-
-
 def curriculum_pools(
     data: PairData, curriculum: list | None, steps: int
 ) -> tuple[list[torch.Tensor], Any]:
@@ -218,7 +231,9 @@ def curriculum_pools(
     for end, fams in curriculum:
         unknown = sorted(set(fams) - set(FAMILIES))
         if unknown:
-            raise ValueError(f"curriculum names unknown families {unknown}; valid: {', '.join(FAMILIES)}")
+            raise ValueError(
+                f"curriculum names unknown families {unknown}; valid: {', '.join(FAMILIES)}"
+            )
         ids = torch.tensor([FAMILIES.index(f) for f in fams], dtype=torch.long)
         pool = torch.nonzero(torch.isin(data.family, ids)).squeeze(1)
         if len(pool) == 0:
@@ -242,7 +257,6 @@ def step_losses(
     weights: dict[str, float],
     group_tau: float,
     consistency_items: int | None = CONSISTENCY_ITEMS,
-    all_views: bool = False,
     consistency_kind: str = "smooth_l1",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss of one batch of item indices [B] and each objective's value (floats).
@@ -274,7 +288,6 @@ def step_losses(
     B = len(batch)
     s0, g0 = e.score[:B], e.margin[:B]
 
-    pref, pref_fam = [caption_preference(s0)], [fam]
     per: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
         "sufficiency": (structural_sufficiency(s0, g0), fam),
     }
@@ -289,18 +302,19 @@ def step_losses(
             per[name] = (image_contrast(s0[idx], s), fam[idx])
         else:
             per[name] = (consistency(s, s0[idx], consistency_kind), fam[idx])
-        if all_views:  # every view is itself a labelled pair (the negative is true of I')
-            pref.append(caption_preference(-s if name == "image" else s))
-            pref_fam.append(fam[idx])
-    per["preference"] = (torch.cat(pref), torch.cat(pref_fam))
+    per["preference"] = (caption_preference(s0), fam)
     if on["grounding"] != 0 and len(data.g_row):
         b_np = batch.numpy()
         lo, hi = data.g_offsets[b_np], data.g_offsets[b_np + 1]
-        ent = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)] or [np.zeros(0, int)])
+        ent = np.concatenate(
+            [np.arange(a, b) for a, b in zip(lo, hi, strict=True)] or [np.zeros(0, int)]
+        )
         if len(ent):
             item = torch.from_numpy(np.repeat(np.arange(B), hi - lo))  # [E] batch position
             ent_t = torch.from_numpy(ent)
-            loss = region_grounding(e.plan[:B], e.r[:B], item, data.g_row[ent_t], data.g_cells[ent_t])
+            loss = region_grounding(
+                e.plan[:B], e.r[:B], item, data.g_row[ent_t], data.g_cells[ent_t]
+            )
             per["grounding"] = (loss, fam[item])
 
     total = s0.new_zeros(())
@@ -328,7 +342,9 @@ def pair_scores(model: Scorer, data: PairData, batch_size: int = EVAL_BATCH) -> 
         sl = slice(start, start + batch_size)
         out.append(
             model.score_pair(
-                data.images.index(data.image[sl]), data.texts.index(data.pos[sl]), data.texts.index(data.neg[sl])
+                data.images.index(data.image[sl]),
+                data.texts.index(data.pos[sl]),
+                data.texts.index(data.neg[sl]),
             ).double()
         )
     return torch.cat(out).numpy()
@@ -338,11 +354,15 @@ def dev_metrics(model: Scorer, data: PairData, suite: str) -> dict[str, float]:
     """The suite's official metrics (per family + ``mean``) from ``[n, 2] = (s, -s)`` scores."""
     was = model.training
     model.eval()
-    s = pair_scores(model, data)
+    with warnings.catch_warnings():  # Sinkhorn convergence: the training log records it
+        warnings.simplefilter("ignore", UserWarning)
+        s = pair_scores(model, data)
     model.train(was)
     correct = data.manifest["correct"].to_numpy()
     scores = np.where(correct[:, None] == 0, np.stack([s, -s], 1), np.stack([-s, s], 1))
-    return {k: round(float(v), 6) for k, v in SUITES.get(suite).metrics(data.manifest, scores).items()}
+    return {
+        k: round(float(v), 6) for k, v in SUITES.get(suite).metrics(data.manifest, scores).items()
+    }
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -433,7 +453,9 @@ def train_seed(
     if step == 0:
         evaluate()  # step 0 = the initialisation is a candidate too
     model.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.variant} seed {seed}", disable=not progress)
+    bar = tqdm(
+        total=cfg.steps, initial=step, desc=f"train {cfg.variant} seed {seed}", disable=not progress
+    )
     t0 = time.time()
     while step < cfg.steps:
         if stop_after is not None and step >= stop_after:
@@ -453,7 +475,6 @@ def train_seed(
                 weights,
                 cfg.group_tau,
                 _opt(cfg, "consistency_items"),
-                _opt(cfg, "all_views"),
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -478,13 +499,17 @@ def train_seed(
         for q in cfg.q0_grid:
             _set_q0(model, float(q))
             q0_dev[str(float(q))] = dev_metrics(model, dev, cfg.dev_suite)["mean"]
-        chosen_q0 = float(max(cfg.q0_grid, key=lambda q: (q0_dev[str(float(q))], -cfg.q0_grid.index(q))))
+        chosen_q0 = float(
+            max(cfg.q0_grid, key=lambda q: (q0_dev[str(float(q))], -cfg.q0_grid.index(q)))
+        )
         _set_q0(model, chosen_q0)
     final_dev = dev_metrics(model, dev, cfg.dev_suite)
 
     from safetensors.torch import save_file
 
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors")
+    )
     kwargs = dict(cfg.scorer)
     if chosen_q0 is not None and "q0" in {f.name for f in dataclasses.fields(model.config)}:
         kwargs["q0"] = chosen_q0
@@ -535,7 +560,9 @@ def train_scorer(
         root = Path(cfg.out) / cfg.variant
         records = []
         for seed in cfg.seeds:
-            rec = train_seed(cfg, store, train, dev, seed, root / f"seed{seed}", progress, stop_after)
+            rec = train_seed(
+                cfg, store, train, dev, seed, root / f"seed{seed}", progress, stop_after
+            )
             if "stopped_at" in rec:
                 return rec
             records.append(rec)
@@ -549,13 +576,19 @@ def train_scorer(
     spread = {}
     for k in names:
         v = np.array([r["dev"][k] for r in records], dtype=float)
-        spread[k] = {"mean": float(v.mean()), "std": float(v.std()), "min": float(v.min()), "max": float(v.max())}
+        spread[k] = {
+            "mean": float(v.mean()),
+            "std": float(v.std()),
+            "min": float(v.min()),
+            "max": float(v.max()),
+        }
     summary = {
         "variant": cfg.variant,
         "dev_suite": cfg.dev_suite,
         "scored_seed": cfg.seeds[0],
         "seeds": {
-            str(r["seed"]): {"dev": r["dev"], "selected_step": r["selected_step"], "q0": r["q0"]} for r in records
+            str(r["seed"]): {"dev": r["dev"], "selected_step": r["selected_step"], "q0": r["q0"]}
+            for r in records
         },
         "spread": spread,
     }

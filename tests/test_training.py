@@ -39,7 +39,9 @@ def test_worst_group_limits_and_hand_value():
     want = 1.0 * math.log((math.exp(2) + math.exp(4) + math.exp(0.5)) / 3)
     assert float(worst_group(losses, groups, 1.0)) == pytest.approx(want, rel=1e-6)
     # absent groups do not count; a single group is its own mean at any tau
-    assert float(worst_group(torch.tensor([3.0, 5.0]), torch.tensor([7, 7]), 0.3)) == pytest.approx(4.0)
+    assert float(worst_group(torch.tensor([3.0, 5.0]), torch.tensor([7, 7]), 0.3)) == pytest.approx(
+        4.0
+    )
     assert float(worst_group(torch.zeros(0), torch.zeros(0, dtype=torch.long), 1.0)) == 0.0
     with pytest.raises(ValueError, match="group_tau"):
         worst_group(losses, groups, -1.0)
@@ -57,11 +59,17 @@ def test_score_objectives_hand_values():
     torch.testing.assert_close(image_contrast(s + 5, s - 5), F.softplus(torch.full((3,), -10.0)))
     torch.testing.assert_close(image_contrast(s, s, gamma=1.0), F.softplus(torch.ones(3)))
     # sufficiency ignores the frozen margin g
-    torch.testing.assert_close(structural_sufficiency(s + 7.0, torch.full((3,), 7.0)), caption_preference(s))
+    torch.testing.assert_close(
+        structural_sufficiency(s + 7.0, torch.full((3,), 7.0)), caption_preference(s)
+    )
     # consistency: zero on equal scores, Huber / square otherwise
     torch.testing.assert_close(consistency(s, s), torch.zeros(3))
-    torch.testing.assert_close(consistency(torch.tensor([0.5, 3.0]), torch.zeros(2)), torch.tensor([0.125, 2.5]))
-    torch.testing.assert_close(consistency(torch.tensor([3.0]), torch.zeros(1), "squared"), torch.tensor([9.0]))
+    torch.testing.assert_close(
+        consistency(torch.tensor([0.5, 3.0]), torch.zeros(2)), torch.tensor([0.125, 2.5])
+    )
+    torch.testing.assert_close(
+        consistency(torch.tensor([3.0]), torch.zeros(1), "squared"), torch.tensor([9.0])
+    )
     with pytest.raises(ValueError, match="smooth_l1"):
         consistency(s, s, "l3")
 
@@ -108,7 +116,16 @@ def test_word_positions_match_open_clip_tokenizer():
 
 # ---------------------------------------------------------------------------- the loop
 
-FAMS = ["entity", "attribute", "role-swap", "negation", "relative-geometry", "absolute-position", "depth", "vertical"]
+FAMS = [
+    "entity",
+    "attribute",
+    "role-swap",
+    "negation",
+    "relative-geometry",
+    "absolute-position",
+    "depth",
+    "vertical",
+]
 COLOURS, SHAPES = ["red", "green", "blue", "yellow"], ["circle", "square", "star", "cross"]
 
 
@@ -246,8 +263,13 @@ def test_training_layout_determinism_and_resume(tmp_path, tiny_store):
     assert rec["selected_step"] in (0, 3, 6) and rec["scorer"]["h"] == 16
     log = json.loads((root / "seed0" / "train_log.json").read_text())
     assert [d["step"] for d in log["dev"]] == [0, 3, 6] and len(log["steps"]) == 6
-    assert {"preference", "image", "sufficiency", "grounding", "reflection", "paraphrase"} <= set(log["steps"][0])
-    w0, w1, top = (_weights(root / p) for p in ("seed0/model.safetensors", "seed1/model.safetensors", "model.safetensors"))
+    assert {"preference", "image", "sufficiency", "grounding", "reflection", "paraphrase"} <= set(
+        log["steps"][0]
+    )
+    w0, w1, top = (
+        _weights(root / p)
+        for p in ("seed0/model.safetensors", "seed1/model.safetensors", "model.safetensors")
+    )
     assert all(torch.equal(top[k], w0[k]) for k in w0)
     assert any(not torch.equal(w0[k], w1[k]) for k in w0)  # seeds differ
 
@@ -288,3 +310,16 @@ def test_ablation_variants_are_not_trained_separately(tmp_path, tiny_store):
         train_scorer(_cfg(tmp_path, variant="bindclip-lesion"), tiny_store, progress=False)
     with pytest.raises(ValueError, match="unknown objective"):
         train_scorer(_cfg(tmp_path, weights={"bogus": 1.0}), tiny_store, progress=False)
+
+
+def test_curriculum_pools_and_phases(tiny_store):
+    from pipeline.training import curriculum_pools, load_pairs
+
+    data = load_pairs(tiny_store, "shapes-dev", grounding=False)
+    pools, phase_of = curriculum_pools(data, [[0.5, ["vertical", "depth"]], [1.0, FAMS]], 10)
+    assert [phase_of(s) for s in (0, 4, 5, 9, 12)] == [0, 0, 1, 1, 1]
+    assert set(data.family[pools[0]].tolist()) == {6, 7} and len(pools[1]) == len(data)
+    pools, phase_of = curriculum_pools(data, [], 10)
+    assert len(pools) == 1 and phase_of(3) == 0
+    with pytest.raises(ValueError, match="unknown families"):
+        curriculum_pools(data, [[1.0, ["colour"]]], 10)
