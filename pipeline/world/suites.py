@@ -49,6 +49,7 @@ from pipeline.world.scenes import (
     AXIS,
     CLEAR,
     COLOURS,
+    OPPOSITE,
     RELATIONS,
     SHAPES,
     SIZES,
@@ -332,14 +333,7 @@ def sugarcrepe_item(seed: int, category: str, index: int, suite: str = "shapes-s
                 ]
                 if not wrong:
                     continue
-                opposite = {
-                    "left": "right",
-                    "right": "left",
-                    "above": "below",
-                    "below": "above",
-                    "front": "behind",
-                    "behind": "front",
-                }[pos.rel]
+                opposite = OPPOSITE[pos.rel]
                 r = (
                     opposite
                     if opposite in wrong and rng.random() < 0.6
