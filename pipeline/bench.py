@@ -30,13 +30,12 @@ def _random_encoder(name: str):
     import open_clip
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
-    from pipeline.encoders import ENCODERS, Encoder, register_toy_configs
+    from pipeline.encoders import ENCODERS, Encoder, create_model
     from pipeline.features import FeatureDims
 
     spec = ENCODERS.get(name)
-    register_toy_configs()
     torch.manual_seed(0)
-    model = open_clip.create_model(spec.open_clip_model, pretrained=None).eval().requires_grad_(False)
+    model = create_model(spec.open_clip_model).eval().requires_grad_(False)
     grid = tuple(model.visual.grid_size)
     return Encoder(
         spec=spec,

@@ -49,12 +49,14 @@ class ToyClipConfig:
     seed: int = 0  # seeds init, the training-scene pool and the batch order
     model: str = "toy-vit"  # open_clip config shipped in pipeline/encoders/configs/
     out: str = "cache/toyclip"  # checkpoint folder (model.safetensors, config.json, log)
-    steps: int = 1500  # optimisation steps
+    steps: int = 1000  # optimisation steps (the first colourless_steps on the colourless pool)
     batch_size: int = 128  # contrastive batch (in-batch negatives only)
     lr: float = 2e-3  # AdamW peak learning rate (cosine decay to 0, linear warm-up)
     warmup: int = 100  # warm-up steps
     weight_decay: float = 0.1  # AdamW weight decay (matrices only)
-    pool_size: int = 20000  # pre-rendered training scenes (train hash buckets only)
+    pool_size: int = 8000  # pre-rendered training scenes (train hash buckets only)
+    colourless_steps: int = 400  # first steps on the colourless pool (all objects white, shapes
+    #   named bare: pipeline.world.colourless_training_batch), then the full mixture
     logit_scale_init: float = 14.3  # initial CLIP temperature exp(t) (CLIP: 1/0.07); learnt
     text_position_std: float = 0.002  # frozen text positional embedding N(0, std): 0 = exact
     #   bag of words (swap captions tie), 0.01 = open_clip's init (not frozen there)

@@ -46,7 +46,8 @@ def tiny_world(seed: int, indices: np.ndarray, image_size: int) -> tuple[np.ndar
 
 def tiny_cfg(tmp_path, name: str = "run", **kw) -> ToyClipConfig:
     base = dict(seed=3, out=str(tmp_path / name), steps=6, batch_size=8, pool_size=16,
-                warmup=2, lr=1e-3, log_every=1, checkpoint_every=2, threads=1)  # fmt: skip
+                warmup=2, lr=1e-3, log_every=1, checkpoint_every=2, threads=1,
+                colourless_steps=0)  # fmt: skip
     base.update(kw)
     return ToyClipConfig(**base)
 
@@ -134,7 +135,8 @@ def test_training_is_deterministic_and_loadable(tmp_path):
     sa, sb = state_of(a["model"]), state_of(b["model"])
     assert_same_state(sa, sb)
     init = build_model(tiny_cfg(tmp_path)).state_dict()
-    assert not torch.equal(sa["visual.conv1.weight"], init["visual.conv1.weight"])  # it trained
+    key = "visual.conv1.net.0.weight"  # the convolutional stem's first layer
+    assert not torch.equal(sa[key], init[key])  # it trained
 
     out = tmp_path / "a"
     assert not (out / "resume.pt").exists()
@@ -170,6 +172,34 @@ def test_resume_equals_uninterrupted_run(tmp_path, train_emb):
     log_full = json.loads((tmp_path / "full" / "train_log.json").read_text())["log"]
     log_res = json.loads((tmp_path / "crash" / "train_log.json").read_text())["log"]
     assert [e["loss"] for e in log_full] == [e["loss"] for e in log_res]
+
+
+def grey_world(seed: int, indices: np.ndarray, image_size: int) -> tuple[np.ndarray, list[str]]:
+    """``tiny_world`` with the colour taken out: a grey square, captioned "a square"."""
+    images, _ = tiny_world(seed, indices, image_size)
+    images[images.max(-1) > 150] = 128
+    return images, ["a square"] * len(indices)
+
+
+def test_colourless_steps_come_first_and_resume_across_the_switch(tmp_path):
+    kw = {"colourless_steps": 3}
+    fns = {"batch_fn": tiny_world, "colourless_batch_fn": grey_world}
+    full = train_toyclip(tiny_cfg(tmp_path, "full", **kw), progress=False, **fns)
+    plain = train_toyclip(tiny_cfg(tmp_path, "plain"), progress=False, batch_fn=tiny_world)
+    a, b = state_of(full["model"]), state_of(plain["model"])
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # the warm-up pool was used
+    # a crash after the switch resumes on the main pool and ends where the full run ended
+    cfg = tiny_cfg(tmp_path, "crash", **kw)
+    train_toyclip(cfg, progress=False, stop_after=4, **fns)
+    seen = []
+
+    def no_grey(seed, indices, image_size):
+        seen.append(len(indices))
+        return grey_world(seed, indices, image_size)
+
+    resumed = train_toyclip(cfg, progress=False, batch_fn=tiny_world, colourless_batch_fn=no_grey)
+    assert seen == []  # resumed past the switch: the colourless pool is not rendered again
+    assert_same_state(state_of(resumed["model"]), a)
 
 
 def test_resume_with_other_config_starts_afresh(tmp_path):
@@ -216,3 +246,27 @@ def test_evaluate_gives_tied_options_equal_credit(tmp_path):
     assert res["swap-att"] == pytest.approx(1 / 2) and res["swap-att/n"] == 1
     assert res["add-obj"] == pytest.approx(1 / 3) and res["add-obj/n"] == 1
     assert model.training  # the caller's mode is restored
+
+
+# ------------------------------------------------------------------------------ architecture
+
+
+def test_toy_vit_has_the_convolutional_stem_and_keeps_its_grid():
+    from pipeline.encoders.stem import ConvStem
+
+    model = build_model(ToyClipConfig()).eval()
+    assert isinstance(model.visual.conv1, ConvStem)
+    x = torch.randn(2, 3, 64, 64)
+    out = model.visual.forward_intermediates(x, indices=[1], output_fmt="NCHW")
+    assert out["image_intermediates"][0].shape == (2, 128, 8, 8)  # 8x8 grid as with patch 8
+
+
+def test_stem_refuses_a_stride_that_is_not_the_patch_size(monkeypatch):
+    import open_clip
+
+    from pipeline.encoders import stem
+
+    register_toy_configs()
+    monkeypatch.setitem(stem.VISION_STEMS, "toy-vit", (16, 32))  # stride 4, patch 8
+    with pytest.raises(ValueError, match="stride 4, but the patch size is 8"):
+        stem.install_stem(open_clip.create_model("toy-vit"), "toy-vit")

@@ -47,6 +47,7 @@ from pipeline.world.captions import (
 )
 from pipeline.world.render import mirror, png_bytes
 from pipeline.world.scenes import (
+    COLOURS,
     SPLITS,
     Obj,
     Scene,
@@ -457,6 +458,27 @@ def test_training_batch_train_buckets_and_deterministic():
     assert np.array_equal(part, images[10:12])
     kinds = {type(training_scene(3, i)[1]).__name__ for i in range(60)}
     assert kinds == {"Has", "Rel", "Side"}
+
+
+def test_colourless_batch_is_the_same_scenes_in_white_named_by_shape():
+    from pipeline.world import colourless_training_batch
+    from pipeline.world.batches import COLOURLESS
+
+    idx = np.arange(30)
+    images, caps = colourless_training_batch(2, idx, 48)
+    assert images.shape == (30, 48, 48, 3)
+    colour_words = set(COLOURS) - {COLOURLESS}
+    for i, cap in zip(idx, caps, strict=True):
+        plain, _, _ = training_scene(2, int(i))
+        scene, claim, style = training_scene(2, int(i), colourless=True)
+        assert [(o.shape, o.x, o.y, o.r) for o in scene.objects] == [
+            (o.shape, o.x, o.y, o.r) for o in plain.objects
+        ]  # same scene, colour taken out
+        assert {o.colour for o in scene.objects} == {COLOURLESS}
+        assert truth(claim, scene) is True and caption(claim, style) == cap
+        assert not colour_words & set(cap.split())
+    # objects with a unique shape are named bare: most captions carry no colour word at all
+    assert sum(COLOURLESS not in c.split() for c in caps) >= 10  # 15 of these 30
 
 
 def test_training_batch_speed():

@@ -101,6 +101,20 @@ def register_toy_configs() -> None:
         open_clip.add_model_config(CONFIG_DIR)
 
 
+def create_model(config_name: str, pretrained: str | None = None) -> Any:
+    """``open_clip.create_model`` plus the toy config's convolutional stem (``stem.py``).
+
+    Every place that builds a model from a config name goes through here, so training,
+    extract and the benches build the same architecture.
+    """
+    import open_clip
+
+    from pipeline.encoders.stem import install_stem
+
+    register_toy_configs()
+    return install_stem(open_clip.create_model(config_name, pretrained=pretrained), config_name)
+
+
 def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
     """Hex sha256 of a file's bytes."""
     h = hashlib.sha256()
@@ -260,14 +274,14 @@ def load_encoder(
     register_toy_configs()
     identity = resolve_pretrained(spec, pretrained, checkpoint)
     if spec.toy:
-        model = open_clip.create_model(spec.open_clip_model, pretrained=None)
+        model = create_model(spec.open_clip_model)
         model.load_state_dict(load_file(checkpoint))
     elif identity == "random":
-        model = open_clip.create_model(spec.open_clip_model, pretrained=None)
+        model = create_model(spec.open_clip_model)
     else:
         tag = pretrained or spec.default_pretrained
         try:
-            model = open_clip.create_model(spec.open_clip_model, pretrained=tag)
+            model = create_model(spec.open_clip_model, pretrained=tag)
         except Exception as e:  # open_clip raises RuntimeError/FileNotFoundError/HF errors
             raise WeightsUnavailableError(
                 f"could not load weights {tag!r} for {spec.name}: {e}\n{spec.weights_hint}"

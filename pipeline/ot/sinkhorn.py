@@ -94,6 +94,9 @@ def _absorbed_iterations(log_K, f, g, a, b, k, valid_rows, valid_cols):
     in the log domain), so the result is never less accurate than the log-domain update.
     """
     K = torch.exp(log_K + f[..., :, None] + g[..., None, :])  # [..., n, m] absorbed kernel
+    # both mat-vecs as row-vector @ matrix: on CPU, [1, m] @ [m, n] with K^T contiguous runs
+    # ~3x faster than [n, m] @ [m, 1] (measured 3.3 vs 10.9 ms at 256 x 64 x 1153)
+    Kt = K.transpose(-1, -2).contiguous()  # [..., m, n]
     tiny = torch.finfo(K.dtype).tiny / torch.finfo(K.dtype).eps  # well above subnormals
     big = 1.0 / tiny
     u = valid_rows.to(K.dtype)  # [..., n] scalings relative to the absorbed potentials
@@ -103,7 +106,7 @@ def _absorbed_iterations(log_K, f, g, a, b, k, valid_rows, valid_cols):
         Ktu = torch.matmul(u[..., None, :], K).squeeze(-2)  # [..., m]
         ok = ok & ((Ktu > tiny) | ~valid_cols).all()
         v = b / Ktu.clamp_min(tiny)
-        Kv = torch.matmul(K, v[..., :, None]).squeeze(-1)  # [..., n]
+        Kv = torch.matmul(v[..., None, :], Kt).squeeze(-2)  # [..., n]
         ok = ok & ((Kv > tiny) | ~valid_rows).all()
         u = a / Kv.clamp_min(tiny)
         ok = ok & (u < big).all() & (v < big).all()

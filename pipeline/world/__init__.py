@@ -16,7 +16,7 @@ Modules, in dependency order:
 See ``/work/shared/design/world.md`` for the design.
 """
 
-from pipeline.world.batches import training_batch, training_scene
+from pipeline.world.batches import colourless_training_batch, training_batch, training_scene
 from pipeline.world.build import SUITE_SPECS, WORLD_VERSION, build_world, suite_items, validate
 from pipeline.world.captions import Caption, Has, Ref, Rel, Side, caption, paraphrase, say, truth
 from pipeline.world.families import FAMILIES, pair_item
@@ -66,6 +66,7 @@ __all__ = [
     "split_of",
     "suite_items",
     "training_batch",
+    "colourless_training_batch",
     "training_scene",
     "truth",
     "validate",

@@ -32,20 +32,29 @@ P_BARE = 0.5
 P_MONO = 0.3
 
 
-def training_scene(seed: int, index: int) -> tuple[Scene, Claim, int]:
-    """``(scene, claim, style)`` of pool scene ``index`` (train buckets only)."""
+# Colour of every object in the colourless warm-up pool (see ``colourless_training_batch``).
+COLOURLESS = "white"
+
+
+def training_scene(seed: int, index: int, colourless: bool = False) -> tuple[Scene, Claim, int]:
+    """``(scene, claim, style)`` of pool scene ``index`` (train buckets only).
+
+    ``colourless``: the same scene with every object ``COLOURLESS`` and the claim naming
+    objects by shape alone wherever the shape is unique (``p_bare = 1``).
+    """
     sid, _ = scene_id_in_split(seed, "pool", int(index), "train")
     rng = scene_rng(seed, int(index), f"pool/{sid}")
     scene = random_scene(rng, sid, overlap_pair=bool(rng.random() < P_OVERLAP))
-    if rng.random() < P_MONO:
-        colour = scene.objects[0].colour
-        for i in range(1, len(scene.objects)):
+    mono = rng.random() < P_MONO
+    if mono or colourless:
+        colour = COLOURLESS if colourless else scene.objects[0].colour
+        for i in range(len(scene.objects)):
             scene = scene.with_object(i, colour=colour)
-    return scene, describe(scene, rng, p_bare=P_BARE), int(rng.integers(N_STYLES))
+    return scene, describe(scene, rng, p_bare=1.0 if colourless else P_BARE), int(rng.integers(N_STYLES))
 
 
 def training_batch(
-    seed: int, indices: np.ndarray, image_size: int = 64
+    seed: int, indices: np.ndarray, image_size: int = 64, colourless: bool = False
 ) -> tuple[np.ndarray, list[str]]:
     """Images and one positive caption each for pool scenes ``indices``.
 
@@ -58,7 +67,22 @@ def training_batch(
     images = np.empty((len(idx), image_size, image_size, 3), dtype=np.uint8)  # [n, H, W, 3]
     captions = []
     for k, index in enumerate(idx):
-        scene, claim, style = training_scene(seed, int(index))
+        scene, claim, style = training_scene(seed, int(index), colourless)
         images[k] = render(scene, image_size)
         captions.append(caption(claim, style))
     return images, captions
+
+
+def colourless_training_batch(
+    seed: int, indices: np.ndarray, image_size: int = 64
+) -> tuple[np.ndarray, list[str]]:
+    """``training_batch`` with colour taken out: every object white, shapes named bare.
+
+    The toy CLIP's warm-up pool. Trained on the full mixture from the start, the toy CLIP
+    read colour words only (caption embeddings of "a star", "a circle" and "the star is on
+    the left side of the picture" at cosine 1.00 after 400 steps, replace-obj 0.51): colour
+    alone separates most of a batch, and shape never got a gradient on either tower. With
+    colour gone, shape (and size, place) is all a batch offers; 300 steps on this pool took
+    "a star" vs "a circle" to cosine 0.73. Still positives + in-batch negatives only.
+    """
+    return training_batch(seed, indices, image_size, colourless=True)
