@@ -167,6 +167,8 @@ def score_speedup(n_items: int, model: str = "toy") -> dict[str, Any]:
         cached_s = time.perf_counter() - t0
     return {
         "model": model,
+        "weights": "random init",
+        "threads": torch.get_num_threads(),
         "n_items": n_items,
         "reencode_s": round(reencode_s, 3),
         "cached_score_s": round(cached_s, 4),

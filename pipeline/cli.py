@@ -243,11 +243,17 @@ def bench_extract(
 
 
 @bench_app.command("score")
-def bench_score(items: Annotated[int, typer.Option(help="caption-pair items")] = 500) -> None:
+def bench_score(
+    items: Annotated[int, typer.Option(help="caption-pair items for the toy encoder")] = 500,
+    vit_items: Annotated[int, typer.Option(help="items for ViT-L-14-336 (0 = skip)")] = 8,
+) -> None:
     """Scoring `clip` from the cache vs re-encoding every image per caption pair."""
     from pipeline import bench
 
-    _write_bench("score", f"pipeline bench score --items {items}", bench.score_speedup(items))
+    results = {"toy": bench.score_speedup(items, "toy")}
+    if vit_items:
+        results["ViT-L-14-336"] = bench.score_speedup(vit_items, "ViT-L-14-336")
+    _write_bench("score", f"pipeline bench score --items {items} --vit-items {vit_items}", results)
 
 
 @bench_app.command("memory")

@@ -120,8 +120,8 @@ def score_choice(scorer: Scorer, store: FeatureStore, index: dict[str, np.ndarra
         items = np.flatnonzero(n_opts == k)
         for start in tqdm(range(0, len(items), batch_size), desc=desc, leave=False, disable=not desc):
             b = items[start : start + batch_size]
-            image = store.images(img_rows[b])
-            options = [store.texts(cap_rows[b, j]) for j in range(k)]
+            image = store.images(img_rows[b], grids=scorer.uses_grids)
+            options = [store.texts(cap_rows[b, j], grids=scorer.uses_grids) for j in range(k)]
             out[b, :k] = option_scores(scorer, image, options).double().numpy()
     return out
 
@@ -134,10 +134,10 @@ def score_retrieval(scorer: Scorer, store: FeatureStore, manifest: pd.DataFrame,
     query_rows = index["captions"][:, 0]
     if scorer.pairwise:
         raise ValueError(f"{type(scorer).__name__} is a pairwise caption scorer; it cannot rank images")
-    gallery = store.images(gallery_rows)
+    gallery = store.images(gallery_rows, grids=scorer.uses_grids)
     blocks = []
     for start in range(0, len(query_rows), batch_size):
-        texts = store.texts(query_rows[start : start + batch_size])
+        texts = store.texts(query_rows[start : start + batch_size], grids=scorer.uses_grids)
         blocks.append(scorer.score_matrix(gallery, texts).T.double().numpy())  # [b, n_gallery]
     return np.concatenate(blocks)
 
@@ -148,7 +148,7 @@ def text_only_metrics(suite: Suite, store: FeatureStore, manifest: pd.DataFrame,
     if suite.text_units is None:
         return {}
     rows = index["captions"]  # [n, K]
-    embeds = store.texts(rows.reshape(-1)).embed.reshape(*rows.shape, -1)  # [n, K, D]
+    embeds = store.texts(rows.reshape(-1), grids=False).embed.reshape(*rows.shape, -1)  # [n, K, D]
     unit = torch.nn.functional.normalize(embeds, dim=-1).double().numpy()
     return {name: u.statistic() for name, u in suite.text_units(manifest, unit).items()}
 

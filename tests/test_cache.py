@@ -63,6 +63,12 @@ def test_round_trip_equals_direct_forward(tmp_path, tiny_encoder, tiny_suite):
     pooled = cached_t.tokens[torch.arange(10), eot] @ proj.text_projection
     torch.testing.assert_close(pooled, cached_t.embed, rtol=2e-2, atol=2e-2)
 
+    # embeddings-only reads (global scorers): same embeddings, no grids or token states
+    slim, slim_t = store.images(index["image"][:, 0], grids=False), store.texts(index["captions"][:, 1], grids=False)
+    assert torch.equal(slim.embed, cached.embed) and torch.equal(slim_t.embed, cached_t.embed)
+    assert slim.final.shape == (10, 0, store.dims.d_v) and slim_t.tokens.shape == (10, 0, store.dims.d_t)
+    assert torch.equal(slim_t.mask, cached_t.mask)
+
 
 def test_dedup_across_suites_and_rerun_encodes_only_new(tmp_path, tiny_encoder, tiny_suite):
     path, manifest = tiny_suite

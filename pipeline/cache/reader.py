@@ -113,9 +113,19 @@ class FeatureStore:
                 f"(interrupted extract); rerun `pipeline extract` to resume"
             )
 
-    def images(self, rows: np.ndarray) -> ImageFeatures:
-        """ImageFeatures (float32) for store rows ``rows`` [B]."""
+    def images(self, rows: np.ndarray, grids: bool = True) -> ImageFeatures:
+        """ImageFeatures (float32) for store rows ``rows`` [B].
+
+        ``grids=False`` reads the pooled embeddings only (what global scorers need): early,
+        final and cls are then empty along their token/width axis ([B, 0, d_v], [B, 0]).
+        """
         self._check_done("image", rows)
+        if not grids:
+            embed = torch.from_numpy(self._gather("image/embed", rows).astype(np.float32))
+            d_v = self.dims.d_v
+            return ImageFeatures(early=embed.new_empty(len(embed), 0, d_v),
+                                 final=embed.new_empty(len(embed), 0, d_v),
+                                 cls=embed.new_empty(len(embed), 0), embed=embed)  # fmt: skip
         early = self._gather("image/early", rows)  # [B, 1+R, d_v]
         final = self._gather("image/final", rows)  # [B, 1+R, d_v]
         embed = self._gather("image/embed", rows)  # [B, D]
@@ -126,13 +136,18 @@ class FeatureStore:
             embed=torch.from_numpy(embed.astype(np.float32)),
         )
 
-    def texts(self, rows: np.ndarray) -> TextFeatures:
-        """TextFeatures (float32) for store rows ``rows`` [B]."""
+    def texts(self, rows: np.ndarray, grids: bool = True) -> TextFeatures:
+        """TextFeatures (float32) for store rows ``rows`` [B]; ``grids=False`` leaves the
+        token states out (``tokens`` is [B, 0, d_t])."""
         self._check_done("text", rows)
+        if grids:
+            tokens = torch.from_numpy(self._gather("text/tokens", rows).astype(np.float32))
+        else:
+            tokens = torch.empty(len(np.asarray(rows)), 0, self.dims.d_t)
         return TextFeatures(
             ids=torch.from_numpy(self._gather("text/ids", rows).astype(np.int64)),
             mask=torch.from_numpy(self._gather("text/mask", rows).astype(bool)),
-            tokens=torch.from_numpy(self._gather("text/tokens", rows).astype(np.float32)),
+            tokens=tokens,
             embed=torch.from_numpy(self._gather("text/embed", rows).astype(np.float32)),
         )
 

@@ -33,10 +33,13 @@ class Scorer(nn.Module):
     Attributes:
         pairwise: True if the scorer compares two captions (``score_pair``).
         trainable: True if it has parameters that ``pipeline train`` fits.
+        uses_grids: False if it reads the pooled embeddings only (the store then skips the
+            patch grids and token states: ``FeatureStore.images(rows, grids=False)``).
     """
 
     pairwise: ClassVar[bool] = False
     trainable: ClassVar[bool] = False
+    uses_grids: ClassVar[bool] = True
 
     def score(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
         """[B] score of caption b for image b (per-caption scorers)."""

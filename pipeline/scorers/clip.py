@@ -16,6 +16,8 @@ from pipeline.scorers.base import SCORERS, Scorer
 class GlobalClip(Scorer):
     """``s(I, T) = <e_I / |e_I|, e_T / |e_T|>``; no parameters."""
 
+    uses_grids = False
+
     def score(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
         return (F.normalize(image.embed, dim=-1) * F.normalize(text.embed, dim=-1)).sum(-1)
 
