@@ -116,6 +116,8 @@ def score_choice(scorer: Scorer, store: FeatureStore, index: dict[str, np.ndarra
     cap_rows = index["captions"]  # [n, K_max], -1 = pad
     n_opts = (cap_rows >= 0).sum(1)  # [n]
     out = np.full(cap_rows.shape, np.nan, dtype=np.float64)
+    if not scorer.uses_grids:  # pooled embeddings only: a few KiB per item, read in one go
+        batch_size = max(batch_size, len(img_rows))
     for k in np.unique(n_opts):
         items = np.flatnonzero(n_opts == k)
         for start in tqdm(range(0, len(items), batch_size), desc=desc, leave=False, disable=not desc):

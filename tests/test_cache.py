@@ -216,3 +216,27 @@ def test_long_caption_truncated_and_warned_once(tmp_path, tiny_encoder, tiny_sui
     rows = store.suite_index("shapes-aro")["captions"][0, :1]
     t = store.texts(rows)
     assert t.mask.all() and int(t.ids[0, -1]) == 49407  # full context, eot kept last
+
+
+def test_chunk_rows_follow_the_row_size():
+    from pipeline.cache.schema import (
+        CHUNK_BYTES,
+        IMAGE_ARRAYS,
+        SHARD_ROWS,
+        TEXT_ARRAYS,
+        chunk_rows,
+        resolve_tail,
+    )
+
+    grid = next(s for s in IMAGE_ARRAYS if s.name == "image/final")
+    tokens = next(s for s in TEXT_ARRAYS if s.name == "text/tokens")
+    vit_l = {"grid": [24, 24], "d_v": 1024, "d_t": 768, "embed_dim": 768, "context_length": 77}
+    toy = {"grid": [8, 8], "d_v": 128, "d_t": 128, "embed_dim": 128, "context_length": 32}
+    assert chunk_rows(grid, resolve_tail(grid, vit_l)) == 1  # 577 x 1024 fp16 = 1.2 MB a row
+    assert chunk_rows(grid, resolve_tail(grid, toy)) == 16  # 65 x 128 fp16 = 16.6 kB a row
+    assert chunk_rows(tokens, resolve_tail(tokens, toy)) == SHARD_ROWS  # 8 kB a row
+    for dims in (vit_l, toy):
+        for spec in (grid, tokens):
+            rows = chunk_rows(spec, resolve_tail(spec, dims))
+            assert SHARD_ROWS % rows == 0
+            assert rows == 1 or rows * np.prod(resolve_tail(spec, dims)) * 2 <= CHUNK_BYTES

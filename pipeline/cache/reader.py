@@ -36,6 +36,7 @@ class FeatureStore:
     def __init__(self, path: Path, root: zarr.Group) -> None:
         self.path = path
         self.root = root
+        self._done: dict[str, np.ndarray] = {}  # modality -> [N] bool, read once (read-only)
 
     @classmethod
     def open(cls, path: str | Path, expect: dict[str, Any] | None = None) -> FeatureStore:
@@ -106,7 +107,9 @@ class FeatureStore:
         return block[inverse]
 
     def _check_done(self, modality: str, rows: np.ndarray) -> None:
-        done = self._gather(f"{modality}/done", rows)
+        if modality not in self._done:
+            self._done[modality] = self.root[f"{modality}/done"][:].astype(bool)
+        done = self._done[modality][np.asarray(rows, dtype=np.int64)]
         if not done.all():
             raise StaleCacheError(
                 f"{self.path}: {int((~done).sum())} {modality} rows were never written "
