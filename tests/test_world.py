@@ -385,21 +385,6 @@ def test_pairs_counterfactual_flip_paraphrase(world, items, suite):
             assert len(hits) == 1 and w in (hits[0].shape, hits[0].colour, hits[0].size)
 
 
-def test_geometry_families_mix_opposite_and_perpendicular_negatives():
-    from pipeline.world.families import pair_item
-
-    axis = {"left": "h", "right": "h", "above": "v", "below": "v", "higher": "v", "lower": "v"}
-    kinds = {"relative-geometry": set(), "vertical": set()}
-    for index in [4 + 8 * k for k in range(12)] + [7 + 8 * k for k in range(12)]:
-        item = pair_item(0, "shapes-train", index)
-        fam = item.row["family"]
-        pos, neg = ([axis[w] for w in c.split() if w in axis] for c in item.row["captions"])
-        kinds[fam].add("same" if pos == neg else "perpendicular")
-        cf = item.extra["cf_scene"]
-        assert truth(item.claims[0], cf) is False and truth(item.claims[1], cf) is True
-    assert kinds == {"relative-geometry": {"same", "perpendicular"}, "vertical": {"same", "perpendicular"}}
-
-
 def test_left_right_families_flip_their_words(world):
     df = manifest(world, "shapes-train")
     for fam in ("relative-geometry", "absolute-position"):
