@@ -155,7 +155,7 @@ def goal_checks(results: dict, variant: str = "bindclip", lesion: str = "bindcli
         sp = [f for f in SPATIAL_FAMILIES if f in drop.index]
         en = [f for f in ENTITY_FAMILIES if f in drop.index]
         if sp:
-            checks.append({"goal": "lesion loses >= 10 points on the spatial dev families (mean)", "frozen": None, "value": None, "measured": ", ".join(f"{f} {100 * drop[f]:+.1f}" for f in sp), "met": bool(drop[sp].mean() >= 0.10)})
+            checks.append({"goal": "lesion loses >= 10 points on the spatial dev families (mean)", "frozen": None, "value": None, "measured": "BindCLIP − lesion: " + ", ".join(f"{f} {100 * drop[f]:+.1f}" for f in sp) + f"; mean {100 * drop[sp].mean():+.1f}", "met": bool(drop[sp].mean() >= 0.10)})
         if en:
-            checks.append({"goal": "lesion loses <= 3 points on entity/attribute families (each)", "frozen": None, "value": None, "measured": ", ".join(f"{f} {100 * drop[f]:+.1f}" for f in en), "met": bool((drop[en] <= 0.03).all())})
+            checks.append({"goal": "lesion loses <= 3 points on entity/attribute families (each)", "frozen": None, "value": None, "measured": "BindCLIP − lesion: " + ", ".join(f"{f} {100 * drop[f]:+.1f}" for f in en), "met": bool((drop[en] <= 0.03).all())})
     return checks

@@ -208,7 +208,8 @@ def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreCo
     if checks:
         lines = ["| goal | measured | met |", "|---|---|---|"]
         for c in checks:
-            lines.append(f"| {c['goal']} | {c['measured']} (frozen {_pct(c['frozen'])} → {_pct(c['value'])}) | {'yes' if c['met'] else '**no**'} |")
+            frozen = f" (frozen {_pct(c['frozen'])} → {_pct(c['value'])})" if c["frozen"] is not None else ""
+            lines.append(f"| {c['goal']} | {c['measured']}{frozen} | {'yes' if c['met'] else '**no**'} |")
         parts += ["### The issue's goals, as measured", "\n".join(lines)]
     return parts
 
