@@ -118,6 +118,9 @@ class TrainConfig:
     weights: dict[str, float] = field(default_factory=dict)  # per-objective loss weights (default 1 each)
     scorer: dict = field(default_factory=dict)  # kwargs of the scorer factory (e.g. BindClipConfig fields)
     q0_grid: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0])  # consensus q0 candidates, chosen on dev
+    consistency_items: int | None = 16  # items per batch that also get the mirrored / paraphrased forward (None = all)
+    curriculum: list = field(default_factory=list)  # [[end_fraction, [families]], ...]; [] = all families throughout
+    consistency_from: float = 0.0  # fraction of steps before which reflection/paraphrase are off
     out: str = "cache/checkpoints"  # <out>/<variant>/model.safetensors (+ seed<k>/)
     threads: int = 2  # torch intra-op threads
 

@@ -19,8 +19,7 @@ copy of only the first ``consistency_items`` (16) items of each batch, to bound 
 cost. Each step draws ``batch_size`` items without replacement from the items of the
 current curriculum phase (all items by default) with the seeded generator.
 
-Options that ``TrainConfig`` does not declare (yet) are read with ``getattr`` and default
-to :data:`DEFAULTS`: ``consistency_items``, ``curriculum`` (``[[end_fraction,
+``TrainConfig`` also sets ``consistency_items``, ``curriculum`` (``[[end_fraction,
 [families]], ...]``) and ``consistency_from`` (fraction of steps before which reflection
 and paraphrase consistency are off).
 
@@ -79,12 +78,7 @@ from pipeline.scorers import SCORERS, Scorer, create_scorer
 
 OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase")
 EVAL_BATCH = 256  # dev items per scoring forward pass
-CONSISTENCY_ITEMS = 16  # items of each batch that also get the mirrored / paraphrased forward
-DEFAULTS: dict[str, Any] = {
-    "consistency_items": CONSISTENCY_ITEMS,  # see step_losses
-    "curriculum": [],  # [[end_fraction, [families]], ...]; [] = all families throughout
-    "consistency_from": 0.0,  # fraction of steps before which reflection/paraphrase are off
-}
+CONSISTENCY_ITEMS = TrainConfig.consistency_items  # see step_losses
 
 # ---------------------------------------------------------------------------- data
 
@@ -368,11 +362,6 @@ def dev_metrics(model: Scorer, data: PairData, suite: str) -> dict[str, float]:
 # ---------------------------------------------------------------------------- the loop
 
 
-def _opt(cfg: TrainConfig, name: str) -> Any:
-    """A training option that TrainConfig may not declare yet: its field, else our default."""
-    return getattr(cfg, name, DEFAULTS[name])
-
-
 def _fingerprint(cfg: TrainConfig, seed: int, store: FeatureStore) -> str:
     d = asdict(cfg)
     for k in ("seeds", "threads", "out", "eval_every"):
@@ -416,7 +405,7 @@ def train_seed(
     log: dict[str, Any] = {"steps": [], "dev": []}
     best: dict[str, Any] = {"metric": -math.inf, "step": 0, "state": _state(model), "dev": {}}
     step = 0
-    pools, phase_of = curriculum_pools(train, _opt(cfg, "curriculum"), cfg.steps)
+    pools, phase_of = curriculum_pools(train, cfg.curriculum, cfg.steps)
     resume = out / "resume.pt"
     if resume.is_file():
         ck = torch.load(resume, weights_only=False)
@@ -464,7 +453,7 @@ def train_seed(
         pool = pools[phase_of(step)]  # items of the curriculum phase this step is in
         batch = pool[torch.randperm(len(pool), generator=gen)[: cfg.batch_size]]
         weights = dict(cfg.weights)
-        if step < _opt(cfg, "consistency_from") * cfg.steps:  # consistency warm-up: off
+        if step < cfg.consistency_from * cfg.steps:  # consistency warm-up: off
             weights.update(reflection=0.0, paraphrase=0.0)
         with warnings.catch_warnings():  # per-step convergence is logged (sinkhorn_err)
             warnings.simplefilter("ignore", UserWarning)
@@ -474,7 +463,7 @@ def train_seed(
                 batch,
                 weights,
                 cfg.group_tau,
-                _opt(cfg, "consistency_items"),
+                cfg.consistency_items,
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
