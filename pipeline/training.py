@@ -252,12 +252,17 @@ def step_losses(
     group_tau: float,
     consistency_items: int | None = CONSISTENCY_ITEMS,
     consistency_kind: str = "smooth_l1",
+    consistency_target: str = "both",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss of one batch of item indices [B] and each objective's value (floats).
 
     The two consistency objectives score an extra (mirrored / paraphrased) copy of only the
     first ``consistency_items`` items of the batch (None = all), to bound the step's cost.
+    ``consistency_target="original"`` detaches the original item's score, so only the
+    transformed copy is pulled toward it (the original is trained by the other objectives).
     """
+    if consistency_target not in ("both", "original"):
+        raise ValueError(f"consistency_target must be 'both' or 'original', got {consistency_target!r}")
     on = {k: weights.get(k, 1.0) for k in OBJECTIVES}
     fam = data.family[batch]  # [B]
     chunks = [(data.image[batch], data.pos[batch], data.neg[batch])]
@@ -295,7 +300,8 @@ def step_losses(
         if name == "image":
             per[name] = (image_contrast(s0[idx], s), fam[idx])
         else:
-            per[name] = (consistency(s, s0[idx], consistency_kind), fam[idx])
+            ref = s0[idx].detach() if consistency_target == "original" else s0[idx]
+            per[name] = (consistency(s, ref, consistency_kind), fam[idx])
     per["preference"] = (caption_preference(s0), fam)
     if on["grounding"] != 0 and len(data.g_row):
         b_np = batch.numpy()
@@ -464,6 +470,7 @@ def train_seed(
                 weights,
                 cfg.group_tau,
                 cfg.consistency_items,
+                consistency_target=cfg.consistency_target,
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()

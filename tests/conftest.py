@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from pipeline.benchmarks.coco_families import FAMILIES
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
@@ -89,3 +91,84 @@ def make_choice_manifest(path: Path, images: list[str], seed: int = 0) -> pd.Dat
     path.parent.mkdir(parents=True, exist_ok=True)
     df.to_parquet(path, index=False)
     return df
+
+
+# ---------------------------------------------------------------- a tiny store of training pairs
+
+FAMS = list(FAMILIES)  # item k belongs to FAMS[k % 8]
+COLOURS, SHAPES = ["red", "green", "blue", "yellow"], ["circle", "square", "star", "cross"]
+
+
+def _pairs_manifest(path, images, n, seed):
+    """A shapes-train-style manifest: [pos, neg], cf/flip images, flip captions, paraphrase,
+    grounding (two object words per item)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        c1, c2 = rng.choice(COLOURS, 2, replace=False)
+        s1, s2 = rng.choice(SHAPES, 2, replace=False)
+        rel, other = ("left", "right") if i % 2 else ("right", "left")
+        pos, neg = f"a {c1} {s1} {rel} of a {c2} {s2}", f"a {c1} {s1} {other} of a {c2} {s2}"
+        rows.append(
+            {
+                "item_id": f"it{i}",
+                "image": images[i % len(images)],
+                "captions": [pos, neg],
+                "correct": 0,
+                "category": FAMS[i % 8],
+                "family": FAMS[i % 8],
+                "cf_image": images[(i + 1) % len(images)],
+                "flip_image": images[(i + 2) % len(images)],
+                "flip_captions": [neg, pos],
+                "paraphrase": f"a {c2} {s2} {other} of a {c1} {s1}",
+                "ground_words": [s1, s2],
+                "ground_boxes": [[0.0, 0.0, 0.5, 0.5], [0.5, 0.5, 1.0, 1.0]],
+                "ground_positions": [2, 7],
+            }
+        )
+    df = pd.DataFrame(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(path, index=False)
+    return df
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory, tiny_encoder):
+    """A tiny store with shapes-train (16 pairs) and shapes-dev (8 pairs) and every column."""
+    import dataclasses
+
+    from pipeline.benchmarks import SUITES
+    from pipeline.cache import FeatureStore
+    from pipeline.config import ExtractConfig
+    from stages import extract as extract_stage
+    from tests.conftest import make_images
+
+    tmp = tmp_path_factory.mktemp("train_store")
+    names = make_images(tmp / "images", 12)
+    paths = {
+        "shapes-train": tmp / "m" / "train.parquet",
+        "shapes-dev": tmp / "m" / "dev.parquet",
+    }
+    _pairs_manifest(paths["shapes-train"], names, 16, seed=0)
+    _pairs_manifest(paths["shapes-dev"], names, 8, seed=1)
+    SUITES.names()
+    saved = {s: SUITES._entries[s] for s in paths}
+    for s in paths:  # encode the extra columns whatever shapes.py declares
+        SUITES._entries[s] = dataclasses.replace(
+            saved[s],
+            image_columns=("image", "cf_image", "flip_image"),
+            caption_columns=("captions", "flip_captions", "paraphrase"),
+        )
+    try:
+        cfg = ExtractConfig(
+            model="tiny-test",
+            suites=list(paths),
+            manifests={s: str(p) for s, p in paths.items()},
+            image_roots={s: str(tmp / "images") for s in paths},
+            out=str(tmp / "features"),
+            batch_size=16,
+        )
+        extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+    finally:
+        SUITES._entries.update(saved)
+    return FeatureStore.open(extract_stage.store_path(cfg))

@@ -319,3 +319,26 @@ def test_ablations_share_bindclip_checkpoint():
 
     for name in VARIANTS:
         assert SCORERS.get(name).checkpoint_variant == "bindclip"
+
+
+def test_relation_center_cancels_the_relation_heads_common_direction():
+    """With relation_center, a bias added to U (the same d for every token) leaves the score
+    unchanged; without it the same bias moves the score. Antisymmetry holds either way."""
+    image, a, b = _batch()
+    for center in (True, False):
+        m = _model("bindclip-noconsensus", relation_center=center)
+        with torch.no_grad():
+            s0 = m.score_pair(image, a, b)
+            m.relation.bias.add_(torch.tensor([3.0, -2.0, 1.0, 2.0, -1.0]))
+            s1, s_ba = m.score_pair(image, a, b), m.score_pair(image, b, a)
+        torch.testing.assert_close(s1, -s_ba, atol=1e-5, rtol=1e-5)
+        if center:
+            torch.testing.assert_close(s1, s0, atol=1e-5, rtol=1e-5)
+        else:
+            assert (s1 - s0).abs().max() > 1e-3
+
+
+def test_relation_bias_off_is_the_spec_linear_map():
+    m = _model(relation_bias=False)
+    assert m.relation.bias is None
+    assert parameter_breakdown(DIMS, relation_bias=False)["relation_head_U"] == m.config.h * 5

@@ -7,7 +7,6 @@ import json
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -118,82 +117,6 @@ def test_word_positions_match_open_clip_tokenizer():
 # ---------------------------------------------------------------------------- the loop
 
 FAMS = list(FAMILIES)
-COLOURS, SHAPES = ["red", "green", "blue", "yellow"], ["circle", "square", "star", "cross"]
-
-
-def _pairs_manifest(path, images, n, seed):
-    """A shapes-train-style manifest: [pos, neg], cf/flip images, flip captions, paraphrase,
-    grounding (two object words per item)."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i in range(n):
-        c1, c2 = rng.choice(COLOURS, 2, replace=False)
-        s1, s2 = rng.choice(SHAPES, 2, replace=False)
-        rel, other = ("left", "right") if i % 2 else ("right", "left")
-        pos, neg = f"a {c1} {s1} {rel} of a {c2} {s2}", f"a {c1} {s1} {other} of a {c2} {s2}"
-        rows.append(
-            {
-                "item_id": f"it{i}",
-                "image": images[i % len(images)],
-                "captions": [pos, neg],
-                "correct": 0,
-                "category": FAMS[i % 8],
-                "family": FAMS[i % 8],
-                "cf_image": images[(i + 1) % len(images)],
-                "flip_image": images[(i + 2) % len(images)],
-                "flip_captions": [neg, pos],
-                "paraphrase": f"a {c2} {s2} {other} of a {c1} {s1}",
-                "ground_words": [s1, s2],
-                "ground_boxes": [[0.0, 0.0, 0.5, 0.5], [0.5, 0.5, 1.0, 1.0]],
-                "ground_positions": [2, 7],
-            }
-        )
-    df = pd.DataFrame(rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    df.to_parquet(path, index=False)
-    return df
-
-
-@pytest.fixture(scope="module")
-def tiny_store(tmp_path_factory, tiny_encoder):
-    """A tiny store with shapes-train (16 pairs) and shapes-dev (8 pairs) and every column."""
-    import dataclasses
-
-    from pipeline.benchmarks import SUITES
-    from pipeline.cache import FeatureStore
-    from pipeline.config import ExtractConfig
-    from stages import extract as extract_stage
-    from tests.conftest import make_images
-
-    tmp = tmp_path_factory.mktemp("train_store")
-    names = make_images(tmp / "images", 12)
-    paths = {
-        "shapes-train": tmp / "m" / "train.parquet",
-        "shapes-dev": tmp / "m" / "dev.parquet",
-    }
-    _pairs_manifest(paths["shapes-train"], names, 16, seed=0)
-    _pairs_manifest(paths["shapes-dev"], names, 8, seed=1)
-    SUITES.names()
-    saved = {s: SUITES._entries[s] for s in paths}
-    for s in paths:  # encode the extra columns whatever shapes.py declares
-        SUITES._entries[s] = dataclasses.replace(
-            saved[s],
-            image_columns=("image", "cf_image", "flip_image"),
-            caption_columns=("captions", "flip_captions", "paraphrase"),
-        )
-    try:
-        cfg = ExtractConfig(
-            model="tiny-test",
-            suites=list(paths),
-            manifests={s: str(p) for s, p in paths.items()},
-            image_roots={s: str(tmp / "images") for s in paths},
-            out=str(tmp / "features"),
-            batch_size=16,
-        )
-        extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
-    finally:
-        SUITES._entries.update(saved)
-    return FeatureStore.open(extract_stage.store_path(cfg))
 
 
 def _cfg(out, **kw):
@@ -315,3 +238,32 @@ def test_curriculum_pools_and_phases(tiny_store):
     assert len(pools) == 1 and phase_of(3) == 0
     with pytest.raises(ValueError, match="unknown families"):
         curriculum_pools(data, [[1.0, ["colour"]]], 10)
+
+
+def test_consistency_target_original_detaches_the_reference(tiny_store):
+    """Same loss value; only the gradient differs (the original item is not pulled toward
+    the paraphrase); an unknown target is refused."""
+    import torch
+
+    from pipeline.scorers import create_scorer
+    from pipeline.training import load_pairs, step_losses
+
+    data = load_pairs(tiny_store, "shapes-train", grounding=False)
+    batch = torch.arange(8)
+    weights = {k: 0.0 for k in ("preference", "image", "sufficiency", "grounding", "reflection")}
+    weights["paraphrase"] = 1.0
+    grads, values = [], []
+    for target in ("both", "original"):
+        torch.manual_seed(0)
+        model = create_scorer("bindclip", tiny_store.dims, tiny_store.projections(), h=16, n_iters=16)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+        loss, logged = step_losses(model, data, batch, weights, 1.0, None, consistency_target=target)
+        loss.backward()
+        values.append(logged["paraphrase"])
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert values[0] == pytest.approx(values[1]) and values[0] > 0
+    assert not torch.allclose(grads[0], grads[1])
+    with pytest.raises(ValueError, match="consistency_target"):
+        step_losses(model, data, batch, weights, 1.0, None, consistency_target="paraphrase")

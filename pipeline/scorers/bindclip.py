@@ -156,6 +156,8 @@ class BindClipConfig:
     sinkhorn_tol: float = 1e-3  # max abs marginal error (total mass 1) before the solver warns
     absorb_every: int | None = 16  # Sinkhorn absorption block (None = pure log domain)
     text_center: bool = False  # subtract each caption's mean token state before phi_t (ours)
+    relation_bias: bool = True  # U has a bias (False: d_k = U phi_t(H_k) exactly as the spec writes it)
+    relation_center: bool = False  # subtract each caption's r-weighted mean relation output (ours)
     grad_iters: int | None = None  # backprop through only the last k Sinkhorn iterations
     #   (the first K - k run without autograd and warm-start the rest; same plan). None = all K
 
@@ -320,7 +322,7 @@ class BindClip(Scorer):
         self.phi_t = nn.Sequential(nn.LayerNorm(dims.d_t), nn.Linear(dims.d_t, h))
         self.phi_v = nn.Sequential(nn.LayerNorm(dims.d_v), nn.Linear(dims.d_v, h))
         self.depth_offset = nn.Parameter(torch.zeros(2, h))  # [L, h] (early, final)
-        self.relation = nn.Linear(h, 5)  # U: 3 relative (dx, dy, dspread) + 2 absolute
+        self.relation = nn.Linear(h, 5, bias=config.relation_bias)  # U: 3 relative (dx, dy, dspread) + 2 absolute
         self.scale_logits = nn.Parameter(torch.full((4,), math.log(config.scale_init)))
         self.register_buffer("logit_scale", torch.as_tensor(proj.logit_scale).float().clone())
         self.register_buffer("coords", patch_coords(dims.grid))  # [R, 2]
@@ -372,6 +374,9 @@ class BindClip(Scorer):
         g_frac = L * Q.sum(-1) / r_tok.clamp_min(_TINY)[..., None]  # [B, 2, N, L]
         e_ent = (u[..., None] * g_frac).sum(2) / u.sum(-1, keepdim=True).clamp_min(1e-6)
         d = self.relation(pt)  # [B, 2, N, 5]
+        if cfg.relation_center:  # only what a token adds to its caption's common direction
+            rw = (r_tok * mask)[..., None]  # [B, 2, N, 1]
+            d = d - (rw * d).sum(2, keepdim=True) / rw.sum(2, keepdim=True).clamp_min(_TINY)
         e_ord, e_sp = readouts(Q, r_tok, mask, d, self.coords, cfg.var_floor)  # [B, 2, L]
         per_depth = torch.stack([e_sem, e_ent, e_ord, e_sp], -1)  # [B, 2, L, 4]
         Q1 = Q.sum(3, keepdim=True)  # [B, 2, N, 1, R] depths summed

@@ -1,0 +1,165 @@
+"""Why BindCLIP wins or loses on a slice: its score taken apart, and how well it grounds words.
+
+    from pipeline.diagnostics import energy_breakdown, grounding_precision
+    rows = energy_breakdown(scorer, store, manifest, index, suite="shapes-sugarcrepe")
+    table = grounding_precision(scorer, pairs)        # pairs: training.load_pairs(..., grounding=True)
+
+``energy_breakdown`` scores every (true caption, negative) pair of a choice suite once with
+``BindClip.explain`` and reports, per category: how often the score ``s``, the frozen
+margin ``g`` alone and the learned part ``s - g`` prefer the true caption, and for each
+energy k its contribution ``exp(lambda_k) * move_k``: the share of pairs where it points
+to the true caption, its mean absolute size (in logits, comparable with ``|g|``) and the
+mean consensus contraction gamma_k. An energy that carries a slice has a large share and
+a large size; one that only adds noise has a share near 0.5 and a large size.
+
+``grounding_precision`` measures, for every caption word that names exactly one object
+(the region-grounding targets of shapes-dev), the share of the word's plan mass that lies
+in that object's box (per depth, non-null cells only) and how often the word's most
+compatible patch (argmax of S) lies in it, by word kind (colour, shape, size, other).
+The box covers about 7% of the 8x8 grid, which is what a uniform plan would put there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from pipeline.world.scenes import COLOURS, SHAPES, SIZES
+
+WORD_KINDS = ("colour", "shape", "size", "other")
+
+
+def _pairs(manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> pd.DataFrame:
+    """One row per (item, negative option): store rows of image, true and negative caption."""
+    caps = index["captions"]  # [n, K], -1 = no option
+    correct = manifest["correct"].to_numpy().astype(np.int64)
+    item, opt = np.nonzero(caps >= 0)
+    keep = opt != correct[item]
+    item, opt = item[keep], opt[keep]
+    category = manifest["category"].to_numpy() if "category" in manifest else np.full(len(manifest), "all")
+    return pd.DataFrame(
+        {
+            "item": item,
+            "category": category[item],
+            "image": index["image"][item, 0],
+            "pos": caps[item, correct[item]],
+            "neg": caps[item, opt],
+        }
+    )
+
+
+@torch.no_grad()
+def energy_breakdown(
+    scorer, store, manifest: pd.DataFrame, index: dict[str, np.ndarray], suite: str, batch_size: int = 256
+) -> list[dict[str, Any]]:
+    """Per category of ``suite``: pair accuracy of s, g and s - g, and each energy's share.
+
+    ``scorer`` is a ``BindClip`` (anything with ``explain`` returning margin, moves,
+    scales and contraction). Rows of ``index["image"]`` equal to -1 (missing image) are
+    skipped.
+    """
+    pairs = _pairs(manifest, index)
+    pairs = pairs[pairs["image"] >= 0].reset_index(drop=True)
+    score, margin, contrib, gamma = [], [], [], []
+    for start in range(0, len(pairs), batch_size):
+        b = pairs.iloc[start : start + batch_size]
+        ex = scorer.explain(
+            store.images(b["image"].to_numpy()), store.texts(b["pos"].to_numpy()), store.texts(b["neg"].to_numpy())
+        )
+        score.append(ex.score)
+        margin.append(ex.margin)
+        contrib.append(ex.moves * ex.scales)
+        gamma.append(ex.contraction)
+    if not score:
+        return []
+    s, g = torch.cat(score), torch.cat(margin)
+    c, gam = torch.cat(contrib), torch.cat(gamma)  # [P, 4]
+    from pipeline.scorers.bindclip import ENERGIES
+
+    rows = []
+    for cat, grp in pairs.groupby("category", sort=True):
+        i = torch.as_tensor(np.array(grp.index), dtype=torch.long)
+        row: dict[str, Any] = {
+            "suite": suite,
+            "category": str(cat),
+            "pairs": len(i),
+            "acc_s": float((s[i] > 0).float().mean()),
+            "acc_margin": float((g[i] > 0).float().mean()),
+            "acc_learned": float(((s[i] - g[i]) > 0).float().mean()),
+            "mean_abs_margin": float(g[i].abs().mean()),
+        }
+        for k, name in enumerate(ENERGIES):
+            row[f"{name}_share_true"] = float((c[i, k] > 0).float().mean())
+            row[f"{name}_mean_abs"] = float(c[i, k].abs().mean())
+            row[f"{name}_gamma"] = float(gam[i, k].mean())
+        rows.append(row)
+    return rows
+
+
+def word_kind(word: str) -> str:
+    """``colour``, ``shape``, ``size`` or ``other`` for a decoded shapes-world token."""
+    if word in COLOURS:
+        return "colour"
+    if word in SHAPES:
+        return "shape"
+    return "size" if word in SIZES else "other"
+
+
+@torch.no_grad()
+def grounding_precision(scorer, pairs, batch_size: int = 256) -> pd.DataFrame:
+    """In-box plan mass and S-argmax hit rate of grounded words, by word kind and depth.
+
+    ``pairs``: :class:`pipeline.training.PairData` loaded with ``grounding=True``; every
+    grounded word of each item's true caption is scored in its item's (I, pos, neg) plan.
+    """
+    from open_clip.tokenizer import _tokenizer
+
+    n_items = len(pairs)
+    counts = np.diff(pairs.g_offsets)
+    if counts.sum() == 0:
+        return pd.DataFrame()
+    L = 2
+    in_box, hit, kinds = [], [], []
+    for start in range(0, n_items, batch_size):
+        items = torch.arange(start, min(start + batch_size, n_items))
+        ex = scorer.explain(
+            pairs.images.index(pairs.image[items]),
+            pairs.texts.index(pairs.pos[items]),
+            pairs.texts.index(pairs.neg[items]),
+        )
+        lo, hi = pairs.g_offsets[start], pairs.g_offsets[items[-1] + 1]
+        if hi == lo:
+            continue
+        item = torch.from_numpy(np.repeat(np.arange(len(items)), counts[items.numpy()]))  # [M]
+        row, cells = pairs.g_row[lo:hi], pairs.g_cells[lo:hi]  # [M], [M, R]
+        R = cells.shape[1]
+        plan = ex.plan[item, row, :-1].reshape(-1, L, R)  # [M, L, R] non-null cells
+        inside = cells[:, None].float()  # [M, 1, R]
+        in_box.append((plan * inside).sum(-1) / plan.sum(-1).clamp_min(1e-12))  # [M, L]
+        best = ex.S[item, row].argmax(-1)  # [M, L]
+        hit.append(torch.gather(cells, 1, best).float())  # [M, L]
+        ids = ex.ids[item, 0, row]
+        kinds += [word_kind(_tokenizer.decode([int(t)]).strip()) for t in ids]
+    frac, top = torch.cat(in_box).numpy(), torch.cat(hit).numpy()
+    kinds = np.array(kinds)
+    area = pairs.g_cells.float().mean(-1).numpy()
+    out = []
+    for kind in WORD_KINDS:
+        m = kinds == kind
+        if not m.any():
+            continue
+        out.append(
+            {
+                "word kind": kind,
+                "words": int(m.sum()),
+                "in-box mass (early)": float(frac[m, 0].mean()),
+                "in-box mass (final)": float(frac[m, 1].mean()),
+                "S argmax in box (early)": float(top[m, 0].mean()),
+                "S argmax in box (final)": float(top[m, 1].mean()),
+                "box share of the grid": float(area[m].mean()),
+            }
+        )
+    return pd.DataFrame(out).set_index("word kind")

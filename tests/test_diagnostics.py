@@ -1,0 +1,100 @@
+"""pipeline.diagnostics: the per-energy breakdown against hand-computed values, and the
+grounding precision on a tiny store (uniform plan -> box share; plan inside the box -> 1)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from pipeline.diagnostics import energy_breakdown, grounding_precision, word_kind
+
+
+class _RowStore:
+    """images(rows) / texts(rows) hand back the store rows themselves."""
+
+    def images(self, rows):
+        return torch.tensor(np.asarray(rows))
+
+    def texts(self, rows):
+        return torch.tensor(np.asarray(rows))
+
+
+class _StubScorer:
+    """margin = pos - neg; moves = (pos - neg, neg - pos, 0, image - 1); scales 2."""
+
+    def explain(self, image, pos, neg):
+        d = (pos - neg).float()
+        moves = torch.stack([d, -d, torch.zeros_like(d), image.float() - 1], -1)
+        scales = torch.full((4,), 2.0)
+        return SimpleNamespace(
+            score=d + (moves * scales).sum(-1),
+            margin=d,
+            moves=moves,
+            scales=scales,
+            contraction=torch.full_like(moves, 0.5),
+        )
+
+
+def test_energy_breakdown_hand_values():
+    manifest = pd.DataFrame({"correct": [0, 1, 0], "category": ["a", "a", "b"]})
+    index = {
+        "image": np.array([[0], [1], [2]]),
+        "captions": np.array([[10, 11, -1], [12, 13, -1], [14, 15, 16]]),
+    }
+    rows = {r["category"]: r for r in energy_breakdown(_StubScorer(), _RowStore(), manifest, index, "s", batch_size=2)}
+    a, b = rows["a"], rows["b"]
+    # a: pairs (img 0: 10 vs 11), (img 1: 13 vs 12): g = [-1, +1], spatial = [-1, 0] * 2
+    assert a["pairs"] == 2 and a["acc_margin"] == 0.5 and a["acc_s"] == 0.5 and a["acc_learned"] == 0.0
+    assert a["semantic_share_true"] == 0.5 and a["semantic_mean_abs"] == 2.0
+    assert a["order_share_true"] == 0.0 and a["order_mean_abs"] == 0.0
+    assert a["spatial_share_true"] == 0.0 and a["spatial_mean_abs"] == 1.0 and a["spatial_gamma"] == 0.5
+    # b: pairs (img 2: 14 vs 15), (14 vs 16): g = [-1, -2], spatial = [+2, +2]
+    assert b["pairs"] == 2 and b["acc_margin"] == 0.0 and b["acc_s"] == 0.5 and b["acc_learned"] == 1.0
+    assert b["spatial_share_true"] == 1.0 and b["spatial_mean_abs"] == 2.0 and b["mean_abs_margin"] == 1.5
+
+
+def test_word_kind():
+    assert [word_kind(w) for w in ("red", "star", "large", "of")] == ["colour", "shape", "size", "other"]
+
+
+@pytest.mark.parametrize("plan_kind", ["real", "uniform", "inside"])
+def test_grounding_precision(tiny_store, plan_kind):
+    from pipeline.scorers import create_scorer
+    from pipeline.training import load_pairs
+
+    data = load_pairs(tiny_store, "shapes-train", grounding=True)
+    torch.manual_seed(0)
+    scorer = create_scorer("bindclip", tiny_store.dims, tiny_store.projections(), h=16, n_iters=16)
+    cells = data.g_cells  # [E, R]
+    if plan_kind != "real":
+        real = scorer.explain
+
+        def explain(image, a, b):
+            ex = real(image, a, b)
+            P = torch.zeros_like(ex.plan)
+            P[..., :-1] = 1.0  # uniform over the non-null cells
+            if plan_kind == "inside":  # every grounded row inside its box only (both depths)
+                item = torch.arange(len(image))
+                for i in item.tolist():
+                    for e in range(data.g_offsets[i], data.g_offsets[i + 1]):
+                        P[i, data.g_row[e], :-1] = cells[e].repeat(2).float()
+            ex.plan = P
+            return ex
+
+        scorer.explain = explain  # batches start at item 0 with batch_size >= len(data)
+    table = grounding_precision(scorer, data, batch_size=64)
+    assert list(table.index) == ["shape"] and table.loc["shape", "words"] == 32
+    share = cells.float().mean(-1).mean().item()
+    assert table.loc["shape", "box share of the grid"] == pytest.approx(share)
+    for col in ("in-box mass (early)", "in-box mass (final)"):
+        value = table.loc["shape", col]
+        if plan_kind == "uniform":
+            assert value == pytest.approx(share, abs=1e-6)
+        elif plan_kind == "inside":
+            assert value == pytest.approx(1.0)
+        else:
+            assert 0.0 <= value <= 1.0
