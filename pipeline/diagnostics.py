@@ -27,23 +27,45 @@ import numpy as np
 import pandas as pd
 import torch
 
+from pipeline.world.captions import REL_WORDS
 from pipeline.world.scenes import COLOURS, SHAPES, SIZES
 
 WORD_KINDS = ("colour", "shape", "size", "other")
 
 
-def _pairs(manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> pd.DataFrame:
-    """One row per (item, negative option): store rows of image, true and negative caption."""
+def relation_of(caption: str) -> str | None:
+    """The shapes-world relation a caption states (``left`` ... ``behind``), or None."""
+    text = f" {caption} "
+    for rel, phrases in REL_WORDS.items():
+        if any(f" {p} " in text for p in phrases):
+            return rel
+    return None
+
+
+def _pairs(manifest: pd.DataFrame, index: dict[str, np.ndarray], by: str = "category") -> pd.DataFrame:
+    """One row per (item, negative option): store rows of image, true and negative caption,
+    and the group it is reported in (``by="relation"``: the category, then the relation of
+    the true caption and, where it differs, of the negative; see :func:`energy_breakdown`)."""
     caps = index["captions"]  # [n, K], -1 = no option
     correct = manifest["correct"].to_numpy().astype(np.int64)
     item, opt = np.nonzero(caps >= 0)
     keep = opt != correct[item]
     item, opt = item[keep], opt[keep]
     category = manifest["category"].to_numpy() if "category" in manifest else np.full(len(manifest), "all")
+    group = category[item].astype(object)
+    if by == "relation":
+        caps_text = manifest["captions"].to_numpy()
+        for p, (i, j) in enumerate(zip(item, opt, strict=True)):
+            t, n = relation_of(caps_text[i][correct[i]]), relation_of(caps_text[i][j])
+            if t is not None:
+                label = t if n in (t, None) else f"{t} vs {n}"
+                group[p] = label if group[p] == t else f"{group[p]}: {label}"
+    elif by != "category":
+        raise ValueError(f"by must be 'category' or 'relation', got {by!r}")
     return pd.DataFrame(
         {
             "item": item,
-            "category": category[item],
+            "category": group,
             "image": index["image"][item, 0],
             "pos": caps[item, correct[item]],
             "neg": caps[item, opt],
@@ -53,15 +75,25 @@ def _pairs(manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> pd.DataFrame
 
 @torch.no_grad()
 def energy_breakdown(
-    scorer, store, manifest: pd.DataFrame, index: dict[str, np.ndarray], suite: str, batch_size: int = 256
+    scorer,
+    store,
+    manifest: pd.DataFrame,
+    index: dict[str, np.ndarray],
+    suite: str,
+    batch_size: int = 256,
+    by: str = "category",
 ) -> list[dict[str, Any]]:
-    """Per category of ``suite``: pair accuracy of s, g and s - g, and each energy's share.
+    """Per group of ``suite``: pair accuracy of s, g and s - g, and each energy's share.
+
+    Groups are the manifest's categories, or with ``by="relation"`` the category plus the
+    relations the two captions state (``"relation: left"`` for an ARO argument swap,
+    ``"left vs below"`` for a What'sUp pair, whose category is the true relation).
 
     ``scorer`` is a ``BindClip`` (anything with ``explain`` returning margin, moves,
     scales and contraction). Rows of ``index["image"]`` equal to -1 (missing image) are
     skipped.
     """
-    pairs = _pairs(manifest, index)
+    pairs = _pairs(manifest, index, by)
     pairs = pairs[pairs["image"] >= 0].reset_index(drop=True)
     score, margin, contrib, gamma = [], [], [], []
     for start in range(0, len(pairs), batch_size):

@@ -20,8 +20,11 @@ cost. Each step draws ``batch_size`` items without replacement from the items of
 current curriculum phase (all items by default) with the seeded generator.
 
 ``TrainConfig`` also sets ``consistency_items``, ``curriculum`` (``[[end_fraction,
-[families]], ...]``) and ``consistency_from`` (fraction of steps before which reflection
-and paraphrase consistency are off).
+[families]], ...]``), ``consistency_from`` (fraction of steps before which reflection
+and paraphrase consistency are off), ``consistency_target`` (``"original"``: the original
+item's score is the fixed target of the consistency terms) and ``paraphrase_positives``
+(the paraphrased copies also enter caption preference). The last two were tried on the
+shapes world and are off by default (``pipeline/scorers/bindclip.py`` has the figures).
 
 Selection *(ours)*: every ``eval_every`` steps (and at the last step) the development
 suite is scored and the checkpoint with the best ``mean`` dev accuracy (the official
@@ -253,6 +256,7 @@ def step_losses(
     consistency_items: int | None = CONSISTENCY_ITEMS,
     consistency_kind: str = "smooth_l1",
     consistency_target: str = "both",
+    paraphrase_positives: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss of one batch of item indices [B] and each objective's value (floats).
 
@@ -260,6 +264,8 @@ def step_losses(
     first ``consistency_items`` items of the batch (None = all), to bound the step's cost.
     ``consistency_target="original"`` detaches the original item's score, so only the
     transformed copy is pulled toward it (the original is trained by the other objectives).
+    ``paraphrase_positives`` adds the paraphrased copies ``(I, A', neg)`` to the caption
+    preference objective (a paraphrase is a true caption; the forward pass is shared).
     """
     if consistency_target not in ("both", "original"):
         raise ValueError(f"consistency_target must be 'both' or 'original', got {consistency_target!r}")
@@ -272,7 +278,7 @@ def step_losses(
         "reflection": (data.flip, data.flip_pos, data.flip_neg),
         "paraphrase": (data.image, data.para, data.neg),
     }.items():
-        if on[name] == 0:
+        if on[name] == 0 and not (name == "paraphrase" and paraphrase_positives):
             continue
         ok = (img[batch] >= 0) & (a[batch] >= 0) & (b[batch] >= 0)  # [B]
         if name != "image" and consistency_items is not None:
@@ -290,12 +296,12 @@ def step_losses(
     per: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
         "sufficiency": (structural_sufficiency(s0, g0), fam),
     }
-    start = B
+    start, copies = B, {}
     for name in ("image", "reflection", "paraphrase"):
         if name not in sel:
             continue
         idx = sel[name]
-        s = e.score[start : start + len(idx)]
+        s = copies[name] = e.score[start : start + len(idx)]
         start += len(idx)
         if name == "image":
             per[name] = (image_contrast(s0[idx], s), fam[idx])
@@ -303,6 +309,11 @@ def step_losses(
             ref = s0[idx].detach() if consistency_target == "original" else s0[idx]
             per[name] = (consistency(s, ref, consistency_kind), fam[idx])
     per["preference"] = (caption_preference(s0), fam)
+    if paraphrase_positives and "paraphrase" in copies:
+        per["preference"] = (
+            torch.cat([per["preference"][0], caption_preference(copies["paraphrase"])]),
+            torch.cat([fam, fam[sel["paraphrase"]]]),
+        )
     if on["grounding"] != 0 and len(data.g_row):
         b_np = batch.numpy()
         lo, hi = data.g_offsets[b_np], data.g_offsets[b_np + 1]
@@ -471,6 +482,7 @@ def train_seed(
                 cfg.group_tau,
                 cfg.consistency_items,
                 consistency_target=cfg.consistency_target,
+                paraphrase_positives=cfg.paraphrase_positives,
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()

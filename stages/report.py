@@ -218,6 +218,7 @@ def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreCo
 
 
 DIAGNOSED_SUITES = ("shapes-sugarcrepe", "shapes-aro", "shapes-whatsup")
+RELATION_SUITES = {"shapes-aro": ("relation",), "shapes-whatsup": None}  # categories (None = all) also broken down by relation
 
 
 def diagnostics_section(score: ScoreConfig, extract: ExtractConfig, out: Path) -> list[str]:
@@ -230,33 +231,47 @@ def diagnostics_section(score: ScoreConfig, extract: ExtractConfig, out: Path) -
     store = open_store(extract)
     scorer = load_scorer("bindclip", store, score)
     rows = []
+    by_relation = []
     for suite in DIAGNOSED_SUITES:
         if suite in store.suites():
             manifest, index = suite_inputs(store, suite)
             rows += energy_breakdown(scorer, store, manifest, index, suite)
+            if suite in RELATION_SUITES:
+                keep = manifest["category"].isin(RELATION_SUITES[suite]).to_numpy() if RELATION_SUITES[suite] else np.ones(len(manifest), bool)
+                sub = manifest[keep].reset_index(drop=True), {k: v[keep] for k, v in index.items()}
+                by_relation += energy_breakdown(scorer, store, *sub, suite, by="relation")
     ground = grounding_precision(scorer, load_pairs(store, "shapes-dev", grounding=True)) if "shapes-dev" in store.suites() else pd.DataFrame()
-    (out / "diagnostics.json").write_text(json.dumps({"energy_breakdown": rows, "grounding": ground.reset_index().to_dict("records")}, indent=1) + "\n")
+    (out / "diagnostics.json").write_text(json.dumps({"energy_breakdown": rows, "by_relation": by_relation, "grounding": ground.reset_index().to_dict("records")}, indent=1) + "\n")
     if not rows:
         return []
-    from pipeline.scorers.bindclip import ENERGIES
-
-    lines = ["| suite | category (true) | pairs | s | g alone | s − g | mean abs g | " + " | ".join(ENERGIES) + " |", "|---|---|---|---|---|---|---|" + "---|" * len(ENERGIES)]
-    for r in rows:
-        cells = " | ".join(f"{100 * r[f'{e}_share_true']:.0f}% / {r[f'{e}_mean_abs']:.3f}" for e in ENERGIES)
-        lines.append(f"| {r['suite']} | {r['category']} | {r['pairs']} | {_pct(r['acc_s'])} | {_pct(r['acc_margin'])} | {_pct(r['acc_learned'])} | {r['mean_abs_margin']:.3f} | {cells} |")
     parts = [
         "### Why: the score taken apart (seed 0)",
         "Every (true, negative) pair of a choice suite: how often the score s, the frozen margin g alone and the learned part s − g prefer the true caption, and per energy "
         "the share of pairs where its contribution exp(λ_k)·move_k points to the true caption / its mean absolute size in logits. An energy near 50% with a large size adds noise. "
         "What'sUp rows are grouped by the true arrangement. Also in `reports/diagnostics.json` (`pipeline.diagnostics`).",
-        "\n".join(lines),
+        _breakdown_table(rows, "category (true)"),
     ]
+    if by_relation:
+        parts += [
+            "The same by the relation each caption states: ARO argument swaps by their relation word, What'sUp pairs by true vs negative arrangement.",
+            _breakdown_table(by_relation, "relation"),
+        ]
     if not ground.empty:
         parts += [
             "Region grounding on shapes-dev: for each word that names exactly one object, the share of its plan mass (non-null cells) inside that object's box, and how often its most compatible patch (argmax of S) is inside, per depth.",
             _df_markdown(ground.map(lambda x: f"{x:.3f}" if isinstance(x, float) else x)),
         ]
     return parts
+
+
+def _breakdown_table(rows: list[dict], group: str) -> str:
+    from pipeline.scorers.bindclip import ENERGIES
+
+    lines = [f"| suite | {group} | pairs | s | g alone | s − g | mean abs g | " + " | ".join(ENERGIES) + " |", "|---|---|---|---|---|---|---|" + "---|" * len(ENERGIES)]
+    for r in rows:
+        cells = " | ".join(f"{100 * r[f'{e}_share_true']:.0f}% / {r[f'{e}_mean_abs']:.3f}" for e in ENERGIES)
+        lines.append(f"| {r['suite']} | {r['category']} | {r['pairs']} | {_pct(r['acc_s'])} | {_pct(r['acc_margin'])} | {_pct(r['acc_learned'])} | {r['mean_abs_margin']:.3f} | {cells} |")
+    return "\n".join(lines)
 
 
 def _df_markdown(df: pd.DataFrame) -> str:

@@ -325,7 +325,7 @@ def test_relation_center_cancels_the_relation_heads_common_direction():
     """With relation_center, a bias added to U (the same d for every token) leaves the score
     unchanged; without it the same bias moves the score. Antisymmetry holds either way."""
     image, a, b = _batch()
-    for center in (True, False):
+    for center in ("caption", "pair", None):
         m = _model("bindclip-noconsensus", relation_center=center)
         with torch.no_grad():
             s0 = m.score_pair(image, a, b)

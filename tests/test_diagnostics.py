@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.diagnostics import energy_breakdown, grounding_precision, word_kind
+from pipeline.diagnostics import energy_breakdown, grounding_precision, relation_of, word_kind
 
 
 class _RowStore:
@@ -98,3 +98,30 @@ def test_grounding_precision(tiny_store, plan_kind):
             assert value == pytest.approx(1.0)
         else:
             assert 0.0 <= value <= 1.0
+
+
+def test_relation_of_and_relation_groups():
+    assert [relation_of(c) for c in (
+        "a red circle to the left of a blue square",
+        "the star is right of the cross",
+        "a star higher than a cross",
+        "a cross partly hidden by a star",
+        "the red circle is on the left side of the picture",
+        "a red circle and a blue square",
+    )] == ["left", "right", "above", "behind", None, None]
+    manifest = pd.DataFrame(
+        {
+            "correct": [0, 1, 0],
+            "category": ["left", "relation", "attribution"],
+            "captions": [
+                ["a star to the left of a cross", "a star below a cross", "a star to the right of a cross"],
+                ["a cross left of a star", "a star left of a cross", None],
+                ["a red star and a blue cross", "a blue star and a red cross", None],
+            ],
+        }
+    )
+    index = {"image": np.array([[0], [1], [2]]), "captions": np.array([[0, 1, 2], [3, 4, -1], [5, 6, -1]])}
+    rows = energy_breakdown(_StubScorer(), _RowStore(), manifest, index, "s", by="relation")
+    assert sorted(r["category"] for r in rows) == ["attribution", "left vs below", "left vs right", "relation: left"]
+    with pytest.raises(ValueError, match="by must be"):
+        energy_breakdown(_StubScorer(), _RowStore(), manifest, index, "s", by="word")

@@ -267,3 +267,29 @@ def test_consistency_target_original_detaches_the_reference(tiny_store):
     assert not torch.allclose(grads[0], grads[1])
     with pytest.raises(ValueError, match="consistency_target"):
         step_losses(model, data, batch, weights, 1.0, None, consistency_target="paraphrase")
+
+
+def test_paraphrase_positives_join_the_preference_objective(tiny_store):
+    """With the option, preference averages over the originals and their paraphrased copies
+    (one family each here: 8 items of 8 families, so the worst-group mean is a plain mean)."""
+    import torch
+
+    from pipeline.objectives import caption_preference
+    from pipeline.scorers import create_scorer
+    from pipeline.training import load_pairs, step_losses
+
+    data = load_pairs(tiny_store, "shapes-train", grounding=False)
+    batch = torch.arange(8)
+    weights = {k: 0.0 for k in ("image", "sufficiency", "grounding", "reflection", "paraphrase")}
+    torch.manual_seed(0)
+    model = create_scorer("bindclip", tiny_store.dims, tiny_store.projections(), h=16, n_iters=16)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+        plain = step_losses(model, data, batch, weights, math.inf, None)[1]["preference"]
+        both = step_losses(model, data, batch, weights, math.inf, None, paraphrase_positives=True)[1]["preference"]
+        s0 = model.score_pair(data.images.index(data.image[batch]), data.texts.index(data.pos[batch]), data.texts.index(data.neg[batch]))
+        s1 = model.score_pair(data.images.index(data.image[batch]), data.texts.index(data.para[batch]), data.texts.index(data.neg[batch]))
+    assert plain == pytest.approx(float(caption_preference(s0).mean()), rel=1e-5)
+    want = float((caption_preference(s0) + caption_preference(s1)).mean() / 2)  # each family: its item and its copy
+    assert both == pytest.approx(want, rel=1e-5)

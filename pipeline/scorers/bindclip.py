@@ -54,7 +54,7 @@ the relation and semantic scale logits" as learned. 521,475 = 192 * 2716 + 3 hin
 (one more LayerNorm + Linear(768 -> 192) would give 498,569), but we add nothing the spec
 does not describe.
 
-Two options the spec does not have, both off by default:
+Options the spec does not have, all off by default:
 
 * ``text_center`` *(ours)*: subtract each caption's mean content-token state before phi_t.
   The toy CLIP's text tower is (nearly) a bag of words: its final token states share one
@@ -62,6 +62,11 @@ Two options the spec does not have, both off by default:
   equal captions 0.98), so phi_t, the residual u and the plan rows start out identical
   for every token and every move is ~0; nothing trained until this was removed. Same
   function for A and B, so antisymmetry holds.
+* ``relation_center`` *(ours)*: subtract the row-mass-weighted mean relation output d of
+  each caption (``"caption"``) or of both captions (``"pair"``) from every token's d, so
+  that a direction shared by all tokens cannot vote; antisymmetric either way. Tried, not
+  adopted (figures below). ``relation_bias=False`` drops U's bias (``d_k = U phi_t(H_k)``
+  as the spec writes it; the default keeps it, 5 parameters).
 * ``grad_iters`` (training speed): backpropagate through only the last k Sinkhorn
   iterations, warm-started from the first K - k run without autograd (same plan; with
   k = 8 the parameter gradients match full backprop to cosine 1.0000 at init).
@@ -94,9 +99,45 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
   "above" 56 times), which no family trains; perpendicular negatives in relative-geometry
   and vertical (about half of those items "A left of B" -> "A above B", counterfactual
   moving A) made it worse (What'sUp individual 0.438, still "left" -> "below" 51 times;
-  the lesion cost on relative-geometry fell to 0) and were reverted. Every one of
-  these is far from the goals on swaps, ARO relation and What'sUp individual; the
-  report's goal table has the three-seed figures.
+  the lesion cost on relative-geometry fell to 0) and were reverted. Also tried (600
+  steps, same order of figures: What'sUp individual / pair / ARO relation / swap-att /
+  swap-obj): group_tau 3: 0.502 / 0.30 / 0.58 / 0.53 / 0.63; 900 steps with grounding 3
+  (best dev at 750): 0.52 / 0.32 / 0.575 / 0.56 / 0.60; ``relation_center="caption"``:
+  0.39 / 0.18 / 0.619 / 0.55 / 0.48; ``relation_center="pair"``: 0.498 / 0.315 / 0.57 /
+  0.56 / 0.67; ``relation_bias=False``: 0.482 / 0.275 / 0.565 / 0.54 / 0.67; floor 0.02:
+  0.465 / 0.26 / 0.55 / 0.53 / 0.51; paraphrase consistency at weight 1 with
+  ``consistency_target="original"``: 0.405 / 0.185 / 0.545 / 0.49 / 0.54;
+  ``paraphrase_positives`` (16 / all items per batch): 0.49 / 0.305 / 0.585 / 0.58 / 0.61
+  and 0.505 / 0.295 / 0.565 / 0.57 / 0.62. Every one of these is within the suites' noise
+  (100-200 items) of the chosen setting and far from the goals on swaps, ARO relation and
+  What'sUp individual; the report's goal table has the three-seed figures.
+* Why (``pipeline.diagnostics``, report section "Why: the score taken apart", seed 0 of
+  the chosen setting): (1) the spatial energy carries every decision (contributions of
+  0.3-0.8 logits; semantic, entity and order at most 0.06) and is noise where no
+  arrangement changes: on swap-att and ARO attribution it points to the true caption in
+  51-58% of pairs with a mean size of 0.34-0.43 logits, against a frozen margin of
+  0.05-0.08. (2) The toy CLIP's text tower is a near bag of words (``no_causal_mask``), so
+  every token state carries the whole caption: the cross-caption residual does not single
+  out the edited words (What'sUp: 0.32 for the edited relation word, 0.16 for an item's
+  most distinct shared word on average; replace-obj: 0.38 vs 0.40), and every token, not only the relation word,
+  gets a large relation direction d_k (|d| up to ~45). Only differences between
+  relation words are trained (left vs right, above vs below), so the directions share a
+  large untrained common part: on ARO relation "is", "to", "of" and colour words vote for
+  "first-mentioned object on the right" whatever the relation word says ("left of" 0.29,
+  "right of" 0.88, frozen 0.56 / 0.56), and on shapes-whatsup d("above") ~ d("right"), so
+  true "right" loses to "above" in 72% of those pairs and true "left" to "below" in 62%
+  (opposite-direction pairs: 75-91% right). Centering d per caption balances ARO (0.62 /
+  0.74) but also removes the relation information the bag spreads over all tokens
+  (What'sUp "left" vs "right" 0.75 -> 0.45). (3) Grounding is weak for colour words:
+  41-42% of a colour word's plan mass and 45-48% of its best patches lie in its object's
+  box (shape words 46-58% / 59-69%; the box is 7% of the grid), and a grounding-only run
+  plateaus at the same place, as does an S-only grounding probe trained directly with a
+  softmax over patches (colour 0.49-0.52) -- the toy's patch features name the colour of
+  the object under a patch's centre only 64-73% of the time (logistic probe, blocks 1-4),
+  so co-location cannot separate "red circle and blue square" from its swap (order
+  energy: 59% of swap-att pairs, 0.008 logits). (4) The lesion goal's "role-swap <= 3"
+  cannot hold in this world: its role swaps are spatial relations with exchanged
+  arguments ("A left of B" -> "B left of A"), which only the plan can answer.
 * chosen before that (params.yaml ``train`` then): lr 1e-2, weights {reflection: 0.1,
   paraphrase: 0.1}, scorer {text_center: true, scale_init: 1.0, grad_iters: 8}, group_tau
   1, 300 steps, batch 64: 3 seeds in 2 min 55 s. Dev mean 0.562 -> 0.702 / 0.708 / 0.694
@@ -157,13 +198,15 @@ class BindClipConfig:
     absorb_every: int | None = 16  # Sinkhorn absorption block (None = pure log domain)
     text_center: bool = False  # subtract each caption's mean token state before phi_t (ours)
     relation_bias: bool = True  # U has a bias (False: d_k = U phi_t(H_k) exactly as the spec writes it)
-    relation_center: bool = False  # subtract each caption's r-weighted mean relation output (ours)
+    relation_center: str | None = None  # subtract the r-weighted mean relation output of each "caption" or of the "pair" (ours)
     grad_iters: int | None = None  # backprop through only the last k Sinkhorn iterations
     #   (the first K - k run without autograd and warm-start the rest; same plan). None = all K
 
     def __post_init__(self) -> None:
         if self.plan not in ("sinkhorn", "outer"):
             raise ValueError(f"plan must be 'sinkhorn' or 'outer', got {self.plan!r}")
+        if self.relation_center not in (None, "caption", "pair"):
+            raise ValueError(f"relation_center must be None, 'caption' or 'pair', got {self.relation_center!r}")
 
 
 @dataclass
@@ -374,9 +417,10 @@ class BindClip(Scorer):
         g_frac = L * Q.sum(-1) / r_tok.clamp_min(_TINY)[..., None]  # [B, 2, N, L]
         e_ent = (u[..., None] * g_frac).sum(2) / u.sum(-1, keepdim=True).clamp_min(1e-6)
         d = self.relation(pt)  # [B, 2, N, 5]
-        if cfg.relation_center:  # only what a token adds to its caption's common direction
+        if cfg.relation_center is not None:  # remove the common direction of every token
             rw = (r_tok * mask)[..., None]  # [B, 2, N, 1]
-            d = d - (rw * d).sum(2, keepdim=True) / rw.sum(2, keepdim=True).clamp_min(_TINY)
+            dims = (2,) if cfg.relation_center == "caption" else (1, 2)  # pair: both captions
+            d = d - (rw * d).sum(dims, keepdim=True) / rw.sum(dims, keepdim=True).clamp_min(_TINY)
         e_ord, e_sp = readouts(Q, r_tok, mask, d, self.coords, cfg.var_floor)  # [B, 2, L]
         per_depth = torch.stack([e_sem, e_ent, e_ord, e_sp], -1)  # [B, 2, L, 4]
         Q1 = Q.sum(3, keepdim=True)  # [B, 2, N, 1, R] depths summed
