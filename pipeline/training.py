@@ -257,6 +257,7 @@ def step_losses(
     consistency_kind: str = "smooth_l1",
     consistency_target: str = "both",
     paraphrase_positives: bool = False,
+    relation_l1: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss of one batch of item indices [B] and each objective's value (floats).
 
@@ -336,6 +337,11 @@ def step_losses(
         agg = worst_group(loss, groups, group_tau)
         total = total + on[name] * agg
         logged[name] = float(agg.detach())
+    if relation_l1 and getattr(e, "relation", None) is not None:
+        m = e.token_mask[..., None].to(e.relation.dtype)  # [B', 2, N, 1]
+        l1 = (e.relation.abs() * m).sum() / (m.sum() * e.relation.shape[-1]).clamp_min(1.0)
+        total = total + relation_l1 * l1
+        logged["relation_l1"] = float(l1.detach())
     logged["total"] = float(total.detach())
     logged["acc"] = float((s0.detach() > 0).float().mean())
     logged["sinkhorn_err"] = float(e.marginal_err.max())
@@ -483,6 +489,7 @@ def train_seed(
                 cfg.consistency_items,
                 consistency_target=cfg.consistency_target,
                 paraphrase_positives=cfg.paraphrase_positives,
+                relation_l1=cfg.relation_l1,
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -293,3 +293,24 @@ def test_paraphrase_positives_join_the_preference_objective(tiny_store):
     assert plain == pytest.approx(float(caption_preference(s0).mean()), rel=1e-5)
     want = float((caption_preference(s0) + caption_preference(s1)).mean() / 2)  # each family: its item and its copy
     assert both == pytest.approx(want, rel=1e-5)
+
+
+def test_relation_l1_adds_the_mean_absolute_relation_output(tiny_store):
+    import torch
+
+    from pipeline.scorers import create_scorer
+    from pipeline.training import load_pairs, step_losses
+
+    data = load_pairs(tiny_store, "shapes-train", grounding=False)
+    batch = torch.arange(8)
+    weights = {k: 0.0 for k in ("image", "sufficiency", "grounding", "reflection", "paraphrase")}
+    torch.manual_seed(0)
+    model = create_scorer("bindclip", tiny_store.dims, tiny_store.projections(), h=16, n_iters=16)
+    with torch.no_grad():
+        base, logged0 = step_losses(model, data, batch, weights, 1.0, None)
+        total, logged = step_losses(model, data, batch, weights, 1.0, None, relation_l1=0.5)
+        e = model.explain(data.images.index(data.image[batch]), data.texts.index(data.pos[batch]), data.texts.index(data.neg[batch]))
+    mask = e.token_mask[..., None].expand_as(e.relation)
+    want = float(e.relation.abs()[mask].mean())
+    assert "relation_l1" not in logged0 and logged["relation_l1"] == pytest.approx(want, rel=1e-5)
+    assert float(total - base) == pytest.approx(0.5 * want, rel=1e-5)

@@ -86,6 +86,7 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
   switch; group_tau 0.1 (harder worst-group), lr 3e-2, frozen scales and a stronger weight
   decay on U were all worse or no better;
 * on the calibrated toy CLIP (convolutional stem + colourless warm-up, replace-obj 0.95;
+  each trial below reruns with ``benchmarks/bindclip_trial.py NAME section.key=value ...``;
   its features differ from those above), single seed 0, scored through the pipeline:
   300 steps (the previous setting): dev mean 0.556 -> 0.669, What'sUp individual 0.27 ->
   0.42, pair 0.03 -> 0.195, ARO relation 0.479 -> 0.54, swap-att 0.45 -> 0.54, swap-obj
@@ -108,7 +109,9 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
   0.465 / 0.26 / 0.55 / 0.53 / 0.51; paraphrase consistency at weight 1 with
   ``consistency_target="original"``: 0.405 / 0.185 / 0.545 / 0.49 / 0.54;
   ``paraphrase_positives`` (16 / all items per batch): 0.49 / 0.305 / 0.585 / 0.58 / 0.61
-  and 0.505 / 0.295 / 0.565 / 0.57 / 0.62. Every one of these is within the suites' noise
+  and 0.505 / 0.295 / 0.565 / 0.57 / 0.62; an L1 penalty on the relation output
+  (``TrainConfig.relation_l1`` 0.01 / 0.05): 0.465 / 0.255 / 0.54 / 0.52 / 0.63 and 0.45 /
+  0.25 / 0.545 / 0.54 / 0.63. Every one of these is within the suites' noise
   (100-200 items) of the chosen setting and far from the goals on swaps, ARO relation and
   What'sUp individual; the report's goal table has the three-seed figures.
 * Why (``pipeline.diagnostics``, report section "Why: the score taken apart", seed 0 of
@@ -229,6 +232,7 @@ class BindClipExplanation:
     agreement: torch.Tensor  # [B, 4] q_k (computed even when consensus is off)
     contraction: torch.Tensor  # [B, 4] applied gamma_k (ones when consensus is off)
     marginal_err: torch.Tensor  # [B] Sinkhorn max marginal violation (0 for the lesion)
+    relation: torch.Tensor | None = None  # [B, 2, N, 5] relation head output d (as read out)
     grid: tuple[int, int] = (0, 0)  # (grid_h, grid_w) of the patch axis R
 
 
@@ -457,6 +461,7 @@ class BindClip(Scorer):
             agreement=q,
             contraction=gamma,
             marginal_err=err,
+            relation=d,
             grid=self.grid,
         )
 

@@ -1,0 +1,113 @@
+"""One BindCLIP training trial on the pipeline's feature cache, away from the pipeline's outputs.
+
+    .venv/bin/python benchmarks/bindclip_trial.py NAME [section.key=YAML ...] [--out DIR]
+
+e.g. ``benchmarks/bindclip_trial.py rc-pair 'train.scorer={text_center: true, scale_init: 1.0,
+grad_iters: 8, relation_center: pair}'``. Takes ``params.yaml``, applies the overrides, trains
+seed 0 only (``train.seeds`` can be overridden), writes checkpoints, scores and metrics under
+``DIR/NAME/`` (default ``/tmp/bindclip-trials``), scores ``bindclip`` and ``bindclip-lesion``
+on shapes-whatsup, shapes-aro, shapes-sugarcrepe and shapes-dev, and prints (and saves as
+``DIR/NAME/summary.json``) the goal slices, the dev families and the lesion's dev families.
+It needs the cache that ``dvc repro`` (or ``pipeline extract``) leaves in ``cache/features``;
+it never writes there. This is how every trial in the ``pipeline/scorers/bindclip.py``
+docstring was run (2 CPU cores: about 2 minutes per 600-step trial).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SUITES = ["shapes-whatsup", "shapes-aro", "shapes-sugarcrepe", "shapes-dev"]
+GOAL_SLICES = [
+    ("shapes-whatsup", "individual"),
+    ("shapes-whatsup", "pair"),
+    ("shapes-aro", "relation"),
+    ("shapes-sugarcrepe", "swap-att"),
+    ("shapes-sugarcrepe", "swap-obj"),
+    ("shapes-sugarcrepe", "replace-obj"),
+    ("shapes-dev", "mean"),
+]
+
+
+def trial_params(base: dict, name: str, out: Path, overrides: list[str]) -> dict:
+    """``base`` with outputs under ``out/name`` and ``section.key=YAML`` overrides applied."""
+    params = json.loads(json.dumps(base))  # deep copy
+    root = out / name
+    params["train"].update(out=str(root / "checkpoints"), seeds=[0])
+    params["score"].update(
+        checkpoints=str(root / "checkpoints"),
+        scores_out=str(root / "scores"),
+        metrics_out=str(root / "metrics"),
+        variants=["bindclip", "bindclip-lesion"],
+        seed_variants=[],
+        suites=SUITES,
+    )
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            raise SystemExit(f"override {item!r}: expected section.key=YAML")
+        *path, last = key.split(".")
+        node = params
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = yaml.safe_load(value)
+    return params
+
+
+def summary(metrics_dir: Path) -> dict:
+    out = {}
+    for variant in ("bindclip", "bindclip-lesion"):
+        values = {}
+        for suite in SUITES:
+            path = metrics_dir / variant / f"{suite}.json"
+            if path.is_file():
+                values[suite] = json.loads(path.read_text())["metrics"]
+        out[variant] = values
+    b = out["bindclip"]
+    return {
+        "goal_slices": {f"{s} {m}": b.get(s, {}).get(m) for s, m in GOAL_SLICES},
+        "dev": b.get("shapes-dev", {}),
+        "lesion_dev": out["bindclip-lesion"].get("shapes-dev", {}),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("name")
+    ap.add_argument("overrides", nargs="*", help="section.key=YAML, e.g. train.steps=900")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/bindclip-trials"))
+    ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
+    args = ap.parse_args()
+
+    from pipeline.config import ExtractConfig, ScoreConfig, TrainConfig, load_config
+    from stages import score as score_stage
+    from stages import train as train_stage
+
+    out, base = args.out.resolve(), yaml.safe_load(args.params.resolve().read_text())
+    os.chdir(ROOT)  # the cache's paths (params.yaml, store attributes) are relative to the repo
+    params = trial_params(base, args.name, out, args.overrides)
+    root = out / args.name
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    extract = load_config(ExtractConfig, path, "extract")
+    start = time.time()
+    train_stage.run(load_config(TrainConfig, path, "train"), extract, progress=True)
+    score_stage.run(load_config(ScoreConfig, path, "score"), extract, progress=False)
+    result = {"name": args.name, "overrides": args.overrides, "seconds": round(time.time() - start), **summary(root / "metrics")}
+    (root / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
