@@ -23,8 +23,12 @@ current curriculum phase (all items by default) with the seeded generator.
 [families]], ...]``), ``consistency_from`` (fraction of steps before which reflection
 and paraphrase consistency are off), ``consistency_target`` (``"original"``: the original
 item's score is the fixed target of the consistency terms) and ``paraphrase_positives``
-(the paraphrased copies also enter caption preference). The last two were tried on the
-shapes world and are off by default (``pipeline/scorers/bindclip.py`` has the figures).
+(the paraphrased copies also enter caption preference), ``relation_l1`` (weight of the
+mean absolute relation-head output) and ``reflection_per_caption`` (reflection consistency
+on each caption's scaled energies ``sum_k exp(lambda_k) E_k(X)`` instead of on ``s``: it
+also pins what the pair difference leaves free, e.g. a rightward bias shared by "left" and
+"right"). These four were tried on the shapes world and are off by default
+(``pipeline/scorers/bindclip.py`` has the figures).
 
 Selection *(ours)*: every ``eval_every`` steps (and at the last step) the development
 suite is scored and the checkpoint with the best ``mean`` dev accuracy (the official
@@ -258,6 +262,7 @@ def step_losses(
     consistency_target: str = "both",
     paraphrase_positives: bool = False,
     relation_l1: float = 0.0,
+    reflection_per_caption: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss of one batch of item indices [B] and each objective's value (floats).
 
@@ -306,6 +311,13 @@ def step_losses(
         start += len(idx)
         if name == "image":
             per[name] = (image_contrast(s0[idx], s), fam[idx])
+        elif name == "reflection" and reflection_per_caption:  # each caption's learned part
+            flip = (e.energies[start - len(idx) : start] * e.scales).sum(-1)  # [n, 2]
+            orig = (e.energies[idx] * e.scales).sum(-1)  # [n, 2]
+            if consistency_target == "original":
+                orig = orig.detach()
+            loss = consistency(flip[:, 0], orig[:, 0], consistency_kind) + consistency(flip[:, 1], orig[:, 1], consistency_kind)
+            per[name] = (loss, fam[idx])
         else:
             ref = s0[idx].detach() if consistency_target == "original" else s0[idx]
             per[name] = (consistency(s, ref, consistency_kind), fam[idx])
@@ -490,6 +502,7 @@ def train_seed(
                 consistency_target=cfg.consistency_target,
                 paraphrase_positives=cfg.paraphrase_positives,
                 relation_l1=cfg.relation_l1,
+                reflection_per_caption=cfg.reflection_per_caption,
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -342,3 +342,21 @@ def test_relation_bias_off_is_the_spec_linear_map():
     m = _model(relation_bias=False)
     assert m.relation.bias is None
     assert parameter_breakdown(DIMS, relation_bias=False)["relation_head_U"] == m.config.h * 5
+
+
+def test_lexical_residual_hand_case_and_antisymmetry():
+    from pipeline.scorers.bindclip import lexical_residual
+
+    ids = torch.tensor([[[5, 6, 7, 0], [5, 8, 7, 7]]])  # A = (5 6 7), B = (5 8 7 7)
+    mask = ids > 0
+    torch.testing.assert_close(
+        lexical_residual(ids, mask), torch.tensor([[[0.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]])
+    )
+    m = _model(residual="lexical")
+    image, a, b = _batch()
+    with torch.no_grad():
+        torch.testing.assert_close(m.score_pair(image, a, b), -m.score_pair(image, b, a), atol=1e-5, rtol=1e-5)
+        e = m.explain(image, a, b)
+    assert set(e.u.unique().tolist()) <= {0.0, 1.0}
+    with pytest.raises(ValueError, match="residual"):
+        BindClipConfig(residual="cosine")

@@ -314,3 +314,33 @@ def test_relation_l1_adds_the_mean_absolute_relation_output(tiny_store):
     want = float(e.relation.abs()[mask].mean())
     assert "relation_l1" not in logged0 and logged["relation_l1"] == pytest.approx(want, rel=1e-5)
     assert float(total - base) == pytest.approx(0.5 * want, rel=1e-5)
+
+
+def test_reflection_per_caption_compares_each_captions_scaled_energies(tiny_store):
+    import torch
+
+    from pipeline.objectives import consistency
+    from pipeline.scorers import create_scorer
+    from pipeline.training import load_pairs, step_losses
+
+    data = load_pairs(tiny_store, "shapes-train", grounding=False)
+    batch = torch.arange(8)
+    weights = {k: 0.0 for k in ("preference", "image", "sufficiency", "grounding", "paraphrase")}
+    torch.manual_seed(0)
+    model = create_scorer("bindclip", tiny_store.dims, tiny_store.projections(), h=16, n_iters=16)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+        pair = step_losses(model, data, batch, weights, math.inf, None)[1]["reflection"]
+        per = step_losses(model, data, batch, weights, math.inf, None, reflection_per_caption=True)[1]["reflection"]
+
+        def energies(img, a, b):
+            e = model.explain(data.images.index(img[batch]), data.texts.index(a[batch]), data.texts.index(b[batch]))
+            return (e.energies * e.scales).sum(-1), e.score
+
+        e0, s0 = energies(data.image, data.pos, data.neg)
+        e1, s1 = energies(data.flip, data.flip_pos, data.flip_neg)
+    # one item per family and tau = inf: the aggregate is the plain mean over the 8 items
+    assert pair == pytest.approx(float(consistency(s1, s0).mean()), rel=1e-4)
+    want = float((consistency(e1[:, 0], e0[:, 0]) + consistency(e1[:, 1], e0[:, 1])).mean())
+    assert per == pytest.approx(want, rel=1e-4) and per != pytest.approx(pair, rel=1e-3)
