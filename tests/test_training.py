@@ -240,25 +240,34 @@ def test_curriculum_pools_and_phases(tiny_store):
         curriculum_pools(data, [[1.0, ["colour"]]], 10)
 
 
+def _probe(store, on: tuple[str, ...], seed: int = 0):
+    """Training pairs, a batch of 8 (one item per family), weights with only ``on``
+    switched on, and a tiny BindCLIP moved away from its init."""
+    import torch
+
+    from pipeline.scorers import create_scorer
+    from pipeline.training import OBJECTIVES, load_pairs
+
+    data = load_pairs(store, "shapes-train", grounding=False)
+    weights = {k: (1.0 if k in on else 0.0) for k in OBJECTIVES}
+    torch.manual_seed(seed)
+    model = create_scorer("bindclip", store.dims, store.projections(), h=16, n_iters=16)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return data, torch.arange(8), weights, model
+
+
 def test_consistency_target_original_detaches_the_reference(tiny_store):
     """Same loss value; only the gradient differs (the original item is not pulled toward
     the paraphrase); an unknown target is refused."""
     import torch
 
-    from pipeline.scorers import create_scorer
-    from pipeline.training import load_pairs, step_losses
+    from pipeline.training import step_losses
 
-    data = load_pairs(tiny_store, "shapes-train", grounding=False)
-    batch = torch.arange(8)
-    weights = {k: 0.0 for k in ("preference", "image", "sufficiency", "grounding", "reflection")}
-    weights["paraphrase"] = 1.0
     grads, values = [], []
     for target in ("both", "original"):
-        torch.manual_seed(0)
-        model = create_scorer("bindclip", tiny_store.dims, tiny_store.projections(), h=16, n_iters=16)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.3 * torch.randn_like(p))
+        data, batch, weights, model = _probe(tiny_store, ("paraphrase",))
         loss, logged = step_losses(model, data, batch, weights, 1.0, None, consistency_target=target)
         loss.backward()
         values.append(logged["paraphrase"])
@@ -275,21 +284,15 @@ def test_paraphrase_positives_join_the_preference_objective(tiny_store):
     import torch
 
     from pipeline.objectives import caption_preference
-    from pipeline.scorers import create_scorer
-    from pipeline.training import load_pairs, step_losses
+    from pipeline.training import step_losses
 
-    data = load_pairs(tiny_store, "shapes-train", grounding=False)
-    batch = torch.arange(8)
-    weights = {k: 0.0 for k in ("image", "sufficiency", "grounding", "reflection", "paraphrase")}
-    torch.manual_seed(0)
-    model = create_scorer("bindclip", tiny_store.dims, tiny_store.projections(), h=16, n_iters=16)
+    data, batch, weights, model = _probe(tiny_store, ("preference",))
     with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
         plain = step_losses(model, data, batch, weights, math.inf, None)[1]["preference"]
         both = step_losses(model, data, batch, weights, math.inf, None, paraphrase_positives=True)[1]["preference"]
-        s0 = model.score_pair(data.images.index(data.image[batch]), data.texts.index(data.pos[batch]), data.texts.index(data.neg[batch]))
-        s1 = model.score_pair(data.images.index(data.image[batch]), data.texts.index(data.para[batch]), data.texts.index(data.neg[batch]))
+        image = data.images.index(data.image[batch])
+        s0 = model.score_pair(image, data.texts.index(data.pos[batch]), data.texts.index(data.neg[batch]))
+        s1 = model.score_pair(image, data.texts.index(data.para[batch]), data.texts.index(data.neg[batch]))
     assert plain == pytest.approx(float(caption_preference(s0).mean()), rel=1e-5)
     want = float((caption_preference(s0) + caption_preference(s1)).mean() / 2)  # each family: its item and its copy
     assert both == pytest.approx(want, rel=1e-5)
@@ -298,14 +301,9 @@ def test_paraphrase_positives_join_the_preference_objective(tiny_store):
 def test_relation_l1_adds_the_mean_absolute_relation_output(tiny_store):
     import torch
 
-    from pipeline.scorers import create_scorer
-    from pipeline.training import load_pairs, step_losses
+    from pipeline.training import step_losses
 
-    data = load_pairs(tiny_store, "shapes-train", grounding=False)
-    batch = torch.arange(8)
-    weights = {k: 0.0 for k in ("image", "sufficiency", "grounding", "reflection", "paraphrase")}
-    torch.manual_seed(0)
-    model = create_scorer("bindclip", tiny_store.dims, tiny_store.projections(), h=16, n_iters=16)
+    data, batch, weights, model = _probe(tiny_store, ("preference",))
     with torch.no_grad():
         base, logged0 = step_losses(model, data, batch, weights, 1.0, None)
         total, logged = step_losses(model, data, batch, weights, 1.0, None, relation_l1=0.5)
@@ -320,17 +318,10 @@ def test_reflection_per_caption_compares_each_captions_scaled_energies(tiny_stor
     import torch
 
     from pipeline.objectives import consistency
-    from pipeline.scorers import create_scorer
-    from pipeline.training import load_pairs, step_losses
+    from pipeline.training import step_losses
 
-    data = load_pairs(tiny_store, "shapes-train", grounding=False)
-    batch = torch.arange(8)
-    weights = {k: 0.0 for k in ("preference", "image", "sufficiency", "grounding", "paraphrase")}
-    torch.manual_seed(0)
-    model = create_scorer("bindclip", tiny_store.dims, tiny_store.projections(), h=16, n_iters=16)
+    data, batch, weights, model = _probe(tiny_store, ("reflection",))
     with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
         pair = step_losses(model, data, batch, weights, math.inf, None)[1]["reflection"]
         per = step_losses(model, data, batch, weights, math.inf, None, reflection_per_caption=True)[1]["reflection"]
 
