@@ -22,7 +22,7 @@ current curriculum phase (all items by default) with the seeded generator.
 ``TrainConfig`` also sets ``consistency_items``, ``curriculum`` (``[[end_fraction,
 [families]], ...]``), ``consistency_from`` (fraction of steps before which reflection
 and paraphrase consistency are off), ``consistency_target`` (``"original"``: the original
-item's score is the fixed target of the consistency terms) and ``paraphrase_positives``
+item's score is the fixed target of the consistency terms), ``paraphrase_positives``
 (the paraphrased copies also enter caption preference), ``relation_l1`` (weight of the
 mean absolute relation-head output) and ``reflection_per_caption`` (reflection consistency
 on each caption's scaled energies ``sum_k exp(lambda_k) E_k(X)`` instead of on ``s``: it
@@ -272,6 +272,8 @@ def step_losses(
     transformed copy is pulled toward it (the original is trained by the other objectives).
     ``paraphrase_positives`` adds the paraphrased copies ``(I, A', neg)`` to the caption
     preference objective (a paraphrase is a true caption; the forward pass is shared).
+    ``reflection_per_caption`` compares each caption's scaled energies instead of ``s``;
+    ``relation_l1`` adds that weight times the mean ``|d|`` of the relation head.
     """
     if consistency_target not in ("both", "original"):
         raise ValueError(f"consistency_target must be 'both' or 'original', got {consistency_target!r}")
@@ -307,12 +309,13 @@ def step_losses(
         if name not in sel:
             continue
         idx = sel[name]
-        s = copies[name] = e.score[start : start + len(idx)]
+        rows = slice(start, start + len(idx))  # this copy's rows of the forward pass
+        s = copies[name] = e.score[rows]
         start += len(idx)
         if name == "image":
             per[name] = (image_contrast(s0[idx], s), fam[idx])
         elif name == "reflection" and reflection_per_caption:  # each caption's learned part
-            flip = (e.energies[start - len(idx) : start] * e.scales).sum(-1)  # [n, 2]
+            flip = (e.energies[rows] * e.scales).sum(-1)  # [n, 2]
             orig = (e.energies[idx] * e.scales).sum(-1)  # [n, 2]
             if consistency_target == "original":
                 orig = orig.detach()
