@@ -88,7 +88,11 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
   swap-att 0.43 -> 0.46, swap-obj 0.54 -> 0.67, replace-obj 0.96 -> 0.95, dev mean 0.58 ->
   0.74; the report has the pipeline's three-seed figures. This is what the diagnosis
   under "Why" predicted: the bag-of-words states were the main obstacle for the spatial
-  readout; colour binding (swap-att) is still not learnt.
+  readout; colour binding (swap-att) is still not learnt. Two trials on the causal
+  features (What'sUp individual / pair / ARO relation / swap-att / swap-obj / dev mean):
+  ``residual="lexical"`` 0.682 / 0.505 / 0.549 / 0.49 / 0.56 / 0.752;
+  ``reflection_per_caption`` 0.66 / 0.48 / 0.584 / 0.51 / 0.64 / 0.735; neither beats the
+  setting above on every slice, so params.yaml is unchanged.
 
 * paper defaults (lr 1e-4, 300 steps, batch 64, scale_init 10): nothing learnt (dev mean
   0.52 -> 0.53); lr 1e-2 alone: still nothing (moves ~1e-3, see ``text_center``);
