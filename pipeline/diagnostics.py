@@ -42,58 +42,61 @@ def relation_of(caption: str) -> str | None:
     return None
 
 
-def _pairs(manifest: pd.DataFrame, index: dict[str, np.ndarray], by: str = "category") -> pd.DataFrame:
+def _pairs(manifest: pd.DataFrame, index: dict[str, np.ndarray], keys: tuple[str, ...]) -> pd.DataFrame:
     """One row per (item, negative option): store rows of image, true and negative caption,
-    and the group it is reported in (``by="relation"``: the category, then the relation of
-    the true caption and, where it differs, of the negative; see :func:`energy_breakdown`)."""
+    and per grouping key the group it is reported in (column ``group:<key>``; see
+    :func:`energy_breakdowns`)."""
+    unknown = set(keys) - {"category", "relation"}
+    if unknown:
+        raise ValueError(f"by must be 'category' or 'relation', got {sorted(unknown)[0]!r}")
     caps = index["captions"]  # [n, K], -1 = no option
     correct = manifest["correct"].to_numpy().astype(np.int64)
     item, opt = np.nonzero(caps >= 0)
     keep = opt != correct[item]
     item, opt = item[keep], opt[keep]
     category = manifest["category"].to_numpy() if "category" in manifest else np.full(len(manifest), "all")
-    group = category[item].astype(object)
-    if by == "relation":
+    columns = {
+        "item": item,
+        "image": index["image"][item, 0],
+        "pos": caps[item, correct[item]],
+        "neg": caps[item, opt],
+        "group:category": category[item],
+    }
+    if "relation" in keys:
+        group = category[item].astype(object)
         caps_text = manifest["captions"].to_numpy()
         for p, (i, j) in enumerate(zip(item, opt, strict=True)):
             t, n = relation_of(caps_text[i][correct[i]]), relation_of(caps_text[i][j])
             if t is not None:
                 label = t if n in (t, None) else f"{t} vs {n}"
                 group[p] = label if group[p] == t else f"{group[p]}: {label}"
-    elif by != "category":
-        raise ValueError(f"by must be 'category' or 'relation', got {by!r}")
-    return pd.DataFrame(
-        {
-            "item": item,
-            "category": group,
-            "image": index["image"][item, 0],
-            "pos": caps[item, correct[item]],
-            "neg": caps[item, opt],
-        }
-    )
+        columns["group:relation"] = group
+    return pd.DataFrame(columns)
 
 
 @torch.no_grad()
-def energy_breakdown(
+def energy_breakdowns(
     scorer,
     store,
     manifest: pd.DataFrame,
     index: dict[str, np.ndarray],
     suite: str,
+    by: tuple[str, ...] = ("category",),
     batch_size: int = 256,
-    by: str = "category",
-) -> list[dict[str, Any]]:
-    """Per group of ``suite``: pair accuracy of s, g and s - g, and each energy's share.
+) -> dict[str, list[dict[str, Any]]]:
+    """Per group of ``suite``: pair accuracy of s, g and s - g, and each energy's share,
+    for each grouping in ``by`` (every pair is scored once, whatever the groupings).
 
-    Groups are the manifest's categories, or with ``by="relation"`` the category plus the
-    relations the two captions state (``"relation: left"`` for an ARO argument swap,
-    ``"left vs below"`` for a What'sUp pair, whose category is the true relation).
+    Groupings: ``"category"``, the manifest's categories; ``"relation"``, the category
+    plus the relations the two captions state (``"relation: left"`` for an ARO argument
+    swap, ``"left vs below"`` for a What'sUp pair, whose category is the true relation).
+    Each row's ``category`` field holds its group.
 
     ``scorer`` is a ``BindClip`` (anything with ``explain`` returning margin, moves,
     scales and contraction). Rows of ``index["image"]`` equal to -1 (missing image) are
     skipped.
     """
-    pairs = _pairs(manifest, index, by)
+    pairs = _pairs(manifest, index, tuple(by))
     pairs = pairs[pairs["image"] >= 0].reset_index(drop=True)
     score, margin, contrib, gamma = [], [], [], []
     for start in range(0, len(pairs), batch_size):
@@ -106,29 +109,45 @@ def energy_breakdown(
         contrib.append(ex.moves * ex.scales)
         gamma.append(ex.contraction)
     if not score:
-        return []
+        return {key: [] for key in by}
     s, g = torch.cat(score), torch.cat(margin)
     c, gam = torch.cat(contrib), torch.cat(gamma)  # [P, 4]
     from pipeline.scorers.bindclip import ENERGIES
 
-    rows = []
-    for cat, grp in pairs.groupby("category", sort=True):
-        i = torch.as_tensor(np.array(grp.index), dtype=torch.long)
-        row: dict[str, Any] = {
-            "suite": suite,
-            "category": str(cat),
-            "pairs": len(i),
-            "acc_s": float((s[i] > 0).float().mean()),
-            "acc_margin": float((g[i] > 0).float().mean()),
-            "acc_learned": float(((s[i] - g[i]) > 0).float().mean()),
-            "mean_abs_margin": float(g[i].abs().mean()),
-        }
-        for k, name in enumerate(ENERGIES):
-            row[f"{name}_share_true"] = float((c[i, k] > 0).float().mean())
-            row[f"{name}_mean_abs"] = float(c[i, k].abs().mean())
-            row[f"{name}_gamma"] = float(gam[i, k].mean())
-        rows.append(row)
-    return rows
+    out = {}
+    for key in by:
+        rows = []
+        for group, grp in pairs.groupby(f"group:{key}", sort=True):
+            i = torch.as_tensor(np.array(grp.index), dtype=torch.long)
+            row: dict[str, Any] = {
+                "suite": suite,
+                "category": str(group),
+                "pairs": len(i),
+                "acc_s": float((s[i] > 0).float().mean()),
+                "acc_margin": float((g[i] > 0).float().mean()),
+                "acc_learned": float(((s[i] - g[i]) > 0).float().mean()),
+                "mean_abs_margin": float(g[i].abs().mean()),
+            }
+            for k, name in enumerate(ENERGIES):
+                row[f"{name}_share_true"] = float((c[i, k] > 0).float().mean())
+                row[f"{name}_mean_abs"] = float(c[i, k].abs().mean())
+                row[f"{name}_gamma"] = float(gam[i, k].mean())
+            rows.append(row)
+        out[key] = rows
+    return out
+
+
+def energy_breakdown(
+    scorer,
+    store,
+    manifest: pd.DataFrame,
+    index: dict[str, np.ndarray],
+    suite: str,
+    batch_size: int = 256,
+    by: str = "category",
+) -> list[dict[str, Any]]:
+    """:func:`energy_breakdowns` for one grouping ``by``."""
+    return energy_breakdowns(scorer, store, manifest, index, suite, (by,), batch_size)[by]
 
 
 def word_kind(word: str) -> str:

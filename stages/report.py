@@ -203,10 +203,14 @@ def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreCo
             vals = [SUITES.get(suite).metrics(entry["manifest"], entry["scores"][v]).get(metric) for v in seeds if v in entry["scores"]]
             seed_rows[f"{suite} {metric}"] = {**{v: _pct(x) for v, x in zip(seeds, vals, strict=False)}, "spread (max−min)": _pct(max(vals) - min(vals)) if vals else "–"}
         parts += ["### Training seeds", _df_markdown(pd.DataFrame(seed_rows).T)]
-    fig = coupling_figure(results, score, extract, out)
+    from stages.score import load_scorer, open_store
+
+    store = open_store(extract)  # the trained scorer on cached features: pictures and diagnostics
+    scorer = load_scorer("bindclip", store, score)
+    fig = coupling_figure(results, store, scorer, out)
     if fig:
         parts += ["### Coupling pictures", "For swap-attribute items: the plan mass of each caption's most distinctive token (largest cross-caption residual) over the image, summed over both depths; left the true caption, right the negative.", f"![coupling](figures/{fig.name})"]
-    parts += diagnostics_section(score, extract, out)
+    parts += diagnostics_section(store, scorer, out)
     checks = analysis.goal_checks(results)
     if checks:
         lines = ["| goal | measured | met |", "|---|---|---|"]
@@ -218,28 +222,26 @@ def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreCo
 
 
 DIAGNOSED_SUITES = ("shapes-sugarcrepe", "shapes-aro", "shapes-whatsup")
-RELATION_SUITES = {"shapes-aro": ("relation",), "shapes-whatsup": None}  # categories (None = all) also broken down by relation
+RELATION_SUITES = {"shapes-aro": ("relation",), "shapes-whatsup": None}  # categories (None = all) also shown by relation
 
 
-def diagnostics_section(score: ScoreConfig, extract: ExtractConfig, out: Path) -> list[str]:
+def diagnostics_section(store, scorer, out: Path) -> list[str]:
     """BindCLIP's score taken apart per slice, and its grounding precision on shapes-dev
     (:mod:`pipeline.diagnostics`); the numbers also go to ``<out>/diagnostics.json``."""
-    from pipeline.diagnostics import energy_breakdown, grounding_precision
+    from pipeline.diagnostics import energy_breakdowns, grounding_precision
     from pipeline.training import load_pairs
-    from stages.score import load_scorer, open_store, suite_inputs
+    from stages.score import suite_inputs
 
-    store = open_store(extract)
-    scorer = load_scorer("bindclip", store, score)
     rows = []
     by_relation = []
     for suite in DIAGNOSED_SUITES:
         if suite in store.suites():
             manifest, index = suite_inputs(store, suite)
-            rows += energy_breakdown(scorer, store, manifest, index, suite)
-            if suite in RELATION_SUITES:
-                keep = manifest["category"].isin(RELATION_SUITES[suite]).to_numpy() if RELATION_SUITES[suite] else np.ones(len(manifest), bool)
-                sub = manifest[keep].reset_index(drop=True), {k: v[keep] for k, v in index.items()}
-                by_relation += energy_breakdown(scorer, store, *sub, suite, by="relation")
+            keys = ("category", "relation") if suite in RELATION_SUITES else ("category",)
+            groups = energy_breakdowns(scorer, store, manifest, index, suite, keys)
+            rows += groups["category"]
+            allowed = RELATION_SUITES.get(suite)  # categories shown by relation (None = all)
+            by_relation += [r for r in groups.get("relation", []) if allowed is None or r["category"].split(":")[0] in allowed]
     ground = grounding_precision(scorer, load_pairs(store, "shapes-dev", grounding=True)) if "shapes-dev" in store.suites() else pd.DataFrame()
     (out / "diagnostics.json").write_text(json.dumps({"energy_breakdown": rows, "by_relation": by_relation, "grounding": ground.reset_index().to_dict("records")}, indent=1) + "\n")
     if not rows:
@@ -282,7 +284,7 @@ def _df_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def coupling_figure(results: dict[str, Any], score: ScoreConfig, extract: ExtractConfig, out: Path, n: int = 3) -> Path | None:
+def coupling_figure(results: dict[str, Any], store, scorer, out: Path, n: int = 3) -> Path | None:
     """Plan mass of each caption's most distinctive token drawn over the image."""
     import matplotlib
 
@@ -292,13 +294,9 @@ def coupling_figure(results: dict[str, Any], score: ScoreConfig, extract: Extrac
     from open_clip.tokenizer import _tokenizer
     from PIL import Image
 
-    from stages.score import load_scorer, open_store
-
     entry = results.get("shapes-sugarcrepe")
     if not entry:
         return None
-    store = open_store(extract)
-    scorer = load_scorer("bindclip", store, score)
     manifest = entry["manifest"]
     picks = np.flatnonzero(manifest["category"].to_numpy() == "swap-att")[:n]
     if len(picks) == 0:
