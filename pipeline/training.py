@@ -113,6 +113,10 @@ class PairData:
     g_offsets: np.ndarray  # [n+1] CSR offsets of each item's grounded tokens
     g_row: torch.Tensor  # [E] plan row of the token (content position - 1 in pos)
     g_cells: torch.Tensor  # [E, R] bool, patches of the token's object box
+    # the same for the words of neg that alone name one object (rows within neg's block)
+    ng_offsets: np.ndarray | None = None  # [n+1]
+    ng_row: torch.Tensor | None = None  # [E']
+    ng_cells: torch.Tensor | None = None  # [E', R]
 
     def __len__(self) -> int:
         return len(self.image)
@@ -176,29 +180,22 @@ def load_pairs(store: FeatureStore, suite: str, grounding: bool = True) -> PairD
         out = np.searchsorted(uniq, rows)
         return torch.from_numpy(np.where(rows >= 0, out, -1).astype(np.int64))
 
-    # grounding: word indices of pos -> BPE positions -> plan rows, boxes -> patch cells
-    offsets, g_rows, g_boxes = [0], [], []
-    if grounding and "ground_positions" in m:
-        from open_clip.tokenizer import _tokenizer
+    # grounding: word indices -> BPE positions -> plan rows, boxes -> patch cells
+    def grounding_map(which: np.ndarray, cap_rows: np.ndarray, positions: str, boxes: str):
+        if not (grounding and positions in m):
+            return [0] * (n + 1), [], []
+        return _grounding_map(
+            [c[which[i]] for i, c in enumerate(m["captions"])],
+            list(m[positions]),
+            list(m[boxes]),
+            texts.ids[local(cap_rows, txt_rows)],
+        )
 
-        ids = texts.ids[local(pos, txt_rows)]  # [n, C] stored BPE ids of pos
-        max_tok = ids.shape[1] - 2
-        for i, row in enumerate(m.itertuples(index=False)):
-            cap = row.captions[correct[i]]
-            words = list(row.ground_positions or [])
-            boxes = list(row.ground_boxes or [])
-            for toks, box in zip(
-                word_token_positions(cap, words, _tokenizer.encode, max_tok), boxes, strict=True
-            ):
-                for p in toks:
-                    if int(ids[i, p]) == 0:  # beyond the stored caption (truncated)
-                        continue
-                    g_rows.append(p - 1)
-                    g_boxes.append(list(box))
-            offsets.append(len(g_rows))
-    else:
-        offsets = [0] * (n + 1)
-    boxes_t = torch.tensor(g_boxes, dtype=torch.float32).reshape(-1, 4)
+    offsets, g_rows, g_boxes = grounding_map(correct, pos, "ground_positions", "ground_boxes")
+    n_offsets, n_rows, n_boxes = grounding_map(
+        1 - correct, neg, "neg_ground_positions", "neg_ground_boxes"
+    )
+    grid = store.dims.grid
     return PairData(
         manifest=m,
         images=images,
@@ -214,8 +211,40 @@ def load_pairs(store: FeatureStore, suite: str, grounding: bool = True) -> PairD
         family=torch.tensor([FAMILIES.index(f) for f in m["family"]], dtype=torch.long),
         g_offsets=np.asarray(offsets, dtype=np.int64),
         g_row=torch.tensor(g_rows, dtype=torch.long),
-        g_cells=box_cells(boxes_t, store.dims.grid),
+        g_cells=box_cells(torch.tensor(g_boxes, dtype=torch.float32).reshape(-1, 4), grid),
+        ng_offsets=np.asarray(n_offsets, dtype=np.int64),
+        ng_row=torch.tensor(n_rows, dtype=torch.long),
+        ng_cells=box_cells(torch.tensor(n_boxes, dtype=torch.float32).reshape(-1, 4), grid),
     )
+
+
+def _grounding_map(
+    captions: list[str], positions: list, boxes: list, ids: torch.Tensor
+) -> tuple[list[int], list[int], list[list[float]]]:
+    """CSR grounding map of one caption per item: (offsets [n+1], rows [E], boxes [E][4]).
+
+    ``positions[i]``: word indices in ``captions[i].split()``; ``boxes[i]``: one box per
+    word; ``ids``: [n, C] the stored BPE ids of the captions. A row is the token's content
+    position - 1 (its row within its caption's block of the plan); a word of several BPE
+    pieces gives one row per piece; pieces beyond the stored caption are dropped.
+    """
+    from open_clip.tokenizer import _tokenizer
+
+    max_tok = ids.shape[1] - 2
+    offsets, rows, out_boxes = [0], [], []
+    for i, cap in enumerate(captions):
+        words = list(positions[i] if positions[i] is not None else [])
+        item_boxes = list(boxes[i] if boxes[i] is not None else [])
+        for toks, box in zip(
+            word_token_positions(cap, words, _tokenizer.encode, max_tok), item_boxes, strict=True
+        ):
+            for p in toks:
+                if int(ids[i, p]) == 0:  # beyond the stored caption (truncated)
+                    continue
+                rows.append(p - 1)
+                out_boxes.append(list(box))
+        offsets.append(len(rows))
+    return offsets, rows, out_boxes
 
 
 def curriculum_pools(
@@ -263,6 +292,7 @@ def step_losses(
     paraphrase_positives: bool = False,
     relation_l1: float = 0.0,
     reflection_per_caption: bool = False,
+    ground_negatives: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss of one batch of item indices [B] and each objective's value (floats).
 
@@ -274,6 +304,10 @@ def step_losses(
     preference objective (a paraphrase is a true caption; the forward pass is shared).
     ``reflection_per_caption`` compares each caption's scaled energies instead of ``s``;
     ``relation_l1`` adds that weight times the mean ``|d|`` of the relation head.
+    ``ground_negatives`` adds to region grounding the words of neg that by themselves name
+    exactly one object of I (``neg_ground_*`` of the manifest): on a false caption each
+    word is still pulled to its own referent, so "blue" in "a blue circle" said of a red
+    circle beside a blue square goes to the square and "circle" to the circle.
     """
     if consistency_target not in ("both", "original"):
         raise ValueError(f"consistency_target must be 'both' or 'original', got {consistency_target!r}")
@@ -330,18 +364,24 @@ def step_losses(
             torch.cat([per["preference"][0], caption_preference(copies["paraphrase"])]),
             torch.cat([fam, fam[sel["paraphrase"]]]),
         )
-    if on["grounding"] != 0 and len(data.g_row):
-        b_np = batch.numpy()
-        lo, hi = data.g_offsets[b_np], data.g_offsets[b_np + 1]
-        ent = np.concatenate(
-            [np.arange(a, b) for a, b in zip(lo, hi, strict=True)] or [np.zeros(0, int)]
-        )
-        if len(ent):
-            item = torch.from_numpy(np.repeat(np.arange(B), hi - lo))  # [E] batch position
-            ent_t = torch.from_numpy(ent)
-            loss = region_grounding(
-                e.plan[:B], e.r[:B], item, data.g_row[ent_t], data.g_cells[ent_t]
-            )
+    if on["grounding"] != 0:
+        n_tok = (e.plan.shape[1] - 1) // 2  # rows [pos (N); neg (N); null]
+        maps = [(data.g_offsets, data.g_row, data.g_cells, 0)]
+        if ground_negatives and data.ng_row is not None:
+            maps.append((data.ng_offsets, data.ng_row, data.ng_cells, n_tok))
+        item, row, cells = [], [], []
+        for offsets, rows, g_cells, shift in maps:
+            lo, hi = offsets[batch.numpy()], offsets[batch.numpy() + 1]
+            ent = torch.from_numpy(
+                np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)] or [np.zeros(0, int)])
+            ).long()
+            keep = rows[ent] < n_tok  # a token beyond the scorer's truncation has no row
+            item.append(torch.from_numpy(np.repeat(np.arange(B), hi - lo))[keep])
+            row.append(rows[ent][keep] + shift)
+            cells.append(g_cells[ent][keep])
+        item = torch.cat(item)
+        if len(item):
+            loss = region_grounding(e.plan[:B], e.r[:B], item, torch.cat(row), torch.cat(cells))
             per["grounding"] = (loss, fam[item])
 
     total = s0.new_zeros(())
@@ -506,6 +546,7 @@ def train_seed(
                 paraphrase_positives=cfg.paraphrase_positives,
                 relation_l1=cfg.relation_l1,
                 reflection_per_caption=cfg.reflection_per_caption,
+                ground_negatives=cfg.ground_negatives,
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()

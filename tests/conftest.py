@@ -124,6 +124,8 @@ def _pairs_manifest(path, images, n, seed):
                 "ground_words": [s1, s2],
                 "ground_boxes": [[0.0, 0.0, 0.5, 0.5], [0.5, 0.5, 1.0, 1.0]],
                 "ground_positions": [2, 7],
+                "neg_ground_boxes": [[0.5, 0.0, 1.0, 0.5]],
+                "neg_ground_positions": [1],  # c1 alone names one object
             }
         )
     df = pd.DataFrame(rows)

@@ -241,3 +241,24 @@ def test_units_bootstrap_rejects_different_groups():
 def test_bootstrap_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         paired_bootstrap(**kwargs)
+
+
+def test_goal_checks_bounds_are_inclusive():
+    """96.0 -> 94.0 on replace-obj is a loss of exactly 2 points: met (float 0.94 - 0.96 is
+    -0.0200000000000000018); 93.0 is not."""
+    import pandas as pd
+
+    from pipeline.analysis import goal_checks
+
+    n = 100
+    manifest = pd.DataFrame({"category": ["replace-obj"] * n, "correct": [0] * n})
+
+    def scores(n_right: int) -> np.ndarray:
+        s = np.zeros((n, 2))
+        s[:n_right, 0] = 1.0  # pos preferred on the first n_right items, tie (wrong) after
+        return s
+
+    for n_right, met in ((94, True), (93, False)):
+        results = {"shapes-sugarcrepe": {"manifest": manifest, "scores": {"clip": scores(96), "bindclip": scores(n_right)}}}
+        (check,) = [c for c in goal_checks(results) if c["goal"].startswith("replace-obj")]
+        assert check["met"] is met, check

@@ -159,6 +159,41 @@ def test_load_pairs_grounding_maps_words_to_tokens(tiny_store):
     assert data.g_cells.shape == (32, 16) and data.g_cells[0].reshape(4, 4)[:2, :2].all()
 
 
+def test_neg_grounding_rows_sit_in_the_negative_block(tiny_store):
+    """ground_negatives adds neg's words, at plan rows N + position - 1, to the grounding
+    objective; the value is the per-family mean over both captions' words (tau = inf)."""
+    import math
+
+    import torch
+    from open_clip.tokenizer import _tokenizer
+
+    from pipeline.objectives import region_grounding, worst_group
+    from pipeline.training import load_pairs, step_losses
+
+    data = load_pairs(tiny_store, "shapes-train")
+    assert list(np.diff(data.ng_offsets)) == [1] * 16
+    for i in range(16):  # the neg row holds the colour word's BPE id in neg
+        word = data.manifest["captions"][i][1].split()[1]
+        assert [int(data.texts.ids[data.neg[i], data.ng_row[i] + 1])] == _tokenizer.encode(word)
+    _, batch, weights, model = _probe(tiny_store, ("grounding",))
+    with torch.no_grad():
+        plain = step_losses(model, data, batch, weights, math.inf, None)[1]["grounding"]
+        both = step_losses(model, data, batch, weights, math.inf, None, ground_negatives=True)[1]
+        e = model.explain(
+            data.images.index(data.image[batch]),
+            data.texts.index(data.pos[batch]),
+            data.texts.index(data.neg[batch]),
+        )
+        n_tok = (e.plan.shape[1] - 1) // 2
+        item = torch.cat([torch.arange(8).repeat_interleave(2), torch.arange(8)])
+        row = torch.cat([data.g_row[:16], data.ng_row[:8] + n_tok])
+        cells = torch.cat([data.g_cells[:16], data.ng_cells[:8]])
+        loss = region_grounding(e.plan, e.r, item, row, cells)
+        expected = worst_group(loss, data.family[item], math.inf)
+    assert both["grounding"] == pytest.approx(float(expected), rel=1e-5)
+    assert both["grounding"] != pytest.approx(plain, rel=1e-3)
+
+
 def test_training_layout_determinism_and_resume(tmp_path, tiny_store):
     from pipeline.config import ScoreConfig
     from pipeline.training import train_scorer

@@ -39,7 +39,9 @@ from pipeline.world.captions import (
     equivalents,
     flip_claim,
     flip_text,
+    grounding,
     pos_tag,
+    say,
     shuffle_all_but_nouns_and_adj,
     shuffle_nouns_and_adj,
     shuffle_trigrams,
@@ -52,6 +54,7 @@ from pipeline.world.scenes import (
     Obj,
     Scene,
     bucket_of,
+    make_obj,
     random_scene,
     relation_value,
     scene_rng,
@@ -383,6 +386,51 @@ def test_pairs_counterfactual_flip_paraphrase(world, items, suite):
             assert 0.0 <= box[0] < box[2] <= 1.0 and 0.0 <= box[1] < box[3] <= 1.0
             hits = [o for o in item.scene.objects if np.allclose(o.box(), box, atol=1e-5)]
             assert len(hits) == 1 and w in (hits[0].shape, hits[0].colour, hits[0].size)
+        # neg grounding: words of neg that alone name exactly one object of the true scene
+        neg_words = row["captions"][1].split()
+        assert len(row["neg_ground_boxes"]) == len(row["neg_ground_positions"])
+        for box, k in zip(row["neg_ground_boxes"], row["neg_ground_positions"], strict=True):
+            w = neg_words[k]
+            hits = [o for o in item.scene.objects if np.allclose(o.box(), box, atol=1e-5)]
+            assert len(hits) == 1
+            attr = next(a for a in ("shape", "colour", "size") if getattr(hits[0], a) == w)
+            assert sum(getattr(o, attr) == w for o in item.scene.objects) == 1
+
+
+def test_word_grounding_reads_each_word_alone():
+    from pipeline.world.families import word_grounding
+
+    rng = np.random.default_rng(0)
+    red_circle = make_obj(rng, "circle", "red", "large", 0.25, 0.5)
+    blue_square = make_obj(rng, "square", "blue", "large", 0.75, 0.5)
+    blue_star = make_obj(rng, "star", "blue", "small", 0.5, 0.2)
+    scene = Scene("w", (red_circle, blue_square, blue_star), None)
+    claim = Has((Ref("circle", "blue"), Ref("square", "red")))  # both colours swapped: false
+    cap = say(claim)
+    words, boxes, positions = word_grounding(claim, cap, scene)
+    # "blue" names two objects (skipped); "circle", "red" and "square" one each
+    assert words == ["circle", "red", "square"]
+    assert [cap.words[k] for k in positions] == words
+    assert boxes == [
+        [round(c, 6) for c in o.box()] for o in (red_circle, red_circle, blue_square)
+    ]
+    # the phrase-level grounding finds nothing: no blue circle, no red square
+    assert grounding(claim, cap, scene) == ([], [], [])
+
+
+def test_attribute_family_has_bound_colour_negatives():
+    from pipeline.world.families import P_BOUND_COLOUR, pair_item
+
+    a = FAMILIES.index("attribute")
+    bound = colour_edits = 0
+    for j in range(60):
+        item = pair_item(0, "shapes-train", 8 * j + a)
+        pos, neg = (set(c.split()) for c in item.row["captions"])
+        new = (neg - pos) & set(COLOURS)
+        colour_edits += bool(new)
+        bound += bool(new & {o.colour for o in item.scene.objects})
+    # about P_BOUND_COLOUR of the colour edits take another object's colour (when one can)
+    assert colour_edits > 20 and 0.6 * P_BOUND_COLOUR < bound / colour_edits < 0.95
 
 
 def test_left_right_families_flip_their_words(world):

@@ -8,7 +8,8 @@ positive false. Only a procedural world can render it.
 family                 pos -> neg                                  counterfactual edit
 =====================  ==========================================  ========================
 entity                 a shape noun -> a shape absent from scene   that object's shape
-attribute              a colour (or size) word -> another          recolour (resize)
+attribute              a colour (or size) word -> another (half    recolour (resize)
+                       the colour edits: another object's colour)
 role-swap              ``A rel B`` -> ``B rel A``                  swap A and B (or depth)
 negation               ``A and no B`` <-> ``A and B``              add B / remove B
 relative-geometry      ``A left of B`` -> ``A right of B``         swap the x of A and B
@@ -21,7 +22,9 @@ Each row also has ``flip_image`` (the horizontal mirror), ``flip_captions`` ([po
 with left/right exchanged: still true / false of the mirror), a ``paraphrase`` of pos
 (another template or the converse relation) and ``ground_words``/``ground_boxes``
 (``ground_positions``: word indices in pos) for the words of pos that name exactly one
-object; ``cf_scene`` is the counterfactual's scene graph (JSON, like ``scene``). Item
+object; ``neg_ground_boxes``/``neg_ground_positions`` the same for the words of neg that by
+themselves name exactly one object of the (true) scene (``captions.word_grounding``: in a
+false caption, where each word's referent is); ``cf_scene`` is the counterfactual's scene graph (JSON, like ``scene``). Item
 ``k`` belongs to family ``FAMILIES[k % 8]`` (balanced); shapes-train draws from the
 ``train`` hash buckets, shapes-dev from ``validation``. Every item is checked
 with ``captions.truth`` on the scene, the counterfactual and the mirror.
@@ -36,11 +39,13 @@ import numpy as np
 from pipeline.benchmarks.coco_families import FAMILIES  # one list for real and shapes data
 from pipeline.world.captions import (
     N_STYLES,
+    Caption,
     Claim,
     Has,
     Ref,
     Rel,
     Side,
+    asserted,
     caption,
     clear_sides,
     flip_claim,
@@ -48,6 +53,7 @@ from pipeline.world.captions import (
     grounding,
     paraphrase,
     ref_of,
+    refs,
     say,
     truth,
 )
@@ -69,6 +75,44 @@ from pipeline.world.suites import MAX_TRIES, Item, base_row, pair_relation, pair
 SUITE_SPLITS = {"shapes-train": "train", "shapes-dev": "validation"}
 
 Proposal = tuple[Scene, Claim, Claim, Scene]  # scene, pos, neg, counterfactual scene
+
+# attribute family: share of colour edits that take the colour of another object in the scene
+# (when one can): "a red circle" -> "a blue circle" beside a blue square, a binding negative
+# whose words are all in the picture (ours; otherwise the new colour is any free colour)
+P_BOUND_COLOUR = 0.5
+
+
+# ------------------------------------------------------------------------------ grounding
+
+
+def word_grounding(
+    claim: Claim, cap: Caption, scene: Scene
+) -> tuple[list[str], list[list[float]], list[int]]:
+    """``(words, boxes, positions)``: caption words that *by themselves* name exactly one object.
+
+    Unlike :func:`captions.grounding`, each word is read alone, not with its noun phrase: a shape word
+    counts when exactly one object has that shape, a colour (size) word when exactly one
+    object has that colour (size), whether or not the phrase as a whole is true. On a false
+    caption this is where each word's referent is: in "a blue circle" said of a red circle
+    and a blue square, "circle" names the circle and "blue" the square. Words of
+    ``Has.absent`` refs are skipped, as there.
+    """
+    rs = refs(claim)
+    n_asserted = len(asserted(claim))
+    words, boxes, positions = [], [], []
+    for k, (w, t) in enumerate(zip(cap.words, cap.tags, strict=True)):
+        if t is None or t >= n_asserted:
+            continue
+        ref = rs[t]
+        attr = "shape" if w == ref.shape else "colour" if w == ref.colour else "size" if w == ref.size else None
+        if attr is None:
+            continue
+        hits = [o for o in scene.objects if getattr(o, attr) == w]
+        if len(hits) == 1:
+            words.append(w)
+            boxes.append([round(c, 6) for c in hits[0].box()])
+            positions.append(k)
+    return words, boxes, positions
 
 
 # ------------------------------------------------------------------------------ edits
@@ -108,10 +152,9 @@ def _attribute(rng: np.random.Generator, sid: str) -> Proposal | None:
     o = scene.objects[idx[k]]
     rs, new = list(rs), list(rs)
     if rng.random() < 0.65:  # colour
-        colour = _pick(
-            rng,
-            [c for c in COLOURS if all((x.colour, x.shape) != (c, o.shape) for x in scene.objects)],
-        )
+        free = [c for c in COLOURS if all((x.colour, x.shape) != (c, o.shape) for x in scene.objects)]
+        taken = [c for c in free if any(x.colour == c for x in scene.objects)]  # on another object
+        colour = _pick(rng, taken if taken and rng.random() < P_BOUND_COLOUR else free)
         rs[k] = Ref(o.shape, o.colour, rs[k].size)
         new[k] = Ref(o.shape, colour, rs[k].size)
         cf = scene.with_object(idx[k], colour=colour)
@@ -240,6 +283,7 @@ def pair_item(seed: int, suite: str, index: int) -> Item:
         if flips != [caption(flip_claim(pos), style), caption(flip_claim(neg), style)]:
             continue  # never expected: flipping words must equal flipping the claim
         words, boxes, positions = grounding(pos, cap, scene)
+        _, neg_boxes, neg_positions = word_grounding(neg, say(neg, style), scene)
         stem = f"{suite}/{family}/{sid}"
         image, cf_image, flip_image = f"{stem}.png", f"{stem}_cf.png", f"{stem}_flip.png"
         row = base_row(sid, image, texts, 0, family, scene)
@@ -253,6 +297,8 @@ def pair_item(seed: int, suite: str, index: int) -> Item:
             ground_words=words,
             ground_boxes=boxes,
             ground_positions=positions,
+            neg_ground_boxes=neg_boxes,
+            neg_ground_positions=neg_positions,
         )
         images = [(image, scene, False), (cf_image, cf, False), (flip_image, scene, True)]
         extra = {"cf_scene": cf, "flip_scene": scene.flipped(), "pos": pos, "neg": neg}
