@@ -23,8 +23,9 @@ with left/right exchanged: still true / false of the mirror), a ``paraphrase`` o
 (another template or the converse relation) and ``ground_words``/``ground_boxes``
 (``ground_positions``: word indices in pos) for the words of pos that name exactly one
 object; ``neg_ground_boxes``/``neg_ground_positions`` the same for the words of neg that by
-themselves name exactly one object of the (true) scene (``captions.word_grounding``: in a
-false caption, where each word's referent is); ``cf_scene`` is the counterfactual's scene graph (JSON, like ``scene``). Item
+themselves name exactly one object of the (true) scene (:func:`word_grounding`: in a false
+caption, where each word's referent is); ``cf_scene`` is the counterfactual's scene graph
+(JSON, like ``scene``). Item
 ``k`` belongs to family ``FAMILIES[k % 8]`` (balanced); shapes-train draws from the
 ``train`` hash buckets, shapes-dev from ``validation``. Every item is checked
 with ``captions.truth`` on the scene, the counterfactual and the mirror.
@@ -90,9 +91,9 @@ def word_grounding(
 ) -> tuple[list[str], list[list[float]], list[int]]:
     """``(words, boxes, positions)``: caption words that *by themselves* name exactly one object.
 
-    Unlike :func:`captions.grounding`, each word is read alone, not with its noun phrase: a shape word
-    counts when exactly one object has that shape, a colour (size) word when exactly one
-    object has that colour (size), whether or not the phrase as a whole is true. On a false
+    Unlike :func:`captions.grounding`, each word is read alone, not with its noun phrase: a
+    shape word counts when exactly one object has that shape, a colour (size) word when
+    exactly one object has that colour (size), whether or not the phrase as a whole is true. On a false
     caption this is where each word's referent is: in "a blue circle" said of a red circle
     and a blue square, "circle" names the circle and "blue" the square. Words of
     ``Has.absent`` refs are skipped, as there.
