@@ -293,6 +293,7 @@ def step_losses(
     relation_l1: float = 0.0,
     reflection_per_caption: bool = False,
     ground_negatives: bool = False,
+    image_per_caption: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss of one batch of item indices [B] and each objective's value (floats).
 
@@ -308,6 +309,10 @@ def step_losses(
     exactly one object of I (``neg_ground_*`` of the manifest): on a false caption each
     word is still pulled to its own referent, so "blue" in "a blue circle" said of a red
     circle beside a blue square goes to the square and "circle" to the circle.
+    ``image_per_caption`` adds to the image objective the same logistic loss on each
+    caption's own learned part (its scaled energies): pos must score higher on I than on
+    I', neg higher on I' than on I. The pairwise margin only constrains the difference of
+    the two captions (e.g. d(left) - d(right)); this constrains each (the sign of d(left)).
     """
     if consistency_target not in ("both", "original"):
         raise ValueError(f"consistency_target must be 'both' or 'original', got {consistency_target!r}")
@@ -347,7 +352,12 @@ def step_losses(
         s = copies[name] = e.score[rows]
         start += len(idx)
         if name == "image":
-            per[name] = (image_contrast(s0[idx], s), fam[idx])
+            loss = image_contrast(s0[idx], s)
+            if image_per_caption:  # each caption's learned part prefers the image it is true of
+                on_cf = (e.energies[rows] * e.scales).sum(-1)  # [n, 2] (pos, neg) on I'
+                on_true = (e.energies[idx] * e.scales).sum(-1)  # [n, 2] on I
+                loss = loss + image_contrast(on_true[:, 0], on_cf[:, 0]) + image_contrast(on_cf[:, 1], on_true[:, 1])
+            per[name] = (loss, fam[idx])
         elif name == "reflection" and reflection_per_caption:  # each caption's learned part
             flip = (e.energies[rows] * e.scales).sum(-1)  # [n, 2]
             orig = (e.energies[idx] * e.scales).sum(-1)  # [n, 2]
@@ -547,6 +557,7 @@ def train_seed(
                 relation_l1=cfg.relation_l1,
                 reflection_per_caption=cfg.reflection_per_caption,
                 ground_negatives=cfg.ground_negatives,
+                image_per_caption=cfg.image_per_caption,
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -194,6 +194,31 @@ def test_neg_grounding_rows_sit_in_the_negative_block(tiny_store):
     assert both["grounding"] != pytest.approx(plain, rel=1e-3)
 
 
+def test_image_per_caption_adds_each_captions_image_preference(tiny_store):
+    """image_per_caption: + softplus(-(E_pos(I) - E_pos(I'))) + softplus(-(E_neg(I') - E_neg(I)))
+    on the scaled energies of each caption, per item (tau = inf: the mean over families)."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    from pipeline.objectives import image_contrast, worst_group
+    from pipeline.training import step_losses
+
+    data, batch, weights, model = _probe(tiny_store, ("image",))
+    with torch.no_grad():
+        plain = step_losses(model, data, batch, weights, math.inf, None)[1]["image"]
+        both = step_losses(model, data, batch, weights, math.inf, None, image_per_caption=True)[1]["image"]
+        pos, neg = data.texts.index(data.pos[batch]), data.texts.index(data.neg[batch])
+        e = model.explain(data.images.index(data.image[batch]), pos, neg)
+        e_cf = model.explain(data.images.index(data.cf[batch]), pos, neg)
+        on_true, on_cf = (e.energies * e.scales).sum(-1), (e_cf.energies * e_cf.scales).sum(-1)
+        extra = F.softplus(-(on_true[:, 0] - on_cf[:, 0])) + F.softplus(-(on_cf[:, 1] - on_true[:, 1]))
+        expected = worst_group(image_contrast(e.score, e_cf.score) + extra, data.family[batch], math.inf)
+    assert both == pytest.approx(float(expected), rel=1e-4)
+    assert both > plain
+
+
 def test_training_layout_determinism_and_resume(tmp_path, tiny_store):
     from pipeline.config import ScoreConfig
     from pipeline.training import train_scorer
