@@ -7,7 +7,8 @@ grad_iters: 8, relation_center: pair}'``. Takes ``params.yaml``, applies the ove
 seed 0 only (``train.seeds`` can be overridden), writes checkpoints, scores and metrics under
 ``DIR/NAME/`` (default ``/tmp/bindclip-trials``), scores ``bindclip`` and ``bindclip-lesion``
 on shapes-whatsup, shapes-aro, shapes-sugarcrepe and shapes-dev, and prints (and saves as
-``DIR/NAME/summary.json``) the goal slices, the dev families and the lesion's dev families.
+``DIR/NAME/summary.json``) the goal slices, the dev families, the lesion's dev families and
+the first seed's attribute binding on swap-att (:func:`pipeline.diagnostics.attribute_binding`).
 It needs the cache that ``dvc repro`` (or ``pipeline extract``) leaves in ``cache/features``;
 it never writes there. This is how every trial in the ``pipeline/scorers/bindclip.py``
 docstring was run (2 CPU cores: about 2 minutes per 600-step trial).
@@ -81,6 +82,18 @@ def summary(metrics_dir: Path) -> dict:
     }
 
 
+def attribute_binding(score, extract) -> dict:
+    """The trial's (seed 0) :func:`pipeline.diagnostics.attribute_binding` on swap-att."""
+    from pipeline.diagnostics import attribute_binding as binding
+    from stages.score import load_scorer, open_store, suite_inputs
+
+    store = open_store(extract)
+    if "shapes-sugarcrepe" not in store.suites():
+        return {}
+    scorer = load_scorer("bindclip", store, score)
+    return binding(scorer, store, *suite_inputs(store, "shapes-sugarcrepe"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("name")
@@ -105,6 +118,7 @@ def main() -> None:
     train_stage.run(load_config(TrainConfig, path, "train"), extract, progress=True)
     score_stage.run(load_config(ScoreConfig, path, "score"), extract, progress=False)
     result = {"name": args.name, "overrides": args.overrides, "seconds": round(time.time() - start), **summary(root / "metrics")}
+    result["attribute_binding"] = attribute_binding(load_config(ScoreConfig, path, "score"), extract)
     (root / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 

@@ -285,5 +285,18 @@ def bench_sinkhorn(
     _write_bench("sinkhorn", cmd, run_bench(**kwargs))
 
 
+@bench_app.command("probes")
+def bench_probes(
+    params: Annotated[Path, typer.Option(help="params.yaml (its extract section names the store)")] = Path("params.yaml"),
+) -> None:
+    """Probes of the cached patch grids: colour and front/behind, with their ceilings."""
+    from pipeline.config import ExtractConfig, load_config
+    from pipeline.probes import probes
+    from stages.score import open_store
+
+    store = open_store(load_config(ExtractConfig, params, "extract"))
+    _write_bench("probes", f"pipeline bench probes --params {params}", probes(store))
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

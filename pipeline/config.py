@@ -125,6 +125,8 @@ class TrainConfig:
     reflection_per_caption: bool = False  # reflection consistency on each caption's scaled energies, not only on s
     paraphrase_positives: bool = False  # also apply caption preference to (I, paraphrase, neg): a paraphrase is a true caption
     ground_negatives: bool = False  # region grounding also on neg's words that alone name one object
+    ground_region: str = "box"  # grounding target: the object's "box" or its visible "mask" (patches)
+    ground_contrast: bool = False  # grounding also -log(m_own / (m_own + m_other objects)); needs "mask"
     image_per_caption: bool = False  # image objective also on each caption's learned part (I vs I')
     consistency_target: str = "both"  # "both": s' and s pulled together; "original": s detached, only s' follows it
     out: str = "cache/checkpoints"  # <out>/<variant>/model.safetensors (+ seed<k>/)

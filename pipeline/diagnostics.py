@@ -3,6 +3,7 @@
     from pipeline.diagnostics import energy_breakdown, grounding_precision
     rows = energy_breakdown(scorer, store, manifest, index, suite="shapes-sugarcrepe")
     table = grounding_precision(scorer, pairs)        # pairs: training.load_pairs(..., grounding=True)
+    stats = attribute_binding(scorer, store, manifest, index)   # shapes-sugarcrepe swap-att
 
 ``energy_breakdown`` scores every (true caption, negative) pair of a choice suite once with
 ``BindClip.explain`` and reports, per category: how often the score ``s``, the frozen
@@ -17,6 +18,11 @@ a large size; one that only adds noise has a share near 0.5 and a large size.
 in that object's box (per depth, non-null cells only) and how often the word's most
 compatible patch (argmax of S) lies in it, by word kind (colour, shape, size, other).
 The box covers about 7% of the 8x8 grid, which is what a uniform plan would put there.
+
+``attribute_binding`` asks whether the plan binds colours to shapes on attribute swaps:
+each colour / shape word's plan mass on its referent's visible patches in the true and
+the negative caption, the co-location of adjacent colour-shape rows, and how often it
+and the order energy prefer the true caption (see its docstring).
 """
 
 from __future__ import annotations
@@ -214,3 +220,94 @@ def grounding_precision(scorer, pairs, batch_size: int = 256) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(out).set_index("word kind")
+
+
+@torch.no_grad()
+def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np.ndarray], category: str = "swap-att") -> dict[str, Any]:
+    """How the plan binds colours to shapes on attribute swaps (true vs negative caption).
+
+    For every item of ``category`` (``manifest`` / ``index`` of a SugarCrepe-style suite
+    with a ``scene`` column), each caption is read in the item's (I, true, negative) plan:
+
+    * ``in_mask``: share of a colour / shape word's plan mass (non-null cells, depths
+      summed) on the patches its referent's *visible* part covers (>= 1/4 of the patch,
+      :func:`pipeline.objectives.visible_cover`) -- the referent being the one object of
+      the scene with that colour / shape, which for the negative's colour word is the
+      *other* object;
+    * ``bc``: mean Bhattacharyya overlap of the depth-summed plan rows of adjacent
+      ``colour shape`` words (the order energy's co-location, on the pairs that bind);
+    * ``acc_bc``: how often the sum of those overlaps is larger for the true caption than
+      for the negative; ``acc_order``: the same for the order energy itself (every
+      adjacent pair, as the score reads it);
+    * ``S own > other``: for the true caption's colour / shape words, how often the
+      compatibility S (depths summed), averaged over the patches the referent owns (its
+      visible part covers most of the patch, and at least half), exceeds its average over
+      the patches the scene's other objects own -- the compatibility alone, before any plan.
+    """
+    import json
+
+    from open_clip.tokenizer import _tokenizer
+
+    from pipeline.objectives import visible_cover, word_token_positions
+    from pipeline.scorers.bindclip import ENERGIES
+
+    items = np.flatnonzero(manifest["category"].to_numpy() == category)
+    if not len(items) or "scene" not in manifest:
+        return {}
+    correct = manifest["correct"].to_numpy().astype(np.int64)[items]
+    caps = index["captions"][items]
+    k = np.arange(len(items))
+    ex = scorer.explain(
+        store.images(index["image"][items, 0]), store.texts(caps[k, correct]), store.texts(caps[k, 1 - correct])
+    )
+    n, L = ex.token_mask.shape[2], 2
+    grid = tuple(ex.grid)
+    rows_of = lambda cap, w: [p - 1 for p in word_token_positions(cap, [w], _tokenizer.encode)[0]]  # noqa: E731
+    in_mask = {(c, kind): [] for c in ("true", "negative") for kind in ("colour", "shape")}
+    s_own = {"colour": [], "shape": []}
+    bc = {"true": [], "negative": []}
+    right_bc, right_order = [], []
+    for j, i in enumerate(items):
+        objects = json.loads(manifest["scene"].iloc[i])["objects"]
+        cover_frac = visible_cover(objects, grid)  # [n_obj, R]
+        cover = torch.from_numpy(cover_frac >= 0.25)
+        owner = torch.from_numpy(np.where(cover_frac.max(0) >= 0.5, cover_frac.argmax(0), -1))  # [R]
+        totals = {}
+        for which, opt, block in (("true", correct[j], 0), ("negative", 1 - correct[j], n)):
+            cap = manifest["captions"].iloc[i][opt]
+            words = cap.split()
+            row_dist = {}
+            for w, word in enumerate(words):
+                kind = "colour" if word in COLOURS else "shape" if word in SHAPES else None
+                rows = [block + r for r in rows_of(cap, w) if r < n]
+                if kind is None or not rows:
+                    continue
+                P = ex.plan[j, rows[0], :-1].reshape(L, -1).sum(0)  # [R] depths summed
+                row_dist[w] = P / P.sum().clamp_min(1e-12)
+                hits = [o for o, ob in enumerate(objects) if ob[kind] == word]
+                if len(hits) == 1:
+                    in_mask[(which, kind)].append(float(row_dist[w][cover[hits[0]]].sum()))
+                    own, other = owner == hits[0], (owner >= 0) & (owner != hits[0])
+                    if which == "true" and own.any() and other.any():
+                        S = ex.S[j, rows[0]].sum(0)  # [R] depths summed
+                        s_own[kind].append(bool(S[own].mean() > S[other].mean()))
+            pairs = [
+                float(torch.sqrt(row_dist[w] * row_dist[w + 1]).sum())
+                for w in range(len(words) - 1)
+                if words[w] in COLOURS and words[w + 1] in SHAPES and w in row_dist and w + 1 in row_dist
+            ]
+            bc[which] += pairs
+            totals[which] = sum(pairs)
+        right_bc.append(totals["true"] > totals["negative"])
+        order = ex.energies[j, :, ENERGIES.index("order")]
+        right_order.append(bool(order[0] > order[1]))
+    out: dict[str, Any] = {"category": category, "items": len(items)}
+    for (which, kind), v in in_mask.items():
+        out[f"in_mask {kind} ({which})"] = float(np.mean(v)) if v else float("nan")
+    for which, v in bc.items():
+        out[f"bc colour-shape ({which})"] = float(np.mean(v)) if v else float("nan")
+    for kind, v in s_own.items():
+        out[f"S own > other {kind}"] = float(np.mean(v)) if v else float("nan")
+    out["acc_bc"] = float(np.mean(right_bc))
+    out["acc_order"] = float(np.mean(right_order))
+    return out

@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -131,8 +132,13 @@ def region_grounding(
     row: torch.Tensor,
     cells: torch.Tensor,
     n_depths: int = 2,
+    other: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[M] ``-log(token mass inside its object's box / token row mass)`` (objective 4).
+
+    With ``other`` (the patches of the scene's other objects, :func:`other_object_cells`)
+    a contrast term ``-log(m_in / (m_in + m_other))`` is added *(ours)*: the first term is
+    also met by mass on any object (objectness), this one only by mass on the right one.
 
     Args:
         plan: [B, n_rows, L*R+1] plans (columns depth-major ``l*R + p``, last = null patch).
@@ -141,11 +147,16 @@ def region_grounding(
         row: [M] plan row of each grounded token (``position - 1`` for caption A's tokens).
         cells: [M, R] bool, patches covered by the token's object box (:func:`box_cells`).
         n_depths: L, the number of visual depths that share the patch axis.
+        other: [M, R] bool or None, the distractor patches of each token.
     """
     P = plan[item, row, :-1]  # [M, L*R] non-null cells of the token's row
     inside = cells.repeat(1, n_depths).to(P.dtype)  # [M, L*R] the box at every depth
     m_in = (P * inside).sum(-1)  # [M]
-    return -torch.log(m_in.clamp_min(_TINY) / r[item, row].clamp_min(_TINY))
+    loss = -torch.log(m_in.clamp_min(_TINY) / r[item, row].clamp_min(_TINY))
+    if other is not None:
+        m_other = (P * other.repeat(1, n_depths).to(P.dtype)).sum(-1)  # [M]
+        loss = loss - torch.log(m_in.clamp_min(_TINY) / (m_in + m_other).clamp_min(_TINY))
+    return loss
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -179,6 +190,88 @@ def box_cells(
     cells = cover >= min_overlap
     cells[torch.arange(len(boxes)), cy, cx] = True
     return cells.reshape(len(boxes), gh * gw)
+
+
+def visible_cover(objects: Sequence[dict], grid: tuple[int, int], supersample: int = 8) -> np.ndarray:
+    """[n_objects, R] fraction of each patch covered by the *visible* part of each object:
+    its polygon minus every object drawn over it (larger ``z``).
+
+    ``objects``: a scene's objects as the manifests store them (``shape, x, y, r, z``,
+    normalised, y down); the polygons are rasterised at ``supersample`` px per patch.
+    """
+    from PIL import Image, ImageDraw
+
+    from pipeline.world.scenes import unit_vertices
+
+    gh, gw = grid
+    hp, wp = gh * supersample, gw * supersample
+    masks = []
+    for o in objects:
+        im = Image.new("1", (wp, hp), 0)
+        pts = unit_vertices(o["shape"]) * o["r"] + (o["x"], o["y"])  # [V, 2] normalised
+        ImageDraw.Draw(im).polygon([(float(x) * wp, float(y) * hp) for x, y in pts], fill=1)
+        masks.append(np.asarray(im, dtype=bool))
+    out = np.zeros((len(objects), gh * gw))
+    for k, o in enumerate(objects):
+        vis = masks[k].copy()
+        for j, other in enumerate(objects):
+            if other["z"] > o["z"]:
+                vis &= ~masks[j]
+        out[k] = vis.reshape(gh, supersample, gw, supersample).mean((1, 3)).reshape(-1)
+    return out
+
+
+def _match_boxes(objects: Sequence[dict], boxes: torch.Tensor) -> list[int | None]:
+    """Index of the scene object whose ``box`` each box is (None where none is)."""
+    if not len(objects):
+        return [None] * len(boxes)
+    obj_boxes = torch.tensor([o["box"] for o in objects], dtype=torch.float32).reshape(-1, 4)
+    dist = (boxes.float()[:, None] - obj_boxes[None]).abs().amax(-1)  # [M, n_objects]
+    best = dist.argmin(-1)
+    return [int(b) if float(d) <= 1e-4 else None for b, d in zip(best, dist.gather(1, best[:, None])[:, 0], strict=True)]
+
+
+def visible_cells(
+    objects: Sequence[dict], boxes: torch.Tensor, grid: tuple[int, int], min_overlap: float = 0.25
+) -> torch.Tensor:
+    """[M, R] bool: patches at least ``min_overlap`` covered by the visible part
+    (:func:`visible_cover`) of the object each box belongs to.
+
+    A sharper grounding target than :func:`box_cells`: a box also holds background and the
+    parts of other objects that overlap it *(ours)*. Each box is matched to the scene
+    object with that ``box``; a box that matches none falls back to :func:`box_cells`. The
+    patch the visible part covers most always counts.
+
+    Args:
+        boxes: [M, 4] normalised ``[x0, y0, x1, y1]``, as in :func:`box_cells`.
+    """
+    out = box_cells(boxes, grid, min_overlap)  # the fallback
+    if not len(objects):
+        return out
+    cover = visible_cover(objects, grid)  # [n_objects, R]
+    for m, k in enumerate(_match_boxes(objects, boxes)):
+        if k is not None:
+            cells = cover[k] >= min_overlap
+            cells[int(cover[k].argmax())] = True
+            out[m] = torch.from_numpy(cells)
+    return out
+
+
+def other_object_cells(
+    objects: Sequence[dict], boxes: torch.Tensor, grid: tuple[int, int], min_overlap: float = 0.25
+) -> torch.Tensor:
+    """[M, R] bool: patches of every *other* object of the scene (visible part >=
+    ``min_overlap``) that the box's own object covers less than ``min_overlap``; all False
+    for a box that matches no object. The distractors of :func:`region_grounding`'s
+    contrast term."""
+    out = torch.zeros(len(boxes), grid[0] * grid[1], dtype=torch.bool)
+    if not len(objects):
+        return out
+    cells = torch.from_numpy(visible_cover(objects, grid) >= min_overlap)  # [n_objects, R]
+    for m, k in enumerate(_match_boxes(objects, boxes)):
+        if k is not None:
+            out[m] = torch.cat([cells[:k], cells[k + 1 :]]).any(0) & ~cells[k]
+    return out
 
 
 def word_token_positions(

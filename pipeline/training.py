@@ -76,8 +76,10 @@ from pipeline.objectives import (
     caption_preference,
     consistency,
     image_contrast,
+    other_object_cells,
     region_grounding,
     structural_sufficiency,
+    visible_cells,
     word_token_positions,
     worst_group,
 )
@@ -117,6 +119,9 @@ class PairData:
     ng_offsets: np.ndarray | None = None  # [n+1]
     ng_row: torch.Tensor | None = None  # [E']
     ng_cells: torch.Tensor | None = None  # [E', R]
+    # with region="mask": the patches of the scene's other objects (grounding's contrast term)
+    g_other: torch.Tensor | None = None  # [E, R] bool
+    ng_other: torch.Tensor | None = None  # [E', R] bool
 
     def __len__(self) -> int:
         return len(self.image)
@@ -141,8 +146,17 @@ def _column(index: dict[str, np.ndarray], name: str, n: int, width: int = 1) -> 
     return rows.reshape(n, -1)
 
 
-def load_pairs(store: FeatureStore, suite: str, grounding: bool = True) -> PairData:
-    """Read every feature of ``suite``'s pairs (one read per array) and the grounding map."""
+def load_pairs(
+    store: FeatureStore, suite: str, grounding: bool = True, region: str = "box"
+) -> PairData:
+    """Read every feature of ``suite``'s pairs (one read per array) and the grounding map.
+
+    ``region``: a grounded word's target cells, the patches of its object's ``"box"``
+    (:func:`~pipeline.objectives.box_cells`) or of the object's visible part, ``"mask"``
+    (:func:`~pipeline.objectives.visible_cells`, from the manifest's ``scene``).
+    """
+    if region not in ("box", "mask"):
+        raise ValueError(f"grounding region must be 'box' or 'mask', got {region!r}")
     attrs = store.suite_attrs(suite) if suite in store.suites() else {}
     index = store.suite_index(suite)  # raises naming the extract command when absent
     path = Path(attrs.get("manifest", ""))
@@ -196,6 +210,23 @@ def load_pairs(store: FeatureStore, suite: str, grounding: bool = True) -> PairD
         1 - correct, neg, "neg_ground_positions", "neg_ground_boxes"
     )
     grid = store.dims.grid
+
+    def cells(offsets: list[int], boxes: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(target cells, other objects' cells or None) of every grounded word."""
+        boxes = torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)
+        if region == "box" or "scene" not in m:
+            return box_cells(boxes, grid), None
+        own, other = [box_cells(boxes[:0], grid)], [torch.zeros(0, grid[0] * grid[1], dtype=torch.bool)]
+        for i in np.flatnonzero(np.diff(offsets)):  # items with grounded words
+            objects = json.loads(m["scene"].iloc[i])["objects"]
+            item_boxes = boxes[offsets[i] : offsets[i + 1]]
+            own.append(visible_cells(objects, item_boxes, grid))
+            other.append(other_object_cells(objects, item_boxes, grid))
+        return torch.cat(own), torch.cat(other)
+
+    g_cells, g_other = cells(offsets, g_boxes)
+    ng_cells, ng_other = cells(n_offsets, n_boxes)
+
     return PairData(
         manifest=m,
         images=images,
@@ -211,10 +242,12 @@ def load_pairs(store: FeatureStore, suite: str, grounding: bool = True) -> PairD
         family=torch.tensor([FAMILIES.index(f) for f in m["family"]], dtype=torch.long),
         g_offsets=np.asarray(offsets, dtype=np.int64),
         g_row=torch.tensor(g_rows, dtype=torch.long),
-        g_cells=box_cells(torch.tensor(g_boxes, dtype=torch.float32).reshape(-1, 4), grid),
+        g_cells=g_cells,
         ng_offsets=np.asarray(n_offsets, dtype=np.int64),
         ng_row=torch.tensor(n_rows, dtype=torch.long),
-        ng_cells=box_cells(torch.tensor(n_boxes, dtype=torch.float32).reshape(-1, 4), grid),
+        ng_cells=ng_cells,
+        g_other=g_other,
+        ng_other=ng_other,
     )
 
 
@@ -294,6 +327,7 @@ def step_losses(
     reflection_per_caption: bool = False,
     ground_negatives: bool = False,
     image_per_caption: bool = False,
+    ground_contrast: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss of one batch of item indices [B] and each objective's value (floats).
 
@@ -313,6 +347,9 @@ def step_losses(
     caption's own learned part (its scaled energies): pos must score higher on I than on
     I', neg higher on I' than on I. The pairwise margin only constrains the difference of
     the two captions (e.g. d(left) - d(right)); this constrains each (the sign of d(left)).
+    ``ground_contrast`` adds region grounding's contrast term (mass on the word's object
+    against mass on the scene's other objects, :func:`~pipeline.objectives.region_grounding`);
+    it needs ``data`` loaded with ``region="mask"``.
     """
     if consistency_target not in ("both", "original"):
         raise ValueError(f"consistency_target must be 'both' or 'original', got {consistency_target!r}")
@@ -376,11 +413,13 @@ def step_losses(
         )
     if on["grounding"] != 0:
         n_tok = (e.plan.shape[1] - 1) // 2  # rows [pos (N); neg (N); null]
-        maps = [(data.g_offsets, data.g_row, data.g_cells, 0)]
+        if ground_contrast and data.g_other is None:
+            raise ValueError("ground_contrast needs the other objects' cells: load_pairs(..., region='mask')")
+        maps = [(data.g_offsets, data.g_row, data.g_cells, data.g_other, 0)]
         if ground_negatives and data.ng_row is not None:
-            maps.append((data.ng_offsets, data.ng_row, data.ng_cells, n_tok))
-        item, row, cells = [], [], []
-        for offsets, rows, g_cells, shift in maps:
+            maps.append((data.ng_offsets, data.ng_row, data.ng_cells, data.ng_other, n_tok))
+        item, row, cells, other = [], [], [], []
+        for offsets, rows, g_cells, g_other, shift in maps:
             lo, hi = offsets[batch.numpy()], offsets[batch.numpy() + 1]
             ent = torch.from_numpy(
                 np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)] or [np.zeros(0, int)])
@@ -389,9 +428,12 @@ def step_losses(
             item.append(torch.from_numpy(np.repeat(np.arange(B), hi - lo))[keep])
             row.append(rows[ent][keep] + shift)
             cells.append(g_cells[ent][keep])
+            if ground_contrast:
+                other.append(g_other[ent][keep])
         item = torch.cat(item)
         if len(item):
-            loss = region_grounding(e.plan[:B], e.r[:B], item, torch.cat(row), torch.cat(cells))
+            distractors = torch.cat(other) if ground_contrast else None
+            loss = region_grounding(e.plan[:B], e.r[:B], item, torch.cat(row), torch.cat(cells), other=distractors)
             per["grounding"] = (loss, fam[item])
 
     total = s0.new_zeros(())
@@ -558,6 +600,7 @@ def train_seed(
                 reflection_per_caption=cfg.reflection_per_caption,
                 ground_negatives=cfg.ground_negatives,
                 image_per_caption=cfg.image_per_caption,
+                ground_contrast=cfg.ground_contrast,
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -638,7 +681,8 @@ def train_scorer(
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        train = load_pairs(store, cfg.train_suite, grounding=cfg.weights.get("grounding", 1.0) != 0)
+        grounding = cfg.weights.get("grounding", 1.0) != 0
+        train = load_pairs(store, cfg.train_suite, grounding, region=cfg.ground_region)
         dev = load_pairs(store, cfg.dev_suite, grounding=False)
         root = Path(cfg.out) / cfg.variant
         records = []

@@ -228,12 +228,15 @@ RELATION_SUITES = {"shapes-aro": ("relation",), "shapes-whatsup": None}  # categ
 def diagnostics_section(store, scorer, out: Path) -> list[str]:
     """BindCLIP's score taken apart per slice, and its grounding precision on shapes-dev
     (:mod:`pipeline.diagnostics`); the numbers also go to ``<out>/diagnostics.json``."""
-    from pipeline.diagnostics import energy_breakdowns, grounding_precision
+    from pipeline.diagnostics import attribute_binding, energy_breakdowns, grounding_precision
     from pipeline.training import load_pairs
     from stages.score import suite_inputs
 
     rows = []
     by_relation = []
+    binding: dict[str, Any] = {}
+    if "shapes-sugarcrepe" in store.suites():
+        binding = attribute_binding(scorer, store, *suite_inputs(store, "shapes-sugarcrepe"))
     for suite in DIAGNOSED_SUITES:
         if suite in store.suites():
             manifest, index = suite_inputs(store, suite)
@@ -243,7 +246,7 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
             allowed = RELATION_SUITES.get(suite)  # categories shown by relation (None = all)
             by_relation += [r for r in groups.get("relation", []) if allowed is None or r["category"].split(":")[0] in allowed]
     ground = grounding_precision(scorer, load_pairs(store, "shapes-dev", grounding=True)) if "shapes-dev" in store.suites() else pd.DataFrame()
-    (out / "diagnostics.json").write_text(json.dumps({"energy_breakdown": rows, "by_relation": by_relation, "grounding": ground.reset_index().to_dict("records")}, indent=1) + "\n")
+    (out / "diagnostics.json").write_text(json.dumps({"energy_breakdown": rows, "by_relation": by_relation, "grounding": ground.reset_index().to_dict("records"), "attribute_binding": binding}, indent=1) + "\n")
     if not rows:
         return []
     parts = [
@@ -262,6 +265,15 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
         parts += [
             "Region grounding on shapes-dev: for each word that names exactly one object, the share of its plan mass (non-null cells) inside that object's box, and how often its most compatible patch (argmax of S) is inside, per depth.",
             _df_markdown(ground.map(lambda x: f"{x:.3f}" if isinstance(x, float) else x)),
+        ]
+    if binding:
+        parts += [
+            f"Attribute binding on shapes-sugarcrepe {binding['category']} ({binding['items']} items, `pipeline.diagnostics.attribute_binding`): the share of a colour / shape word's plan mass "
+            "(depths summed) on its referent's visible patches, for the true caption and for the negative (whose colour words name the other object); the Bhattacharyya overlap of "
+            "adjacent colour–shape rows; and how often the true caption wins on those overlaps alone (`acc_bc`) and on the order energy over every adjacent pair (`acc_order`). "
+            "A linear probe of the patch grids reads the same items from the *true* visible masks: `reports/bench/probes.json` (`pipeline bench probes`).",
+            "| " + " | ".join(k for k in binding if k not in ("category", "items")) + " |\n|" + "---|" * (len(binding) - 2) + "\n| "
+            + " | ".join(f"{v:.3f}" for k, v in binding.items() if k not in ("category", "items")) + " |",
         ]
     return parts
 

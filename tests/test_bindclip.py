@@ -295,6 +295,25 @@ def test_text_center_keeps_antisymmetry_and_changes_the_score():
     assert not torch.allclose(s_ab, plain)
 
 
+def test_learn_sharpness_is_a_learned_sinkhorn_temperature():
+    """kappa = 0 is the plain model; kappa = log 2 halves epsilon; antisymmetry holds."""
+    import math
+
+    plain, half = _model(), _model(epsilon=0.05)
+    sharp = _model(learn_sharpness=True)
+    missing = sharp.load_state_dict(plain.state_dict(), strict=False).missing_keys  # same weights
+    assert missing == ["sharpness"]
+    half.load_state_dict(plain.state_dict())
+    image, a, b = _batch()
+    with torch.no_grad():
+        sharp.sharpness.zero_()
+        torch.testing.assert_close(sharp.score_pair(image, a, b), plain.score_pair(image, a, b))
+        sharp.sharpness.fill_(math.log(2.0))
+        s_ab = sharp.score_pair(image, a, b)
+        torch.testing.assert_close(sharp.explain(image, a, b).plan, half.explain(image, a, b).plan, atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(s_ab, -sharp.score_pair(image, b, a), atol=1e-5, rtol=1e-5)
+
+
 def test_grad_iters_gives_the_same_plan_and_gradient():
     """Warm-started truncated backprop: identical forward, (numerically) identical gradient
     once the plan has converged."""

@@ -10,7 +10,13 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.diagnostics import energy_breakdown, grounding_precision, relation_of, word_kind
+from pipeline.diagnostics import (
+    attribute_binding,
+    energy_breakdown,
+    grounding_precision,
+    relation_of,
+    word_kind,
+)
 
 
 class _RowStore:
@@ -125,3 +131,49 @@ def test_relation_of_and_relation_groups():
     assert sorted(r["category"] for r in rows) == ["attribution", "left vs below", "left vs right", "relation: left"]
     with pytest.raises(ValueError, match="by must be"):
         energy_breakdown(_StubScorer(), _RowStore(), manifest, index, "s", by="word")
+
+
+def test_attribute_binding_hand_values():
+    """A red square fills the top-left patch of a 2x2 grid and a blue circle the
+    bottom-right one. The true caption's rows each sit on their referent; the negative's
+    colour words split evenly over the two, its shape words sit on their shapes."""
+    import json
+
+    scene = {"objects": [
+        {"shape": "square", "colour": "red", "x": 0.25, "y": 0.25, "r": 0.24 / 0.78, "z": 0},
+        {"shape": "circle", "colour": "blue", "x": 0.75, "y": 0.75, "r": 0.24, "z": 1},
+    ]}  # fmt: skip
+    manifest = pd.DataFrame({
+        "correct": [0], "category": ["swap-att"], "scene": [json.dumps(scene)],
+        "captions": [["a red square and a blue circle", "a blue square and a red circle"]],
+    })  # fmt: skip
+    index = {"image": np.array([[0]]), "captions": np.array([[10, 11]])}
+    sq, ci, even = [1.0, 0, 0, 0], [0, 0, 0, 1.0], [0.5, 0, 0, 0.5]  # patches (0,0) (0,1) (1,0) (1,1)
+    n, L, R = 7, 2, 4  # one BPE token per word: word w is row w
+    rows = {1: sq, 2: sq, 5: ci, 6: ci}  # true: red, square, blue, circle
+    rows |= {n + 1: even, n + 2: sq, n + 5: even, n + 6: ci}  # negative: blue, square, red, circle
+    plan = torch.zeros(1, 2 * n + 1, L * R + 1)
+    for row, dist in rows.items():
+        plan[0, row, :-1] = torch.tensor(dist * L) / (2 * L)
+    S = torch.zeros(1, 2 * n, L, R)
+    S[0, 1, 0] = torch.tensor([1.0, 0, 0, 0.5])  # "red": higher on its square
+    S[0, 5, 0] = torch.tensor([0.9, 0, 0, 0.1])  # "blue": higher on the square, not its circle
+    S[0, 2, 1], S[0, 6, 1] = torch.tensor(sq), torch.tensor(ci)  # shape words: on their shapes
+    energies = torch.zeros(1, 2, 4)
+    energies[0, 1, 2] = 1.0  # the order energy prefers the negative
+
+    class Stub:
+        def explain(self, image, a, b):
+            mask = torch.ones(1, 2, n, dtype=torch.bool)
+            return SimpleNamespace(plan=plan, S=S, token_mask=mask, grid=(2, 2), energies=energies)
+
+    out = attribute_binding(Stub(), _RowStore(), manifest, index)
+    assert out["items"] == 1
+    assert out["in_mask colour (true)"] == pytest.approx(1.0)
+    assert out["in_mask shape (true)"] == pytest.approx(1.0)
+    assert out["in_mask colour (negative)"] == pytest.approx(0.5)  # half on the other object
+    assert out["in_mask shape (negative)"] == pytest.approx(1.0)
+    assert out["bc colour-shape (true)"] == pytest.approx(1.0)
+    assert out["bc colour-shape (negative)"] == pytest.approx(np.sqrt(0.5))
+    assert out["S own > other colour"] == 0.5 and out["S own > other shape"] == 1.0
+    assert out["acc_bc"] == 1.0 and out["acc_order"] == 0.0

@@ -18,8 +18,11 @@ from pipeline.objectives import (
     consistency,
     group_means,
     image_contrast,
+    other_object_cells,
     region_grounding,
     structural_sufficiency,
+    visible_cells,
+    visible_cover,
     word_token_positions,
     worst_group,
 )
@@ -84,6 +87,10 @@ def test_region_grounding_hand_cases():
     r = plan.sum(-1)
     loss = region_grounding(plan, r, torch.tensor([0, 0]), torch.tensor([0, 1]), cells)
     torch.testing.assert_close(loss, torch.tensor([0.0, -math.log(0.1 / 0.4)]))
+    # contrast term: tok1's 0.1 outside its box lies on another object's patch (2)
+    other = torch.tensor([[False, False, True, True], [False, False, True, False]])
+    contrast = region_grounding(plan, r, torch.tensor([0, 0]), torch.tensor([0, 1]), cells, other=other)
+    torch.testing.assert_close(contrast, loss + torch.tensor([0.0, -math.log(0.1 / 0.2)]))
 
 
 def test_box_cells_and_word_positions():
@@ -101,6 +108,34 @@ def test_box_cells_and_word_positions():
     assert word_token_positions("a red hexagon", [2], encode, max_tokens=3) == [[3]]
     with pytest.raises(ValueError, match="out of range"):
         word_token_positions("a red", [5], encode)
+
+
+def _square(x: float, y: float, z: int, half: float = 0.25) -> dict:
+    r = half / 0.78  # unit_vertices("square") has half-side 0.78 of the circumradius
+    return {"shape": "square", "x": x, "y": y, "r": r, "z": z, "box": [x - half, y - half, x + half, y + half]}
+
+
+def test_visible_cover_subtracts_the_objects_drawn_over_it():
+    back, front = _square(0.25, 0.25, z=0), _square(0.5, 0.25, z=1)  # front hides back's right half
+    cover = visible_cover([back, front], (2, 2), supersample=16)  # patches (0,0) (0,1) (1,0) (1,1)
+    np.testing.assert_allclose(cover[0], [0.5, 0, 0, 0], atol=0.07)
+    np.testing.assert_allclose(cover[1], [0.5, 0.5, 0, 0], atol=0.07)
+    alone = visible_cover([back], (2, 2), supersample=16)  # nothing over it: the whole square
+    np.testing.assert_allclose(alone[0], [1, 0, 0, 0], atol=0.07)
+
+
+def test_visible_cells_match_boxes_to_objects_and_fall_back_to_the_box():
+    back, front = _square(0.25, 0.25, z=0, half=0.2), _square(0.5, 0.25, z=1, half=0.2)
+    foreign = [0.55, 0.55, 0.95, 0.95]  # no object has this box
+    boxes = torch.tensor([back["box"], front["box"], foreign])
+    cells = visible_cells([back, front], boxes, (4, 4)).reshape(3, 4, 4)
+    assert cells[0].sum() >= 1 and not cells[0][:, 2:].any()  # back: only left of the front
+    assert cells[0].sum() < box_cells(boxes[:1], (4, 4)).sum()  # smaller than its box
+    assert cells[1][0, 1] and cells[1][0, 2] and cells[1][1, 1] and cells[1][1, 2]
+    assert torch.equal(cells[2], box_cells(boxes[2:], (4, 4)).reshape(4, 4))
+    other = other_object_cells([back, front], boxes, (4, 4)).reshape(3, 4, 4)
+    assert torch.equal(other[0], cells[1] & ~cells[0]) and torch.equal(other[1], cells[0] & ~cells[1])
+    assert not other[2].any()  # no object of its own: no distractors
 
 
 def test_word_positions_match_open_clip_tokenizer():
@@ -157,6 +192,24 @@ def test_load_pairs_grounding_maps_words_to_tokens(tiny_store):
             token = int(data.texts.ids[data.pos[i], data.g_row[e] + 1])
             assert [token] == _tokenizer.encode(words[w])
     assert data.g_cells.shape == (32, 16) and data.g_cells[0].reshape(4, 4)[:2, :2].all()
+
+
+def test_load_pairs_mask_region_needs_scenes_and_checks_its_name(tiny_store):
+    """The tiny manifest has no ``scene`` column: "mask" falls back to the boxes (the
+    masks themselves: test_visible_cells_match_boxes_to_objects_and_fall_back_to_the_box)."""
+    from pipeline.training import load_pairs
+
+    box = load_pairs(tiny_store, "shapes-train")
+    mask = load_pairs(tiny_store, "shapes-train", region="mask")
+    assert torch.equal(mask.g_row, box.g_row) and torch.equal(mask.g_cells, box.g_cells)
+    assert torch.equal(mask.ng_cells, box.ng_cells) and mask.g_other is None
+    from pipeline.training import step_losses
+
+    _, batch, weights, model = _probe(tiny_store, ("grounding",))
+    with pytest.raises(ValueError, match="region='mask'"):  # no distractor cells to contrast with
+        step_losses(model, mask, batch, weights, 1.0, None, ground_contrast=True)
+    with pytest.raises(ValueError, match="'box' or 'mask'"):
+        load_pairs(tiny_store, "shapes-train", region="disc")
 
 
 def test_neg_grounding_rows_sit_in_the_negative_block(tiny_store):

@@ -1,0 +1,217 @@
+"""Probes of the cached features: what the frozen backbone's patch grids encode.
+
+A scorer over frozen features can only read what the features hold. These probes bound
+that from above with the shapes world's ground truth (each object's visible patches,
+:func:`pipeline.objectives.visible_cover`), independently of any scorer's grounding:
+
+* ``colour``: a linear probe (multinomial logistic regression) of the colour of the object
+  that covers a patch, trained on patches of ``shapes-train`` images, accuracy on held-out
+  patches; then the **swap-attribute ceiling**: on shapes-sugarcrepe swap-att, the probe's
+  mean log-probability over each named object's *true* visible patches, summed over the two
+  objects whose colours the negative exchanges, for the true binding vs the swapped one --
+  the accuracy of a reader with perfect grounding.
+* ``depth``: a linear probe of "this patch belongs to the object in front" vs "... behind"
+  on the overlapping pairs of the ``shapes-train`` depth family (each image and its
+  counterfactual, which only swaps the drawing order), then the **front/behind ceiling** on
+  shapes-aro relation items with "in front of" / "behind": the object whose visible
+  patches have the larger mean probe logit is called the front one. A geometric reader is
+  given the same perfect masks: the object with the larger visible area, or spread.
+
+Run by ``pipeline bench probes`` (``reports/bench/probes.json``). Patches count for an
+object when its visible part covers more than half of them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from pipeline.cache import FeatureStore
+from pipeline.manifests import read_manifest
+from pipeline.objectives import visible_cover
+
+DEPTHS = ("early", "final")
+_OWN = 0.5  # a patch belongs to an object whose visible part covers more than this
+
+
+class LinearProbe:
+    """Multinomial logistic regression on standardised features (full-batch L-BFGS, L2)."""
+
+    def __init__(self, l2: float = 1e-3, max_iter: int = 300) -> None:
+        self.l2, self.max_iter = l2, max_iter
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> LinearProbe:
+        X = torch.as_tensor(X, dtype=torch.float32)
+        y = torch.as_tensor(y, dtype=torch.long)
+        self.mu, self.sd = X.mean(0), X.std(0) + 1e-6
+        Xn = (X - self.mu) / self.sd
+        k = int(y.max()) + 1
+        self.W = torch.zeros(X.shape[1], k, requires_grad=True)
+        self.b = torch.zeros(k, requires_grad=True)
+        opt = torch.optim.LBFGS([self.W, self.b], max_iter=self.max_iter, line_search_fn="strong_wolfe")
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(Xn @ self.W + self.b, y)
+            loss = loss + self.l2 * (self.W**2).sum()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        return self
+
+    def log_proba(self, X: np.ndarray) -> np.ndarray:
+        """[n, k] log-probabilities."""
+        with torch.no_grad():
+            Xn = (torch.as_tensor(X, dtype=torch.float32) - self.mu) / self.sd
+            return torch.log_softmax(Xn @ self.W + self.b, -1).numpy()
+
+    def accuracy(self, X: np.ndarray, y: np.ndarray) -> float:
+        return float((self.log_proba(X).argmax(-1) == np.asarray(y)).mean())
+
+
+def _suite(store: FeatureStore, suite: str) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    return read_manifest(store.suite_attrs(suite)["manifest"]), store.suite_index(suite)
+
+
+def _grids(store: FeatureStore, rows: np.ndarray) -> dict[str, np.ndarray]:
+    """{depth: [n, R, d_v]} the early and final patch grids of image rows."""
+    im = store.images(np.asarray(rows))
+    return {"early": im.early.numpy(), "final": im.final.numpy()}
+
+
+def colour_probe(store: FeatureStore, n_train_images: int = 1600, seed: int = 0) -> dict[str, Any]:
+    """Colour of the covering object from one patch; the swap-att ceiling (module doc)."""
+    from pipeline.world.scenes import COLOURS
+
+    colours = list(COLOURS)
+    grid = store.dims.grid
+    m, index = _suite(store, "shapes-train")
+    rng = np.random.default_rng(seed)
+    pick = np.sort(rng.choice(len(m), size=min(n_train_images, len(m)), replace=False))
+    grids = _grids(store, index["image"][pick, 0])
+    img, patch, label = [], [], []
+    for k, i in enumerate(pick):
+        objects = json.loads(m["scene"].iloc[i])["objects"]
+        cover = visible_cover(objects, grid)  # [n_obj, R]
+        owner = cover.argmax(0)
+        for p in np.flatnonzero(cover.max(0) > _OWN):
+            img.append(k), patch.append(p), label.append(colours.index(objects[owner[p]]["colour"]))
+    img, patch, label = np.array(img), np.array(patch), np.array(label)
+    held = np.isin(img, np.arange(len(pick))[int(0.8 * len(pick)) :])  # last 20% of images
+
+    sc, sidx = _suite(store, "shapes-sugarcrepe")
+    items = np.flatnonzero(sc["category"].to_numpy() == "swap-att")
+    test = _grids(store, sidx["image"][items, 0])
+    out: dict[str, Any] = {"train_patches": int((~held).sum()), "heldout_patches": int(held.sum())}
+    for depth in (*DEPTHS, "both"):
+        X = np.concatenate([grids[d] for d in DEPTHS], -1) if depth == "both" else grids[depth]
+        Xt = np.concatenate([test[d] for d in DEPTHS], -1) if depth == "both" else test[depth]
+        probe = LinearProbe().fit(X[img[~held], patch[~held]], label[~held])
+        right, n = 0, 0
+        for k, i in enumerate(items):
+            row = sc.iloc[i]
+            pos, neg = row["captions"][row["correct"]], row["captions"][1 - row["correct"]]
+            objects = json.loads(row["scene"])["objects"]
+            named = [j for j, o in enumerate(objects) if f"{o['colour']} {o['shape']}" in pos and f"{o['colour']} {o['shape']}" not in neg]
+            if len(named) != 2:
+                continue
+            cover = visible_cover(objects, grid)
+            lp = probe.log_proba(Xt[k])  # [R, colours]
+            (a, b), w = named, cover / cover.sum(1, keepdims=True).clip(1e-9)
+            ca, cb = (colours.index(objects[j]["colour"]) for j in named)
+            true = w[a] @ lp[:, ca] + w[b] @ lp[:, cb]
+            swapped = w[a] @ lp[:, cb] + w[b] @ lp[:, ca]
+            right, n = right + int(true > swapped), n + 1
+        out[depth] = {
+            "patch_accuracy": probe.accuracy(X[img[held], patch[held]], label[held]),
+            "swap_att_ceiling": right / max(n, 1),
+            "swap_att_items": n,
+        }
+    out["chance_patch_accuracy"] = float(np.bincount(label).max() / len(label))
+    return out
+
+
+def _front_back(objects: list[dict], grid: tuple[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Visible cover [R] of the front and the back object of the scene's overlapping pair."""
+    full = [visible_cover([o], grid)[0].sum() for o in objects]  # each polygon's area alone
+    for i in range(len(objects)):
+        for j in range(i + 1, len(objects)):
+            if visible_cover([objects[i], objects[j]], grid).sum() < full[i] + full[j] - 1e-9:
+                cover = visible_cover(objects, grid)  # the pair overlaps: one hides the other
+                f, b = (i, j) if objects[i]["z"] > objects[j]["z"] else (j, i)
+                return cover[f], cover[b]
+    return None
+
+
+def depth_probe(store: FeatureStore) -> dict[str, Any]:
+    """Front vs behind from one patch; the ARO front/behind ceiling (module doc)."""
+    grid = store.dims.grid
+    m, index = _suite(store, "shapes-train")
+    fam = np.flatnonzero(m["family"].to_numpy() == "depth")
+    covers, rows = [], []
+    for col, scene in (("image", "scene"), ("cf_image", "cf_scene")):
+        for i in fam:
+            fb = _front_back(json.loads(m[scene].iloc[i])["objects"], grid)
+            if fb is not None:
+                covers.append(fb), rows.append(index[col][i, 0])
+    grids = _grids(store, np.array(rows))
+    front = np.stack([c[0] for c in covers])  # [n, R]
+    back = np.stack([c[1] for c in covers])
+
+    aro, aidx = _suite(store, "shapes-aro")
+    sel = np.flatnonzero(
+        (aro["category"].to_numpy() == "relation") & aro["relation_name"].isin(["in front of", "behind"]).to_numpy()
+    )
+    t_cov, t_rows = [], []
+    for i in sel:
+        fb = _front_back(json.loads(aro["scene"].iloc[i])["objects"], grid)
+        if fb is not None:
+            t_cov.append(fb), t_rows.append(aidx["image"][i, 0])
+    test = _grids(store, np.array(t_rows))
+    t_front = np.stack([c[0] for c in t_cov])
+    t_back = np.stack([c[1] for c in t_cov])
+
+    def item_accuracy(logit: np.ndarray, f: np.ndarray, b: np.ndarray) -> float:
+        mean = lambda w: (logit * w).sum(1) / w.sum(1).clip(1e-9)  # noqa: E731
+        return float((mean(f) > mean(b)).mean())
+
+    def spread(w: np.ndarray) -> np.ndarray:
+        gh, gw = grid
+        y, x = np.divmod(np.arange(gh * gw), gw)
+        w = w / w.sum(1, keepdims=True)
+        mx, my = w @ x, w @ y
+        return (w * ((x[None] - mx[:, None]) ** 2 + (y[None] - my[:, None]) ** 2)).sum(1)
+
+    out: dict[str, Any] = {
+        "train_images": len(rows),
+        "aro_items": len(t_rows),
+        "geometry_ceiling": {
+            "larger_visible_area": float((t_front.sum(1) > t_back.sum(1)).mean()),
+            "larger_visible_spread": float((spread(t_front) > spread(t_back)).mean()),
+        },
+    }
+    for depth in (*DEPTHS, "both"):
+        X = np.concatenate([grids[d] for d in DEPTHS], -1) if depth == "both" else grids[depth]
+        Xt = np.concatenate([test[d] for d in DEPTHS], -1) if depth == "both" else test[depth]
+        n, R = front.shape
+        f_idx, b_idx = np.nonzero(front > _OWN), np.nonzero(back > _OWN)
+        feats = np.concatenate([X[f_idx], X[b_idx]])
+        label = np.r_[np.ones(len(f_idx[0]), int), np.zeros(len(b_idx[0]), int)]
+        probe = LinearProbe().fit(feats, label)
+        lp = probe.log_proba(Xt.reshape(-1, Xt.shape[-1]))
+        logit = (lp[:, 1] - lp[:, 0]).reshape(len(t_rows), R)
+        out[depth] = {
+            "train_patch_accuracy": probe.accuracy(feats, label),
+            "front_behind_ceiling": item_accuracy(logit, t_front, t_back),
+        }
+    return out
+
+
+def probes(store: FeatureStore) -> dict[str, Any]:
+    """Both probes on one store (``pipeline bench probes``)."""
+    return {"colour": colour_probe(store), "depth": depth_probe(store)}
