@@ -189,6 +189,29 @@ def test_spatial_readout_on_a_hand_made_plan():
     torch.testing.assert_close(e_ord[0, 0, 0], torch.tensor(0.5**0.5))
 
 
+def test_cross_order_reads_each_tokens_compatibility_where_its_neighbour_is():
+    """order="cross": pair (i, i+1) scores (rho_{i+1} . S_i + rho_i . S_{i+1}) / 2."""
+    coords = patch_coords((1, 2))
+    Q = torch.zeros(1, 2, 2, 1, 2)  # [B, X, N=2 ("red", "circle"), V, R]
+    Q[0, :, 1, 0, 0] = 0.1  # both captions ground the noun on patch 0
+    Q[0, :, 0, 0, 1] = 0.1  # and the colour word on patch 1
+    S = torch.zeros(1, 2, 2, 1, 2)
+    S[0, 0, 0, 0] = torch.tensor([0.8, 0.1])  # A's colour word fits patch 0 (where the noun is)
+    S[0, 1, 0, 0] = torch.tensor([0.2, 0.1])  # B's colour word does not
+    S[0, :, 1, 0] = torch.tensor([0.5, 0.3])  # the noun, same in both
+    r, mask, d = torch.full((1, 2, 2), 0.125), torch.ones(1, 2, 2, dtype=torch.bool), torch.zeros(1, 2, 2, 5)
+    e_ord, _ = readouts(Q, r, mask, d, coords, var_floor=1e-4, S=S)
+    torch.testing.assert_close(e_ord[0, :, 0], torch.tensor([(0.8 + 0.3) / 2, (0.2 + 0.3) / 2]))
+    plain, _ = readouts(Q, r, mask, d, coords, var_floor=1e-4)  # co-location: both 0
+    torch.testing.assert_close(plain[0, :, 0], torch.zeros(2))
+    m = _model(order="cross")
+    image, a, b = _batch()
+    with torch.no_grad():
+        torch.testing.assert_close(m.score_pair(image, a, b), -m.score_pair(image, b, a), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="order must be"):
+        _model(order="diagonal")
+
+
 def test_consensus_contracts_disagreeing_depths():
     agree = torch.tensor([[[0.2], [0.2]]])  # [B=1, L=2, K=1]
     disagree = torch.tensor([[[0.2], [-0.2]]])
