@@ -203,7 +203,10 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
     neighbour is grounded: "red" on the noun's region, instead of the overlap of two rows):
     0.675 / 0.495 / 0.659 / 0.62 / 0.76 / 0.769; its order energy picks the true swap-att
     caption on 62% of items (58% without), swap-att itself does not move. Not adopted
-    (a tie on dev, no goal slice gains).
+    (a tie on dev, no goal slice gains). Also on top of nu_v 0.3: grounding weight 6
+    0.698 / 0.505 / 0.66 / 0.59 / 0.76 / 0.752 (colour words' in-mask mass 0.54, S own >
+    other 76%, yet swap-att 59); ``ground_region="mask"`` 0.68 / 0.53 / 0.654 / 0.61 /
+    0.74 / 0.771, three seeds 0.764 (0.752-0.771) against 0.771: not adopted.
   - *Depth is not in the patch grids.* The same probe of "this patch belongs to the
     object in front", trained on the depth family's images and their counterfactuals
     (which only swap the drawing order), fits 57-58% of its training patches. Read over
