@@ -231,6 +231,25 @@ def _match_boxes(objects: Sequence[dict], boxes: torch.Tensor) -> list[int | Non
     return [int(b) if float(d) <= 1e-4 else None for b, d in zip(best, dist.gather(1, best[:, None])[:, 0], strict=True)]
 
 
+def object_cells(
+    objects: Sequence[dict], boxes: torch.Tensor, grid: tuple[int, int], min_overlap: float = 0.25
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`visible_cells`, :func:`other_object_cells`) of the same boxes, [M, R] bool
+    each, from one rasterisation of the scene."""
+    own = box_cells(boxes, grid, min_overlap)  # the fallback
+    other = torch.zeros_like(own)
+    if not len(objects):
+        return own, other
+    cover = visible_cover(objects, grid)  # [n_objects, R]
+    covered = torch.from_numpy(cover >= min_overlap)  # [n_objects, R]
+    for m, k in enumerate(_match_boxes(objects, boxes)):
+        if k is not None:
+            own[m] = covered[k]
+            own[m, int(cover[k].argmax())] = True
+            other[m] = torch.cat([covered[:k], covered[k + 1 :]]).any(0) & ~covered[k]
+    return own, other
+
+
 def visible_cells(
     objects: Sequence[dict], boxes: torch.Tensor, grid: tuple[int, int], min_overlap: float = 0.25
 ) -> torch.Tensor:
@@ -245,16 +264,7 @@ def visible_cells(
     Args:
         boxes: [M, 4] normalised ``[x0, y0, x1, y1]``, as in :func:`box_cells`.
     """
-    out = box_cells(boxes, grid, min_overlap)  # the fallback
-    if not len(objects):
-        return out
-    cover = visible_cover(objects, grid)  # [n_objects, R]
-    for m, k in enumerate(_match_boxes(objects, boxes)):
-        if k is not None:
-            cells = cover[k] >= min_overlap
-            cells[int(cover[k].argmax())] = True
-            out[m] = torch.from_numpy(cells)
-    return out
+    return object_cells(objects, boxes, grid, min_overlap)[0]
 
 
 def other_object_cells(
@@ -264,14 +274,7 @@ def other_object_cells(
     ``min_overlap``) that the box's own object covers less than ``min_overlap``; all False
     for a box that matches no object. The distractors of :func:`region_grounding`'s
     contrast term."""
-    out = torch.zeros(len(boxes), grid[0] * grid[1], dtype=torch.bool)
-    if not len(objects):
-        return out
-    cells = torch.from_numpy(visible_cover(objects, grid) >= min_overlap)  # [n_objects, R]
-    for m, k in enumerate(_match_boxes(objects, boxes)):
-        if k is not None:
-            out[m] = torch.cat([cells[:k], cells[k + 1 :]]).any(0) & ~cells[k]
-    return out
+    return object_cells(objects, boxes, grid, min_overlap)[1]
 
 
 def word_token_positions(

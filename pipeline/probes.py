@@ -107,30 +107,31 @@ def colour_probe(store: FeatureStore, n_train_images: int = 1600, seed: int = 0)
     sc, sidx = _suite(store, "shapes-sugarcrepe")
     items = np.flatnonzero(sc["category"].to_numpy() == "swap-att")
     test = _grids(store, sidx["image"][items, 0])
+    pairs = []  # (item k, weights of the two swapped objects [2, R], their colours)
+    for k, i in enumerate(items):
+        row = sc.iloc[i]
+        pos, neg = row["captions"][row["correct"]], row["captions"][1 - row["correct"]]
+        objects = json.loads(row["scene"])["objects"]
+        named = [j for j, o in enumerate(objects) if f"{o['colour']} {o['shape']}" in pos and f"{o['colour']} {o['shape']}" not in neg]
+        if len(named) == 2:
+            cover = visible_cover(objects, grid)[named]  # [2, R]
+            w = cover / cover.sum(1, keepdims=True).clip(1e-9)
+            pairs.append((k, w, [colours.index(objects[j]["colour"]) for j in named]))
     out: dict[str, Any] = {"train_patches": int((~held).sum()), "heldout_patches": int(held.sum())}
     for depth in (*DEPTHS, "both"):
         X = np.concatenate([grids[d] for d in DEPTHS], -1) if depth == "both" else grids[depth]
         Xt = np.concatenate([test[d] for d in DEPTHS], -1) if depth == "both" else test[depth]
         probe = LinearProbe().fit(X[img[~held], patch[~held]], label[~held])
-        right, n = 0, 0
-        for k, i in enumerate(items):
-            row = sc.iloc[i]
-            pos, neg = row["captions"][row["correct"]], row["captions"][1 - row["correct"]]
-            objects = json.loads(row["scene"])["objects"]
-            named = [j for j, o in enumerate(objects) if f"{o['colour']} {o['shape']}" in pos and f"{o['colour']} {o['shape']}" not in neg]
-            if len(named) != 2:
-                continue
-            cover = visible_cover(objects, grid)
+        right = 0
+        for k, w, (ca, cb) in pairs:
             lp = probe.log_proba(Xt[k])  # [R, colours]
-            (a, b), w = named, cover / cover.sum(1, keepdims=True).clip(1e-9)
-            ca, cb = (colours.index(objects[j]["colour"]) for j in named)
-            true = w[a] @ lp[:, ca] + w[b] @ lp[:, cb]
-            swapped = w[a] @ lp[:, cb] + w[b] @ lp[:, ca]
-            right, n = right + int(true > swapped), n + 1
+            true = w[0] @ lp[:, ca] + w[1] @ lp[:, cb]
+            swapped = w[0] @ lp[:, cb] + w[1] @ lp[:, ca]
+            right += int(true > swapped)
         out[depth] = {
             "patch_accuracy": probe.accuracy(X[img[held], patch[held]], label[held]),
-            "swap_att_ceiling": right / max(n, 1),
-            "swap_att_items": n,
+            "swap_att_ceiling": right / max(len(pairs), 1),
+            "swap_att_items": len(pairs),
         }
     out["chance_patch_accuracy"] = float(np.bincount(label).max() / len(label))
     return out
@@ -198,13 +199,12 @@ def depth_probe(store: FeatureStore) -> dict[str, Any]:
     for depth in (*DEPTHS, "both"):
         X = np.concatenate([grids[d] for d in DEPTHS], -1) if depth == "both" else grids[depth]
         Xt = np.concatenate([test[d] for d in DEPTHS], -1) if depth == "both" else test[depth]
-        n, R = front.shape
         f_idx, b_idx = np.nonzero(front > _OWN), np.nonzero(back > _OWN)
         feats = np.concatenate([X[f_idx], X[b_idx]])
         label = np.r_[np.ones(len(f_idx[0]), int), np.zeros(len(b_idx[0]), int)]
         probe = LinearProbe().fit(feats, label)
         lp = probe.log_proba(Xt.reshape(-1, Xt.shape[-1]))
-        logit = (lp[:, 1] - lp[:, 0]).reshape(len(t_rows), R)
+        logit = (lp[:, 1] - lp[:, 0]).reshape(len(t_rows), -1)
         out[depth] = {
             "train_patch_accuracy": probe.accuracy(feats, label),
             "front_behind_ceiling": item_accuracy(logit, t_front, t_back),

@@ -76,10 +76,9 @@ from pipeline.objectives import (
     caption_preference,
     consistency,
     image_contrast,
-    other_object_cells,
+    object_cells,
     region_grounding,
     structural_sufficiency,
-    visible_cells,
     word_token_positions,
     worst_group,
 )
@@ -219,9 +218,9 @@ def load_pairs(
         own, other = [box_cells(boxes[:0], grid)], [torch.zeros(0, grid[0] * grid[1], dtype=torch.bool)]
         for i in np.flatnonzero(np.diff(offsets)):  # items with grounded words
             objects = json.loads(m["scene"].iloc[i])["objects"]
-            item_boxes = boxes[offsets[i] : offsets[i + 1]]
-            own.append(visible_cells(objects, item_boxes, grid))
-            other.append(other_object_cells(objects, item_boxes, grid))
+            cells_i, other_i = object_cells(objects, boxes[offsets[i] : offsets[i + 1]], grid)
+            own.append(cells_i)
+            other.append(other_i)
         return torch.cat(own), torch.cat(other)
 
     g_cells, g_other = cells(offsets, g_boxes)
