@@ -115,7 +115,7 @@ class TrainConfig:
     weight_decay: float = 1e-3  # AdamW weight decay (paper: 1e-3)
     eval_every: int = 50  # dev evaluation / checkpoint-selection period in steps
     group_tau: float = 1.0  # smooth worst-group temperature: tau * log mean_f exp(L_f / tau)
-    weights: dict[str, float] = field(default_factory=dict)  # per-objective loss weights (default 1 each)
+    weights: dict[str, float] = field(default_factory=dict)  # per-objective loss weights (default 1 each; "binding", ours, 0)
     scorer: dict = field(default_factory=dict)  # kwargs of the scorer factory (e.g. BindClipConfig fields)
     q0_grid: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0])  # consensus q0 candidates, chosen on dev
     consistency_items: int | None = 16  # items per batch that also get the mirrored / paraphrased forward (None = all)
@@ -126,7 +126,8 @@ class TrainConfig:
     paraphrase_positives: bool = False  # also apply caption preference to (I, paraphrase, neg): a paraphrase is a true caption
     ground_negatives: bool = False  # region grounding also on neg's words that alone name one object
     ground_region: str = "box"  # grounding target: the object's "box" or its visible "mask" (patches)
-    ground_contrast: bool = False  # grounding also -log(m_own / (m_own + m_other objects)); needs "mask"
+    ground_contrast: bool = False  # grounding also -log(m_own / (m_own + m_other objects))
+    ground_compat: bool = False  # grounding also softplus(-(mean S on own object - on other objects) / eps)
     image_per_caption: bool = False  # image objective also on each caption's learned part (I vs I')
     consistency_target: str = "both"  # "both": s' and s pulled together; "original": s detached, only s' follows it
     out: str = "cache/checkpoints"  # <out>/<variant>/model.safetensors (+ seed<k>/)

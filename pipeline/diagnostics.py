@@ -243,6 +243,11 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
       compatibility S (depths summed), averaged over the patches the referent owns (its
       visible part covers most of the patch, and at least half), exceeds its average over
       the patches the scene's other objects own -- the compatibility alone, before any plan.
+    * ``acc_S_referent``: how often the sum over a caption's colour and shape words of S
+      (depths averaged) averaged over the patches each word's referent owns is larger for
+      the true caption than for the negative -- the same words read on the same objects,
+      so only their context in the caption (a noun's state carries its adjective) differs:
+      what a reader with perfect grounding would get from S.
     """
     import json
 
@@ -266,13 +271,13 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
     in_mask = {(c, kind): [] for c in ("true", "negative") for kind in ("colour", "shape")}
     s_own = {"colour": [], "shape": []}
     bc = {"true": [], "negative": []}
-    right_bc, right_order = [], []
+    right_bc, right_order, right_referent = [], [], []
     for j, i in enumerate(items):
         objects = json.loads(manifest["scene"].iloc[i])["objects"]
         cover_frac = visible_cover(objects, grid)  # [n_obj, R]
         cover = torch.from_numpy(cover_frac >= 0.25)
         owner = torch.from_numpy(np.where(cover_frac.max(0) >= 0.5, cover_frac.argmax(0), -1))  # [R]
-        totals = {}
+        totals, on_referent = {}, {"true": 0.0, "negative": 0.0}
         for which, opt, block in (("true", correct[j], 0), ("negative", 1 - correct[j], n)):
             cap = manifest["captions"].iloc[i][opt]
             words = cap.split()
@@ -288,6 +293,8 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
                 if len(hits) == 1:
                     in_mask[(which, kind)].append(float(row_dist[w][cover[hits[0]]].sum()))
                     own, other = owner == hits[0], (owner >= 0) & (owner != hits[0])
+                    if own.any():
+                        on_referent[which] += float(ex.S[j, rows[0]][:, own].mean())
                     if which == "true" and own.any() and other.any():
                         S = ex.S[j, rows[0]].sum(0)  # [R] depths summed
                         s_own[kind].append(bool(S[own].mean() > S[other].mean()))
@@ -299,6 +306,7 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
             bc[which] += pairs
             totals[which] = sum(pairs)
         right_bc.append(totals["true"] > totals["negative"])
+        right_referent.append(on_referent["true"] > on_referent["negative"])
         order = ex.energies[j, :, ENERGIES.index("order")]
         right_order.append(bool(order[0] > order[1]))
     out: dict[str, Any] = {"category": category, "items": len(items)}
@@ -310,4 +318,5 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
         out[f"S own > other {kind}"] = float(np.mean(v)) if v else float("nan")
     out["acc_bc"] = float(np.mean(right_bc))
     out["acc_order"] = float(np.mean(right_order))
+    out["acc_S_referent"] = float(np.mean(right_referent))
     return out

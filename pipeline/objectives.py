@@ -159,6 +159,65 @@ def region_grounding(
     return loss
 
 
+def compatibility_contrast(
+    S: torch.Tensor,
+    item: torch.Tensor,
+    row: torch.Tensor,
+    own: torch.Tensor,
+    other: torch.Tensor,
+    temperature: float = 0.1,
+) -> torch.Tensor:
+    """[M] ``softplus(-(S_own - S_other) / temperature)``, averaged over depths *(ours)*.
+
+    A grounding term on the compatibility itself, before any plan: a grounded word's mean
+    S over its object's visible patches must exceed its mean S over the patches of the
+    scene's other objects. The plan-mass terms of :func:`region_grounding` are also met by
+    a row that the marginals push onto the object; this one asks S to tell the objects
+    apart (e.g. "red" higher on the red object than on the blue one). A token whose scene
+    has no other visible object gets 0.
+
+    Args:
+        S: [B, n_rows, L, R] token-cell compatibilities (rows as in the plan).
+        item, row: [M] batch index and row of each grounded token.
+        own, other: [M, R] bool, the token's object's visible patches and the other objects'.
+        temperature: the logistic's temperature (the Sinkhorn epsilon is a natural choice).
+    """
+    s = S[item, row].float()  # [M, L, R]
+    own_f, other_f = own[:, None].to(s.dtype), other[:, None].to(s.dtype)  # [M, 1, R]
+    mean_own = (s * own_f).sum(-1) / own_f.sum(-1).clamp_min(1.0)  # [M, L]
+    mean_other = (s * other_f).sum(-1) / other_f.sum(-1).clamp_min(1.0)
+    has_other = other.any(-1).to(s.dtype)  # [M]
+    return F.softplus(-(mean_own - mean_other) / temperature).mean(-1) * has_other
+
+
+def binding_contrast(
+    S: torch.Tensor,
+    item: torch.Tensor,
+    pos_row: torch.Tensor,
+    neg_row: torch.Tensor,
+    cells: torch.Tensor,
+    temperature: float = 0.1,
+) -> torch.Tensor:
+    """[K] ``softplus(-(S_pos - S_neg) / temperature)``, averaged over depths *(ours)*.
+
+    The same word naming the same object in the true and in the false caption, after a
+    different word ("circle" in "a red circle" vs "a blue circle", said of a red circle):
+    its compatibility averaged over the object's patches must be higher in the true
+    caption's context. A causal text tower writes the preceding attribute into the noun's
+    state, so S can tell a bound noun from an unbound one.
+
+    Args:
+        S: [B, n_rows, L, R] compatibilities (rows as in the plan: pos block, then neg).
+        item: [K] batch index; pos_row, neg_row: [K] rows of the word in each caption.
+        cells: [K, R] bool, the object's patches.
+    """
+    w = cells[:, None].to(S.dtype)  # [K, 1, R]
+    n = w.sum(-1).clamp_min(1.0)
+    s_pos = (S[item, pos_row].float() * w).sum(-1) / n  # [K, L]
+    s_neg = (S[item, neg_row].float() * w).sum(-1) / n
+    return F.softplus(-(s_pos - s_neg) / temperature).mean(-1)
+
+
 # ---------------------------------------------------------------------------- helpers
 
 

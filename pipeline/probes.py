@@ -16,6 +16,10 @@ that from above with the shapes world's ground truth (each object's visible patc
   shapes-aro relation items with "in front of" / "behind": the object whose visible
   patches have the larger mean probe logit is called the front one. A geometric reader is
   given the same perfect masks: the object with the larger visible area, or spread.
+* ``text``: a linear probe of the colour word just before a shape word, read from the shape
+  word's final token state (``shapes-train`` captions, held-out 20% of the captions), and
+  of the shape word itself as a reference: whether the text tower writes an adjective into
+  its noun's state, the contextual signal an attribute-binding scorer can read from S.
 
 Run by ``pipeline bench probes`` (``reports/bench/probes.json``). Patches count for an
 object when its visible part covers more than half of them.
@@ -212,6 +216,39 @@ def depth_probe(store: FeatureStore) -> dict[str, Any]:
     return out
 
 
+def text_probe(store: FeatureStore, max_captions: int = 6000, seed: int = 0) -> dict[str, Any]:
+    """The preceding colour word from a shape word's token state (module doc)."""
+    from open_clip.tokenizer import _tokenizer
+
+    from pipeline.world.scenes import COLOURS, SHAPES
+
+    def one_piece(words) -> dict[int, int]:
+        ids = {w: _tokenizer.encode(w) for w in words}
+        return {t[0]: k for k, (w, t) in enumerate(ids.items()) if len(t) == 1}
+
+    colour_of, shape_of = one_piece(COLOURS), one_piece(SHAPES)
+    _, index = _suite(store, "shapes-train")
+    rows = np.unique(np.asarray(index["captions"]).reshape(-1))
+    rows = np.sort(np.random.default_rng(seed).permutation(rows[rows >= 0])[:max_captions])
+    texts = store.texts(rows)
+    ids, states = texts.ids.numpy(), texts.tokens.float().numpy()
+    prev, cur = ids[:, :-1], ids[:, 1:]
+    cap, pos = np.nonzero(np.isin(cur, list(shape_of)) & np.isin(prev, list(colour_of)))
+    pos = pos + 1  # the shape word's position
+    X = states[cap, pos]
+    colour = np.array([colour_of[t] for t in ids[cap, pos - 1]])
+    shape = np.array([shape_of[t] for t in ids[cap, pos]])
+    held = cap >= np.quantile(np.arange(len(rows)), 0.8)  # the last 20% of captions
+    out: dict[str, Any] = {"train_nouns": int((~held).sum()), "heldout_nouns": int(held.sum())}
+    for name, y in (("preceding_colour", colour), ("own_shape", shape)):
+        probe = LinearProbe().fit(X[~held], y[~held])
+        out[name] = {
+            "accuracy": probe.accuracy(X[held], y[held]),
+            "chance": float(np.bincount(y[held]).max() / held.sum()),
+        }
+    return out
+
+
 def probes(store: FeatureStore) -> dict[str, Any]:
-    """Both probes on one store (``pipeline bench probes``)."""
-    return {"colour": colour_probe(store), "depth": depth_probe(store)}
+    """Every probe on one store (``pipeline bench probes``)."""
+    return {"colour": colour_probe(store), "depth": depth_probe(store), "text": text_probe(store)}

@@ -72,8 +72,10 @@ from pipeline.config import TrainConfig
 from pipeline.features import ImageFeatures, TextFeatures
 from pipeline.manifests import file_sha256, read_manifest
 from pipeline.objectives import (
+    binding_contrast,
     box_cells,
     caption_preference,
+    compatibility_contrast,
     consistency,
     image_contrast,
     object_cells,
@@ -84,7 +86,8 @@ from pipeline.objectives import (
 )
 from pipeline.scorers import SCORERS, Scorer, create_scorer
 
-OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase")
+OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase", "binding")
+OFF_BY_DEFAULT = ("binding",)  # objectives of ours, not the paper's six: weight 0 unless params.yaml sets one
 EVAL_BATCH = 256  # dev items per scoring forward pass
 CONSISTENCY_ITEMS = TrainConfig.consistency_items  # see step_losses
 
@@ -118,9 +121,18 @@ class PairData:
     ng_offsets: np.ndarray | None = None  # [n+1]
     ng_row: torch.Tensor | None = None  # [E']
     ng_cells: torch.Tensor | None = None  # [E', R]
-    # with region="mask": the patches of the scene's other objects (grounding's contrast term)
+    # with region="mask" or object_masks: the patches of the token's object's visible part and
+    # of the scene's other objects (grounding's contrast and compatibility terms)
     g_other: torch.Tensor | None = None  # [E, R] bool
     ng_other: torch.Tensor | None = None  # [E', R] bool
+    g_mask: torch.Tensor | None = None  # [E, R] bool
+    ng_mask: torch.Tensor | None = None  # [E', R] bool
+    # binding pairs: the same word, naming the same object in pos and in neg, after a
+    # different word (CSR per item; rows within each caption's block)
+    b_offsets: np.ndarray | None = None  # [n+1]
+    b_pos_row: torch.Tensor | None = None  # [K]
+    b_neg_row: torch.Tensor | None = None  # [K]
+    b_cells: torch.Tensor | None = None  # [K, R] bool, the object's cells (visible if known)
 
     def __len__(self) -> int:
         return len(self.image)
@@ -146,13 +158,20 @@ def _column(index: dict[str, np.ndarray], name: str, n: int, width: int = 1) -> 
 
 
 def load_pairs(
-    store: FeatureStore, suite: str, grounding: bool = True, region: str = "box"
+    store: FeatureStore,
+    suite: str,
+    grounding: bool = True,
+    region: str = "box",
+    object_masks: bool = False,
 ) -> PairData:
     """Read every feature of ``suite``'s pairs (one read per array) and the grounding map.
 
     ``region``: a grounded word's target cells, the patches of its object's ``"box"``
     (:func:`~pipeline.objectives.box_cells`) or of the object's visible part, ``"mask"``
-    (:func:`~pipeline.objectives.visible_cells`, from the manifest's ``scene``).
+    (:func:`~pipeline.objectives.visible_cells`, from the manifest's ``scene``). With
+    ``region="mask"`` or ``object_masks`` the object's visible patches and the other
+    objects' (:func:`~pipeline.objectives.object_cells`) are kept too (``g_mask``,
+    ``g_other``).
     """
     if region not in ("box", "mask"):
         raise ValueError(f"grounding region must be 'box' or 'mask', got {region!r}")
@@ -210,21 +229,28 @@ def load_pairs(
     )
     grid = store.dims.grid
 
-    def cells(offsets: list[int], boxes: list) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(target cells, other objects' cells or None) of every grounded word."""
+    def cells(offsets: list[int], boxes: list) -> tuple[torch.Tensor, ...]:
+        """(target cells, visible cells or None, other objects' cells or None) of every
+        grounded word."""
         boxes = torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)
-        if region == "box" or "scene" not in m:
-            return box_cells(boxes, grid), None
+        if not (region == "mask" or object_masks) or "scene" not in m:
+            return box_cells(boxes, grid), None, None
         own, other = [box_cells(boxes[:0], grid)], [torch.zeros(0, grid[0] * grid[1], dtype=torch.bool)]
         for i in np.flatnonzero(np.diff(offsets)):  # items with grounded words
             objects = json.loads(m["scene"].iloc[i])["objects"]
             cells_i, other_i = object_cells(objects, boxes[offsets[i] : offsets[i + 1]], grid)
             own.append(cells_i)
             other.append(other_i)
-        return torch.cat(own), torch.cat(other)
+        own, other = torch.cat(own), torch.cat(other)
+        return (own if region == "mask" else box_cells(boxes, grid)), own, other
 
-    g_cells, g_other = cells(offsets, g_boxes)
-    ng_cells, ng_other = cells(n_offsets, n_boxes)
+    g_cells, g_mask, g_other = cells(offsets, g_boxes)
+    ng_cells, ng_mask, ng_other = cells(n_offsets, n_boxes)
+    b_offsets, b_pos, b_neg = _binding_pairs(
+        offsets, g_rows, g_boxes, n_offsets, n_rows, n_boxes,
+        texts.ids[local(pos, txt_rows)], texts.ids[local(neg, txt_rows)],
+    )
+    g_obj = g_mask if g_mask is not None else g_cells
 
     return PairData(
         manifest=m,
@@ -247,7 +273,47 @@ def load_pairs(
         ng_cells=ng_cells,
         g_other=g_other,
         ng_other=ng_other,
+        g_mask=g_mask,
+        ng_mask=ng_mask,
+        b_offsets=np.asarray(b_offsets, dtype=np.int64),
+        b_pos_row=torch.tensor([g_rows[e] for e in b_pos], dtype=torch.long),
+        b_neg_row=torch.tensor([n_rows[f] for f in b_neg], dtype=torch.long),
+        b_cells=g_obj[torch.tensor(b_pos, dtype=torch.long)],
     )
+
+
+def _binding_pairs(
+    offsets: list[int],
+    rows: list[int],
+    boxes: list,
+    n_offsets: list[int],
+    n_rows: list[int],
+    n_boxes: list,
+    pos_ids: torch.Tensor,
+    neg_ids: torch.Tensor,
+) -> tuple[list[int], list[int], list[int]]:
+    """CSR (offsets [n+1], pos entries [K], neg entries [K]) of binding pairs: a grounded
+    token of pos and one of neg with the same BPE id and the same object box whose
+    preceding tokens differ ("circle" in "a red circle" and in "a blue circle").
+    ``pos_ids`` / ``neg_ids``: [n, C] stored ids (a row's token sits at position row + 1)."""
+    out, pos_e, neg_e = [0], [], []
+    for i in range(len(offsets) - 1):
+        for e in range(offsets[i], offsets[i + 1]):
+            for f in range(n_offsets[i], n_offsets[i + 1]):
+                same = int(pos_ids[i, rows[e] + 1]) == int(neg_ids[i, n_rows[f] + 1])
+                if same and list(boxes[e]) == list(n_boxes[f]) and int(pos_ids[i, rows[e]]) != int(neg_ids[i, n_rows[f]]):
+                    pos_e.append(e)
+                    neg_e.append(f)
+        out.append(len(pos_e))
+    return out, pos_e, neg_e
+
+
+def _batch_entries(offsets: np.ndarray, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CSR entries of the batch's items, in batch order: (entry indices [M], position
+    of each entry's item within the batch [M])."""
+    lo, hi = offsets[batch.numpy()], offsets[batch.numpy() + 1]
+    ent = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)] or [np.zeros(0, int)])
+    return torch.from_numpy(ent).long(), torch.from_numpy(np.repeat(np.arange(len(batch)), hi - lo))
 
 
 def _grounding_map(
@@ -327,6 +393,7 @@ def step_losses(
     ground_negatives: bool = False,
     image_per_caption: bool = False,
     ground_contrast: bool = False,
+    ground_compat: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss of one batch of item indices [B] and each objective's value (floats).
 
@@ -348,11 +415,15 @@ def step_losses(
     the two captions (e.g. d(left) - d(right)); this constrains each (the sign of d(left)).
     ``ground_contrast`` adds region grounding's contrast term (mass on the word's object
     against mass on the scene's other objects, :func:`~pipeline.objectives.region_grounding`);
-    it needs ``data`` loaded with ``region="mask"``.
+    it needs ``data.g_other``. ``ground_compat`` adds to each grounded word's loss
+    :func:`~pipeline.objectives.compatibility_contrast`: its compatibility S, averaged over
+    its object's visible patches, above its average over the other objects' (temperature:
+    the scorer's Sinkhorn epsilon); it needs ``data.g_mask``. Both need ``data`` loaded
+    with ``load_pairs(..., object_masks=True)`` or ``region="mask"``.
     """
     if consistency_target not in ("both", "original"):
         raise ValueError(f"consistency_target must be 'both' or 'original', got {consistency_target!r}")
-    on = {k: weights.get(k, 1.0) for k in OBJECTIVES}
+    on = {k: weights.get(k, 0.0 if k in OFF_BY_DEFAULT else 1.0) for k in OBJECTIVES}
     fam = data.family[batch]  # [B]
     chunks = [(data.image[batch], data.pos[batch], data.neg[batch])]
     sel: dict[str, torch.Tensor] = {}
@@ -374,6 +445,7 @@ def step_losses(
     text_b = data.texts.index(torch.cat([c[2] for c in chunks]))
     e = model.explain(image, text_a, text_b)  # one forward over every chunk
     B = len(batch)
+    temperature = getattr(getattr(model, "config", None), "epsilon", 0.1)  # of the S contrasts
     s0, g0 = e.score[:B], e.margin[:B]
 
     per: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
@@ -410,30 +482,46 @@ def step_losses(
             torch.cat([per["preference"][0], caption_preference(copies["paraphrase"])]),
             torch.cat([fam, fam[sel["paraphrase"]]]),
         )
+    if (ground_compat or on["binding"] != 0) and getattr(e, "S", None) is None:
+        raise ValueError(f"ground_compat and the binding objective read the compatibility S, which {type(model).__name__} does not expose")
     if on["grounding"] != 0:
         n_tok = (e.plan.shape[1] - 1) // 2  # rows [pos (N); neg (N); null]
-        if ground_contrast and data.g_other is None:
-            raise ValueError("ground_contrast needs the other objects' cells: load_pairs(..., region='mask')")
-        maps = [(data.g_offsets, data.g_row, data.g_cells, data.g_other, 0)]
+        if (ground_contrast or ground_compat) and data.g_other is None:
+            raise ValueError(
+                "ground_contrast / ground_compat need the objects' visible cells: "
+                "load_pairs(..., region='mask') or load_pairs(..., object_masks=True)"
+            )
+        maps = [(data.g_offsets, data.g_row, data.g_cells, data.g_other, data.g_mask, 0)]
         if ground_negatives and data.ng_row is not None:
-            maps.append((data.ng_offsets, data.ng_row, data.ng_cells, data.ng_other, n_tok))
-        item, row, cells, other = [], [], [], []
-        for offsets, rows, g_cells, g_other, shift in maps:
-            lo, hi = offsets[batch.numpy()], offsets[batch.numpy() + 1]
-            ent = torch.from_numpy(
-                np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)] or [np.zeros(0, int)])
-            ).long()
+            maps.append((data.ng_offsets, data.ng_row, data.ng_cells, data.ng_other, data.ng_mask, n_tok))
+        item, row, cells, other, visible = [], [], [], [], []
+        for offsets, rows, g_cells, g_other, g_mask, shift in maps:
+            ent, of_item = _batch_entries(offsets, batch)
             keep = rows[ent] < n_tok  # a token beyond the scorer's truncation has no row
-            item.append(torch.from_numpy(np.repeat(np.arange(B), hi - lo))[keep])
+            item.append(of_item[keep])
             row.append(rows[ent][keep] + shift)
             cells.append(g_cells[ent][keep])
-            if ground_contrast:
+            if ground_contrast or ground_compat:
                 other.append(g_other[ent][keep])
+                visible.append(g_mask[ent][keep])
         item = torch.cat(item)
         if len(item):
+            row = torch.cat(row)
             distractors = torch.cat(other) if ground_contrast else None
-            loss = region_grounding(e.plan[:B], e.r[:B], item, torch.cat(row), torch.cat(cells), other=distractors)
+            loss = region_grounding(e.plan[:B], e.r[:B], item, row, torch.cat(cells), other=distractors)
+            if ground_compat:
+                loss = loss + compatibility_contrast(e.S[:B], item, row, torch.cat(visible), torch.cat(other), temperature)
             per["grounding"] = (loss, fam[item])
+    if on["binding"] != 0 and data.b_offsets is not None:
+        n_tok = (e.plan.shape[1] - 1) // 2
+        ent, b_item = _batch_entries(data.b_offsets, batch)
+        keep = (data.b_pos_row[ent] < n_tok) & (data.b_neg_row[ent] < n_tok)  # both rows in the plan
+        if keep.any():
+            ent, b_item = ent[keep], b_item[keep]
+            bind = binding_contrast(
+                e.S[:B], b_item, data.b_pos_row[ent], data.b_neg_row[ent] + n_tok, data.b_cells[ent], temperature
+            )
+            per["binding"] = (bind, fam[b_item])
 
     total = s0.new_zeros(())
     logged = {}
@@ -600,6 +688,7 @@ def train_seed(
                 ground_negatives=cfg.ground_negatives,
                 image_per_caption=cfg.image_per_caption,
                 ground_contrast=cfg.ground_contrast,
+                ground_compat=cfg.ground_compat,
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -680,8 +769,10 @@ def train_scorer(
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        grounding = cfg.weights.get("grounding", 1.0) != 0
-        train = load_pairs(store, cfg.train_suite, grounding, region=cfg.ground_region)
+        # the word -> object maps serve grounding and the binding objective (off by default)
+        grounding = cfg.weights.get("grounding", 1.0) != 0 or cfg.weights.get("binding", 0.0) != 0
+        masks = cfg.ground_compat or cfg.ground_contrast  # the objects' visible cells
+        train = load_pairs(store, cfg.train_suite, grounding, region=cfg.ground_region, object_masks=masks)
         dev = load_pairs(store, cfg.dev_suite, grounding=False)
         root = Path(cfg.out) / cfg.variant
         records = []

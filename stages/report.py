@@ -270,7 +270,8 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
         parts += [
             f"Attribute binding on shapes-sugarcrepe {binding['category']} ({binding['items']} items, `pipeline.diagnostics.attribute_binding`): the share of a colour / shape word's plan mass "
             "(depths summed) on its referent's visible patches, for the true caption and for the negative (whose colour words name the other object); the Bhattacharyya overlap of "
-            "adjacent colour–shape rows; and how often the true caption wins on those overlaps alone (`acc_bc`) and on the order energy over every adjacent pair (`acc_order`). "
+            "adjacent colour–shape rows; and how often the true caption wins on those overlaps alone (`acc_bc`), on the order energy over every adjacent pair (`acc_order`), "
+            "and on S read over each word's *true* referent patches (`acc_S_referent`: the same words on the same objects, only their context in the caption differs). "
             "A linear probe of the patch grids reads the same items from the *true* visible masks: `reports/bench/probes.json` (`pipeline bench probes`).",
             "| " + " | ".join(k for k in binding if k not in ("category", "items")) + " |\n|" + "---|" * (len(binding) - 2) + "\n| "
             + " | ".join(f"{v:.3f}" for k, v in binding.items() if k not in ("category", "items")) + " |",

@@ -240,6 +240,15 @@ def test_unknown_options_are_rejected_with_the_valid_ones():
         BindClipConfig(plan="outer-product")
 
 
+def test_scale_init_is_one_value_or_one_per_energy():
+    one = create_scorer("bindclip", dims=DIMS, proj=random_projections(), scale_init=2.0)
+    each = create_scorer("bindclip", dims=DIMS, proj=random_projections(), scale_init=[1.0, 2.0, 10.0, 0.5])
+    torch.testing.assert_close(one.scale_logits.exp(), torch.full((4,), 2.0))
+    torch.testing.assert_close(each.scale_logits.exp(), torch.tensor([1.0, 2.0, 10.0, 0.5]))
+    with pytest.raises(ValueError, match="one per energy"):
+        create_scorer("bindclip", dims=DIMS, proj=random_projections(), scale_init=[1.0, 2.0])
+
+
 def test_parameter_breakdown_vit_l_14_336():
     dims = FeatureDims(grid=(24, 24), d_v=1024, d_t=768, embed_dim=768, context_length=77)
     pb = parameter_breakdown(dims)

@@ -177,3 +177,7 @@ def test_attribute_binding_hand_values():
     assert out["bc colour-shape (negative)"] == pytest.approx(np.sqrt(0.5))
     assert out["S own > other colour"] == 0.5 and out["S own > other shape"] == 1.0
     assert out["acc_bc"] == 1.0 and out["acc_order"] == 0.0
+    # S on the referents: true 0.5 + 0.5 + 0.05 + 0.5 (depths averaged) > negative 0
+    assert out["acc_S_referent"] == 1.0
+    S[0, n + 6, 1, 3] = 4.0  # the negative's "circle" reads 2.0 on the circle: now it wins
+    assert attribute_binding(Stub(), _RowStore(), manifest, index)["acc_S_referent"] == 0.0

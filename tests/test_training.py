@@ -93,6 +93,27 @@ def test_region_grounding_hand_cases():
     torch.testing.assert_close(contrast, loss + torch.tensor([0.0, -math.log(0.1 / 0.2)]))
 
 
+def test_compatibility_contrast_hand_computed():
+    """softplus(-(mean S on own visible patches - mean S on the other objects') / T), the
+    mean over depths; 0 for a token whose scene has no other object."""
+    import torch.nn.functional as F
+
+    from pipeline.objectives import compatibility_contrast
+
+    S = torch.tensor([[[[0.9, 0.5, 0.1, -0.3], [0.2, 0.2, 0.4, 0.0]], [[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]]])
+    own = torch.tensor([[True, True, False, False], [True, False, False, False]])
+    other = torch.tensor([[False, False, True, True], [False, False, False, False]])
+    loss = compatibility_contrast(S, torch.tensor([0, 0]), torch.tensor([0, 1]), own, other, temperature=0.1)
+    depth0 = F.softplus(torch.tensor(-((0.9 + 0.5) / 2 - (0.1 - 0.3) / 2) / 0.1))
+    depth1 = F.softplus(torch.tensor(-((0.2 + 0.2) / 2 - (0.4 + 0.0) / 2) / 0.1))
+    torch.testing.assert_close(loss, torch.stack([(depth0 + depth1) / 2, torch.tensor(0.0)]))
+    # the gradient raises S on the own patches and lowers it on the other object's
+    S.requires_grad_(True)
+    compatibility_contrast(S, torch.tensor([0]), torch.tensor([0]), own[:1], other[:1]).sum().backward()
+    g = S.grad[0, 0, 1]
+    assert (g[:2] < 0).all() and (g[2:] > 0).all()
+
+
 def test_box_cells_and_word_positions():
     cells = box_cells(torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.6, 0.6, 0.65, 0.65]]), (2, 2))
     assert cells.tolist() == [[True, False, False, False], [False, False, False, True]]
@@ -206,8 +227,9 @@ def test_load_pairs_mask_region_needs_scenes_and_checks_its_name(tiny_store):
     from pipeline.training import step_losses
 
     _, batch, weights, model = _probe(tiny_store, ("grounding",))
-    with pytest.raises(ValueError, match="region='mask'"):  # no distractor cells to contrast with
-        step_losses(model, mask, batch, weights, 1.0, None, ground_contrast=True)
+    for option in ("ground_contrast", "ground_compat"):  # no distractor cells to contrast with
+        with pytest.raises(ValueError, match="region='mask'"):
+            step_losses(model, mask, batch, weights, 1.0, None, **{option: True})
     with pytest.raises(ValueError, match="'box' or 'mask'"):
         load_pairs(tiny_store, "shapes-train", region="disc")
 
@@ -448,3 +470,57 @@ def test_reflection_per_caption_compares_each_captions_scaled_energies(tiny_stor
     assert pair == pytest.approx(float(consistency(s1, s0).mean()), rel=1e-4)
     want = float((consistency(e1[:, 0], e0[:, 0]) + consistency(e1[:, 1], e0[:, 1])).mean())
     assert per == pytest.approx(want, rel=1e-4) and per != pytest.approx(pair, rel=1e-3)
+
+
+def test_binding_pairs_match_the_same_word_on_the_same_object_after_another_word():
+    """"circle" after "red" (pos) and after "blue" (neg), same box: a pair; "blue" after "a"
+    in both: no pair (same preceding token); a word on another box: no pair."""
+    from pipeline.training import _binding_pairs
+
+    # ids [n, C]: sot, content..., eot; rows are positions - 1
+    pos_ids = torch.tensor([[49406, 1, 10, 20, 2, 1, 11, 21, 49407], [49406, 1, 10, 20, 49407, 0, 0, 0, 0]])
+    neg_ids = torch.tensor([[49406, 1, 11, 20, 2, 1, 11, 21, 49407], [49406, 1, 10, 20, 49407, 0, 0, 0, 0]])
+    box_a, box_b = [0.0, 0.0, 0.5, 0.5], [0.5, 0.5, 1.0, 1.0]
+    # item 0: pos grounds "circle"(20) at row 2 -> box_a, "blue"(11) at row 5 -> box_b
+    #         neg grounds "circle"(20) at row 2 -> box_a (after 11, not 10), "blue"(11) at row 1 -> box_b
+    # item 1: identical captions: nothing differs
+    offsets, rows, boxes = [0, 2, 3], [2, 5, 2], [box_a, box_b, box_a]
+    n_offsets, n_rows, n_boxes = [0, 2, 3], [2, 1, 2], [box_a, box_b, box_a]
+    out, pos_e, neg_e = _binding_pairs(offsets, rows, boxes, n_offsets, n_rows, n_boxes, pos_ids, neg_ids)
+    assert out == [0, 1, 1] and pos_e == [0] and neg_e == [0]
+
+
+def test_binding_contrast_and_its_objective(tiny_store):
+    """softplus(-(mean S of the word in pos - in neg, over the object's patches) / T), the
+    mean over depths; the "binding" objective is off unless its weight is set."""
+    import math
+
+    import torch.nn.functional as F
+
+    from pipeline.objectives import binding_contrast, worst_group
+    from pipeline.training import step_losses
+
+    S = torch.zeros(1, 4, 2, 3)
+    S[0, 0, :, :2] = torch.tensor([[0.8, 0.4], [0.2, 0.2]])  # pos row 0 over the object's 2 cells
+    S[0, 2, :, :2] = torch.tensor([[0.2, 0.2], [0.5, 0.3]])  # neg row 2
+    S[0, 0, :, 2] = S[0, 2, :, 2] = 9.0  # outside the object: ignored
+    loss = binding_contrast(S, torch.tensor([0]), torch.tensor([0]), torch.tensor([2]), torch.tensor([[True, True, False]]))
+    expected = (F.softplus(torch.tensor(-(0.6 - 0.2) / 0.1)) + F.softplus(torch.tensor(-(0.2 - 0.4) / 0.1))) / 2
+    torch.testing.assert_close(loss, expected[None])
+
+    data, batch, weights, model = _probe(tiny_store, ("preference",))
+    data.b_offsets = np.arange(len(data) + 1)  # one pair per item: the shape word at row 2 of both captions
+    data.b_pos_row = data.b_neg_row = torch.tensor([2] * len(data))
+    data.b_cells = torch.zeros(len(data), 16, dtype=torch.bool)
+    data.b_cells[:, :4] = True
+    with torch.no_grad():
+        off = step_losses(model, data, batch, weights, math.inf, None)[1]
+        on = step_losses(model, data, batch, {**weights, "binding": 1.0}, math.inf, None)[1]
+        e = model.explain(
+            data.images.index(data.image[batch]), data.texts.index(data.pos[batch]), data.texts.index(data.neg[batch])
+        )
+        n_tok = (e.plan.shape[1] - 1) // 2
+        rows = torch.tensor([2] * len(batch))
+        value = binding_contrast(e.S, batch, rows, rows + n_tok, data.b_cells[batch], model.config.epsilon)
+    assert "binding" not in off
+    assert on["binding"] == pytest.approx(float(worst_group(value, data.family[batch], math.inf)), rel=1e-5)

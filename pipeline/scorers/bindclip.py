@@ -207,6 +207,35 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
     0.698 / 0.505 / 0.66 / 0.59 / 0.76 / 0.752 (colour words' in-mask mass 0.54, S own >
     other 76%, yet swap-att 59); ``ground_region="mask"`` 0.68 / 0.53 / 0.654 / 0.61 /
     0.74 / 0.771, three seeds 0.764 (0.752-0.771) against 0.771: not adopted.
+  - *Raising S's colour discrimination does not reach the score* (on top of nu_v 0.3,
+    same order of figures; the setting itself, the pipeline's seed 0: 0.69 / 0.52 / 0.669
+    / 0.62 / 0.77 / 0.767). ``TrainConfig.ground_compat`` (a grounding term on S itself,
+    :func:`pipeline.objectives.compatibility_contrast`: a grounded word's mean S on its
+    object's visible patches above its mean on the other objects') lifts S own > other to
+    81% of colour words (92% of shape words) but not the plan (colour words' in-mask mass
+    0.48, overlaps pick the true caption on 63% of items): 0.7575 / 0.615 / 0.639 / 0.55 /
+    0.73 / 0.773; three seeds 0.7708 (0.758-0.781) against 0.771, swap-att 55 / 59 / 58
+    against 62 / 61 / 60; on the true caption's words only: 0.67 / 0.47 / 0.649 / 0.58 /
+    0.69 / 0.752. The order energy is the binding channel, and training shrinks its
+    scale: the pipeline's seeds end at exp(lambda_order) 0.32-0.37 (semantic 11.7-13.8);
+    ``scale_init`` [1, 1, 10, 1] (order starts at 10) ends at 2.8: 0.675 / 0.55 / 0.635 /
+    0.62 / 0.70 / 0.756. A second channel is in the text: a linear probe reads the
+    preceding colour from a noun's token state on 78% of held-out shapes-train nouns
+    (chance 16%; ``pipeline bench probes``, "text"), and summed over each word's *true*
+    referent patches the pipeline's S already prefers the true swap-att caption on 71% of
+    items (attribute-binding table, ``acc_S_referent``); the plan does not read it there.
+    The ``binding`` objective (ours, weight 0 by default;
+    :func:`pipeline.objectives.binding_contrast`, pairs from ``_binding_pairs`` in
+    ``pipeline/training.py``: the same word on the same object after a different word in
+    pos and neg, 476 pairs in the attribute family, 54 in negation) asks S for that
+    directly: weight 1 / 3 / 10 0.635 / 0.495 / 0.644 / 0.61 / 0.74 / 0.7625, 0.632 / 0.465
+    / 0.609 / 0.59 / 0.71 / 0.756 (three seeds 0.755) and 0.53 / 0.34 / 0.594 / 0.55 / 0.65
+    / 0.717 -- the stronger it is, the less the 71% holds on swap-att (53% at 10): it
+    learns the training edits (replace a colour), not binding. The column-evidence
+    temperature tau 0.3 / 1.0 (0.1): 0.735 / 0.59 / 0.679 / 0.56 / 0.77 / 0.783 and 0.66 /
+    0.465 / 0.659 / 0.58 / 0.77 / 0.7625; tau 0.3 over three seeds 0.767 (0.756-0.783),
+    swap-att 56 / 61 / 55, ARO relation 67.9 / 67.9 / 62.4. None adopted (three-seed dev
+    at or below 0.771).
   - *Depth is not in the patch grids.* The same probe of "this patch belongs to the
     object in front", trained on the depth family's images and their counterfactuals
     (which only swap the drawing order), fits 57-58% of its training patches. Read over
@@ -352,7 +381,7 @@ class BindClipConfig:
     consensus: bool = True  # consensus co-transport (§1.5); False for the ablation
     plan: str = "sinkhorn"  # "sinkhorn" | "outer" (lesion: P = r ⊗ c, §1.7)
     max_tokens: int = 32  # caption truncation in content tokens (paper: 32)
-    scale_init: float = 10.0  # initial exp(lambda_k) of every energy (world.md pitfall)
+    scale_init: float | list[float] = 10.0  # initial exp(lambda_k): one for every energy, or 4 in ENERGIES order (world.md pitfall)
     var_floor: float = 1e-4  # added to a token's spatial variance before the log (ours)
     sinkhorn_tol: float = 1e-3  # max abs marginal error (total mass 1) before the solver warns
     absorb_every: int | None = 16  # Sinkhorn absorption block (None = pure log domain)
@@ -372,6 +401,9 @@ class BindClipConfig:
             raise ValueError(f"residual must be 'phi_t' or 'lexical', got {self.residual!r}")
         if self.order not in ("bhattacharyya", "cross"):
             raise ValueError(f"order must be 'bhattacharyya' or 'cross', got {self.order!r}")
+        init = list(self.scale_init) if isinstance(self.scale_init, (list, tuple)) else [self.scale_init]
+        if len(init) not in (1, len(ENERGIES)) or min(init) <= 0:
+            raise ValueError(f"scale_init must be one positive value or one per energy {ENERGIES}, got {self.scale_init!r}")
         if self.relation_center not in (None, "caption", "pair"):
             raise ValueError(f"relation_center must be None, 'caption' or 'pair', got {self.relation_center!r}")
 
@@ -551,7 +583,8 @@ class BindClip(Scorer):
         self.phi_v = nn.Sequential(nn.LayerNorm(dims.d_v), nn.Linear(dims.d_v, h))
         self.depth_offset = nn.Parameter(torch.zeros(2, h))  # [L, h] (early, final)
         self.relation = nn.Linear(h, 5, bias=config.relation_bias)  # U: 3 relative (dx, dy, dspread) + 2 absolute
-        self.scale_logits = nn.Parameter(torch.full((4,), math.log(config.scale_init)))
+        init = torch.as_tensor(config.scale_init, dtype=torch.float32).expand(len(ENERGIES)).clone()
+        self.scale_logits = nn.Parameter(init.log())
         if config.learn_sharpness:  # kappa: the plan's kernel is exp(exp(kappa) S / eps)
             self.sharpness = nn.Parameter(torch.zeros(()))
         self.register_buffer("logit_scale", torch.as_tensor(proj.logit_scale).float().clone())
