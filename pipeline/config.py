@@ -127,7 +127,8 @@ class TrainConfig:
     ground_negatives: bool = False  # region grounding also on neg's words that alone name one object
     ground_region: str = "box"  # grounding target: the object's "box" or its visible "mask" (patches)
     ground_contrast: bool = False  # grounding also -log(m_own / (m_own + m_other objects))
-    ground_compat: bool = False  # grounding also softplus(-(mean S on own object - on other objects) / eps)
+    ground_compat: bool = False  # grounding also softplus((margin - (mean S on own object - on other objects)) / eps)
+    ground_compat_margin: float = 0.0  # the margin of ground_compat
     image_per_caption: bool = False  # image objective also on each caption's learned part (I vs I')
     consistency_target: str = "both"  # "both": s' and s pulled together; "original": s detached, only s' follows it
     out: str = "cache/checkpoints"  # <out>/<variant>/model.safetensors (+ seed<k>/)

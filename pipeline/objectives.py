@@ -166,8 +166,9 @@ def compatibility_contrast(
     own: torch.Tensor,
     other: torch.Tensor,
     temperature: float = 0.1,
+    margin: float = 0.0,
 ) -> torch.Tensor:
-    """[M] ``softplus(-(S_own - S_other) / temperature)``, averaged over depths *(ours)*.
+    """[M] ``softplus((margin - (S_own - S_other)) / temperature)``, averaged over depths *(ours)*.
 
     A grounding term on the compatibility itself, before any plan: a grounded word's mean
     S over its object's visible patches must exceed its mean S over the patches of the
@@ -181,13 +182,15 @@ def compatibility_contrast(
         item, row: [M] batch index and row of each grounded token.
         own, other: [M, R] bool, the token's object's visible patches and the other objects'.
         temperature: the logistic's temperature (the Sinkhorn epsilon is a natural choice).
+        margin: the gap asked for; at the Sinkhorn epsilon eps, a gap g makes the kernel
+            exp(g / eps) times larger on the own object's patches than on the others'.
     """
     s = S[item, row].float()  # [M, L, R]
     own_f, other_f = own[:, None].to(s.dtype), other[:, None].to(s.dtype)  # [M, 1, R]
     mean_own = (s * own_f).sum(-1) / own_f.sum(-1).clamp_min(1.0)  # [M, L]
     mean_other = (s * other_f).sum(-1) / other_f.sum(-1).clamp_min(1.0)
     has_other = other.any(-1).to(s.dtype)  # [M]
-    return F.softplus(-(mean_own - mean_other) / temperature).mean(-1) * has_other
+    return F.softplus((margin - (mean_own - mean_other)) / temperature).mean(-1) * has_other
 
 
 def binding_contrast(

@@ -394,6 +394,7 @@ def step_losses(
     image_per_caption: bool = False,
     ground_contrast: bool = False,
     ground_compat: bool = False,
+    ground_compat_margin: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss of one batch of item indices [B] and each objective's value (floats).
 
@@ -418,7 +419,7 @@ def step_losses(
     it needs ``data.g_other``. ``ground_compat`` adds to each grounded word's loss
     :func:`~pipeline.objectives.compatibility_contrast`: its compatibility S, averaged over
     its object's visible patches, above its average over the other objects' (temperature:
-    the scorer's Sinkhorn epsilon); it needs ``data.g_mask``. Both need ``data`` loaded
+    the scorer's Sinkhorn epsilon), by ``ground_compat_margin``; it needs ``data.g_mask``. Both need ``data`` loaded
     with ``load_pairs(..., object_masks=True)`` or ``region="mask"``.
     """
     if consistency_target not in ("both", "original"):
@@ -510,7 +511,10 @@ def step_losses(
             distractors = torch.cat(other) if ground_contrast else None
             loss = region_grounding(e.plan[:B], e.r[:B], item, row, torch.cat(cells), other=distractors)
             if ground_compat:
-                loss = loss + compatibility_contrast(e.S[:B], item, row, torch.cat(visible), torch.cat(other), temperature)
+                compat = compatibility_contrast(
+                    e.S[:B], item, row, torch.cat(visible), torch.cat(other), temperature, ground_compat_margin
+                )
+                loss = loss + compat
             per["grounding"] = (loss, fam[item])
     if on["binding"] != 0 and data.b_offsets is not None:
         n_tok = (e.plan.shape[1] - 1) // 2
@@ -689,6 +693,7 @@ def train_seed(
                 image_per_caption=cfg.image_per_caption,
                 ground_contrast=cfg.ground_contrast,
                 ground_compat=cfg.ground_compat,
+                ground_compat_margin=cfg.ground_compat_margin,
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -107,6 +107,11 @@ def test_compatibility_contrast_hand_computed():
     depth0 = F.softplus(torch.tensor(-((0.9 + 0.5) / 2 - (0.1 - 0.3) / 2) / 0.1))
     depth1 = F.softplus(torch.tensor(-((0.2 + 0.2) / 2 - (0.4 + 0.0) / 2) / 0.1))
     torch.testing.assert_close(loss, torch.stack([(depth0 + depth1) / 2, torch.tensor(0.0)]))
+    # a margin m asks for a gap of m: softplus((m - gap) / T)
+    with_margin = compatibility_contrast(S, torch.tensor([0]), torch.tensor([0]), own[:1], other[:1], 0.1, margin=0.3)
+    gap0, gap1 = (0.9 + 0.5) / 2 - (0.1 - 0.3) / 2, (0.2 + 0.2) / 2 - (0.4 + 0.0) / 2
+    expected = (F.softplus(torch.tensor((0.3 - gap0) / 0.1)) + F.softplus(torch.tensor((0.3 - gap1) / 0.1))) / 2
+    torch.testing.assert_close(with_margin, expected[None])
     # the gradient raises S on the own patches and lowers it on the other object's
     S.requires_grad_(True)
     compatibility_contrast(S, torch.tensor([0]), torch.tensor([0]), own[:1], other[:1]).sum().backward()
