@@ -215,8 +215,7 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
     81% of colour words (92% of shape words) but not the plan (colour words' in-mask mass
     0.48, overlaps pick the true caption on 63% of items): 0.7575 / 0.615 / 0.639 / 0.55 /
     0.73 / 0.773; three seeds 0.7708 (0.758-0.781) against 0.771, swap-att 55 / 59 / 58
-    against 62 / 61 / 60; on the true caption's words only: 0.67 / 0.47 / 0.649 / 0.58 /
-    0.69 / 0.752; with ``ground_compat_margin`` 0.3 (ask for a gap of 0.3, a kernel ratio
+    against 62 / 61 / 60; with ``ground_compat_margin`` 0.3 (ask for a gap of 0.3, a kernel ratio
     of e^3 at eps 0.1) the rows sharpen (colour words' in-mask mass 0.56, shape 0.72;
     adjacent colour-shape overlaps 0.68 vs 0.61 in the negative) but S own > other stays
     at 81% and the overlaps pick the true caption on only 61% of items: 0.6875 / 0.515 /
