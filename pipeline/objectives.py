@@ -136,7 +136,7 @@ def region_grounding(
 ) -> torch.Tensor:
     """[M] ``-log(token mass inside its object's box / token row mass)`` (objective 4).
 
-    With ``other`` (the patches of the scene's other objects, :func:`other_object_cells`)
+    With ``other`` (the patches of the scene's other objects, :func:`object_cells`)
     a contrast term ``-log(m_in / (m_in + m_other))`` is added *(ours)*: the first term is
     also met by mass on any object (objectness), this one only by mass on the right one.
 
@@ -186,11 +186,8 @@ def compatibility_contrast(
             exp(g / eps) times larger on the own object's patches than on the others'.
     """
     s = S[item, row].float()  # [M, L, R]
-    own_f, other_f = own[:, None].to(s.dtype), other[:, None].to(s.dtype)  # [M, 1, R]
-    mean_own = (s * own_f).sum(-1) / own_f.sum(-1).clamp_min(1.0)  # [M, L]
-    mean_other = (s * other_f).sum(-1) / other_f.sum(-1).clamp_min(1.0)
-    has_other = other.any(-1).to(s.dtype)  # [M]
-    return F.softplus((margin - (mean_own - mean_other)) / temperature).mean(-1) * has_other
+    gap = _mean_over_cells(s, own) - _mean_over_cells(s, other)  # [M, L]
+    return F.softplus((margin - gap) / temperature).mean(-1) * other.any(-1).to(s.dtype)
 
 
 def binding_contrast(
@@ -214,11 +211,14 @@ def binding_contrast(
         item: [K] batch index; pos_row, neg_row: [K] rows of the word in each caption.
         cells: [K, R] bool, the object's patches.
     """
-    w = cells[:, None].to(S.dtype)  # [K, 1, R]
-    n = w.sum(-1).clamp_min(1.0)
-    s_pos = (S[item, pos_row].float() * w).sum(-1) / n  # [K, L]
-    s_neg = (S[item, neg_row].float() * w).sum(-1) / n
-    return F.softplus(-(s_pos - s_neg) / temperature).mean(-1)
+    gap = _mean_over_cells(S[item, pos_row].float(), cells) - _mean_over_cells(S[item, neg_row].float(), cells)
+    return F.softplus(-gap / temperature).mean(-1)
+
+
+def _mean_over_cells(s: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+    """[M, L] mean of s [M, L, R] over each row's cells [M, R] (bool; 0 where none)."""
+    w = cells[:, None].to(s.dtype)  # [M, 1, R]
+    return (s * w).sum(-1) / w.sum(-1).clamp_min(1.0)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -296,8 +296,23 @@ def _match_boxes(objects: Sequence[dict], boxes: torch.Tensor) -> list[int | Non
 def object_cells(
     objects: Sequence[dict], boxes: torch.Tensor, grid: tuple[int, int], min_overlap: float = 0.25
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(:func:`visible_cells`, :func:`other_object_cells`) of the same boxes, [M, R] bool
-    each, from one rasterisation of the scene."""
+    """(visible cells, other objects' cells) of each box, [M, R] bool each, from one
+    rasterisation of the scene (:func:`visible_cover`).
+
+    * visible cells: the patches at least ``min_overlap`` covered by the visible part of
+      the object the box belongs to -- a sharper grounding target than :func:`box_cells`,
+      as a box also holds background and the parts of other objects that overlap it
+      *(ours)*. The patch the visible part covers most always counts.
+    * other objects' cells: the patches of every *other* object of the scene (visible part
+      >= ``min_overlap``) that the box's own object covers less than ``min_overlap`` -- the
+      distractors of :func:`region_grounding`'s contrast term.
+
+    Each box is matched to the scene object with that ``box``; a box that matches none
+    falls back to :func:`box_cells` and has no distractors.
+
+    Args:
+        boxes: [M, 4] normalised ``[x0, y0, x1, y1]``, as in :func:`box_cells`.
+    """
     own = box_cells(boxes, grid, min_overlap)  # the fallback
     other = torch.zeros_like(own)
     if not len(objects):
@@ -310,33 +325,6 @@ def object_cells(
             own[m, int(cover[k].argmax())] = True
             other[m] = torch.cat([covered[:k], covered[k + 1 :]]).any(0) & ~covered[k]
     return own, other
-
-
-def visible_cells(
-    objects: Sequence[dict], boxes: torch.Tensor, grid: tuple[int, int], min_overlap: float = 0.25
-) -> torch.Tensor:
-    """[M, R] bool: patches at least ``min_overlap`` covered by the visible part
-    (:func:`visible_cover`) of the object each box belongs to.
-
-    A sharper grounding target than :func:`box_cells`: a box also holds background and the
-    parts of other objects that overlap it *(ours)*. Each box is matched to the scene
-    object with that ``box``; a box that matches none falls back to :func:`box_cells`. The
-    patch the visible part covers most always counts.
-
-    Args:
-        boxes: [M, 4] normalised ``[x0, y0, x1, y1]``, as in :func:`box_cells`.
-    """
-    return object_cells(objects, boxes, grid, min_overlap)[0]
-
-
-def other_object_cells(
-    objects: Sequence[dict], boxes: torch.Tensor, grid: tuple[int, int], min_overlap: float = 0.25
-) -> torch.Tensor:
-    """[M, R] bool: patches of every *other* object of the scene (visible part >=
-    ``min_overlap``) that the box's own object covers less than ``min_overlap``; all False
-    for a box that matches no object. The distractors of :func:`region_grounding`'s
-    contrast term."""
-    return object_cells(objects, boxes, grid, min_overlap)[1]
 
 
 def word_token_positions(

@@ -168,10 +168,9 @@ def load_pairs(
 
     ``region``: a grounded word's target cells, the patches of its object's ``"box"``
     (:func:`~pipeline.objectives.box_cells`) or of the object's visible part, ``"mask"``
-    (:func:`~pipeline.objectives.visible_cells`, from the manifest's ``scene``). With
+    (:func:`~pipeline.objectives.object_cells`, from the manifest's ``scene``). With
     ``region="mask"`` or ``object_masks`` the object's visible patches and the other
-    objects' (:func:`~pipeline.objectives.object_cells`) are kept too (``g_mask``,
-    ``g_other``).
+    objects' are kept too (``g_mask``, ``g_other``).
     """
     if region not in ("box", "mask"):
         raise ValueError(f"grounding region must be 'box' or 'mask', got {region!r}")
@@ -308,6 +307,11 @@ def _binding_pairs(
     return out, pos_e, neg_e
 
 
+def objective_weight(weights: dict[str, float], name: str) -> float:
+    """The weight of objective ``name``: as given, else 1 (0 for :data:`OFF_BY_DEFAULT`)."""
+    return weights.get(name, 0.0 if name in OFF_BY_DEFAULT else 1.0)
+
+
 def _batch_entries(offsets: np.ndarray, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The CSR entries of the batch's items, in batch order: (entry indices [M], position
     of each entry's item within the batch [M])."""
@@ -419,12 +423,12 @@ def step_losses(
     it needs ``data.g_other``. ``ground_compat`` adds to each grounded word's loss
     :func:`~pipeline.objectives.compatibility_contrast`: its compatibility S, averaged over
     its object's visible patches, above its average over the other objects' (temperature:
-    the scorer's Sinkhorn epsilon), by ``ground_compat_margin``; it needs ``data.g_mask``. Both need ``data`` loaded
-    with ``load_pairs(..., object_masks=True)`` or ``region="mask"``.
+    the scorer's Sinkhorn epsilon), by ``ground_compat_margin``; it needs ``data.g_mask``.
+    Both need ``data`` loaded with ``load_pairs(..., object_masks=True)`` or ``region="mask"``.
     """
     if consistency_target not in ("both", "original"):
         raise ValueError(f"consistency_target must be 'both' or 'original', got {consistency_target!r}")
-    on = {k: weights.get(k, 0.0 if k in OFF_BY_DEFAULT else 1.0) for k in OBJECTIVES}
+    on = {k: objective_weight(weights, k) for k in OBJECTIVES}
     fam = data.family[batch]  # [B]
     chunks = [(data.image[batch], data.pos[batch], data.neg[batch])]
     sel: dict[str, torch.Tensor] = {}
@@ -447,6 +451,7 @@ def step_losses(
     e = model.explain(image, text_a, text_b)  # one forward over every chunk
     B = len(batch)
     temperature = getattr(getattr(model, "config", None), "epsilon", 0.1)  # of the S contrasts
+    n_tok = (e.plan.shape[1] - 1) // 2  # plan rows [pos (N); neg (N); null]
     s0, g0 = e.score[:B], e.margin[:B]
 
     per: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
@@ -486,7 +491,6 @@ def step_losses(
     if (ground_compat or on["binding"] != 0) and getattr(e, "S", None) is None:
         raise ValueError(f"ground_compat and the binding objective read the compatibility S, which {type(model).__name__} does not expose")
     if on["grounding"] != 0:
-        n_tok = (e.plan.shape[1] - 1) // 2  # rows [pos (N); neg (N); null]
         if (ground_contrast or ground_compat) and data.g_other is None:
             raise ValueError(
                 "ground_contrast / ground_compat need the objects' visible cells: "
@@ -517,7 +521,6 @@ def step_losses(
                 loss = loss + compat
             per["grounding"] = (loss, fam[item])
     if on["binding"] != 0 and data.b_offsets is not None:
-        n_tok = (e.plan.shape[1] - 1) // 2
         ent, b_item = _batch_entries(data.b_offsets, batch)
         keep = (data.b_pos_row[ent] < n_tok) & (data.b_neg_row[ent] < n_tok)  # both rows in the plan
         if keep.any():
@@ -775,7 +778,7 @@ def train_scorer(
     torch.set_num_threads(cfg.threads)
     try:
         # the word -> object maps serve grounding and the binding objective (off by default)
-        grounding = cfg.weights.get("grounding", 1.0) != 0 or cfg.weights.get("binding", 0.0) != 0
+        grounding = objective_weight(cfg.weights, "grounding") != 0 or objective_weight(cfg.weights, "binding") != 0
         masks = cfg.ground_compat or cfg.ground_contrast  # the objects' visible cells
         train = load_pairs(store, cfg.train_suite, grounding, region=cfg.ground_region, object_masks=masks)
         dev = load_pairs(store, cfg.dev_suite, grounding=False)

@@ -18,10 +18,9 @@ from pipeline.objectives import (
     consistency,
     group_means,
     image_contrast,
-    other_object_cells,
+    object_cells,
     region_grounding,
     structural_sufficiency,
-    visible_cells,
     visible_cover,
     word_token_positions,
     worst_group,
@@ -154,12 +153,12 @@ def test_visible_cells_match_boxes_to_objects_and_fall_back_to_the_box():
     back, front = _square(0.25, 0.25, z=0, half=0.2), _square(0.5, 0.25, z=1, half=0.2)
     foreign = [0.55, 0.55, 0.95, 0.95]  # no object has this box
     boxes = torch.tensor([back["box"], front["box"], foreign])
-    cells = visible_cells([back, front], boxes, (4, 4)).reshape(3, 4, 4)
+    cells, other = object_cells([back, front], boxes, (4, 4))
+    cells, other = cells.reshape(3, 4, 4), other.reshape(3, 4, 4)
     assert cells[0].sum() >= 1 and not cells[0][:, 2:].any()  # back: only left of the front
     assert cells[0].sum() < box_cells(boxes[:1], (4, 4)).sum()  # smaller than its box
     assert cells[1][0, 1] and cells[1][0, 2] and cells[1][1, 1] and cells[1][1, 2]
     assert torch.equal(cells[2], box_cells(boxes[2:], (4, 4)).reshape(4, 4))
-    other = other_object_cells([back, front], boxes, (4, 4)).reshape(3, 4, 4)
     assert torch.equal(other[0], cells[1] & ~cells[0]) and torch.equal(other[1], cells[0] & ~cells[1])
     assert not other[2].any()  # no object of its own: no distractors
 
