@@ -124,6 +124,7 @@ class TrainConfig:
     relation_l1: float = 0.0  # weight of mean |d| over content tokens (BindCLIP relation head; 0 = off)
     reflection_per_caption: bool = False  # reflection consistency on each caption's scaled energies, not only on s
     paraphrase_positives: bool = False  # also apply caption preference to (I, paraphrase, neg): a paraphrase is a true caption
+    flip_positives: bool = False  # also apply caption preference to the mirrored copies (flip I, flip pos, flip neg)
     ground_negatives: bool = False  # region grounding also on neg's words that alone name one object
     ground_region: str = "box"  # grounding target: the object's "box" or its visible "mask" (patches)
     ground_contrast: bool = False  # grounding also -log(m_own / (m_own + m_other objects))

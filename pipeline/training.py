@@ -23,11 +23,12 @@ current curriculum phase (all items by default) with the seeded generator.
 [families]], ...]``), ``consistency_from`` (fraction of steps before which reflection
 and paraphrase consistency are off), ``consistency_target`` (``"original"``: the original
 item's score is the fixed target of the consistency terms), ``paraphrase_positives``
-(the paraphrased copies also enter caption preference), ``relation_l1`` (weight of the
+(the paraphrased copies also enter caption preference), ``flip_positives`` (the mirrored
+copies too), ``relation_l1`` (weight of the
 mean absolute relation-head output) and ``reflection_per_caption`` (reflection consistency
 on each caption's scaled energies ``sum_k exp(lambda_k) E_k(X)`` instead of on ``s``: it
 also pins what the pair difference leaves free, e.g. a rightward bias shared by "left" and
-"right"). These four were tried on the shapes world and are off by default
+"right"). These were tried on the shapes world and are off by default
 (``pipeline/scorers/bindclip.py`` has the figures).
 
 Selection *(ours)*: every ``eval_every`` steps (and at the last step) the development
@@ -392,6 +393,7 @@ def step_losses(
     consistency_kind: str = "smooth_l1",
     consistency_target: str = "both",
     paraphrase_positives: bool = False,
+    flip_positives: bool = False,
     relation_l1: float = 0.0,
     reflection_per_caption: bool = False,
     ground_negatives: bool = False,
@@ -407,7 +409,9 @@ def step_losses(
     ``consistency_target="original"`` detaches the original item's score, so only the
     transformed copy is pulled toward it (the original is trained by the other objectives).
     ``paraphrase_positives`` adds the paraphrased copies ``(I, A', neg)`` to the caption
-    preference objective (a paraphrase is a true caption; the forward pass is shared).
+    preference objective (a paraphrase is a true caption; the forward pass is shared);
+    ``flip_positives`` likewise the mirrored copies ``(flip I, flip pos, flip neg)`` (left
+    and right exchanged in both captions: pos is still true of the mirror, neg still false).
     ``reflection_per_caption`` compares each caption's scaled energies instead of ``s``;
     ``relation_l1`` adds that weight times the mean ``|d|`` of the relation head.
     ``ground_negatives`` adds to region grounding the words of neg that by themselves name
@@ -437,7 +441,8 @@ def step_losses(
         "reflection": (data.flip, data.flip_pos, data.flip_neg),
         "paraphrase": (data.image, data.para, data.neg),
     }.items():
-        if on[name] == 0 and not (name == "paraphrase" and paraphrase_positives):
+        wanted = {"paraphrase": paraphrase_positives, "reflection": flip_positives}.get(name, False)
+        if on[name] == 0 and not wanted:
             continue
         ok = (img[batch] >= 0) & (a[batch] >= 0) & (b[batch] >= 0)  # [B]
         if name != "image" and consistency_items is not None:
@@ -483,11 +488,12 @@ def step_losses(
             ref = s0[idx].detach() if consistency_target == "original" else s0[idx]
             per[name] = (consistency(s, ref, consistency_kind), fam[idx])
     per["preference"] = (caption_preference(s0), fam)
-    if paraphrase_positives and "paraphrase" in copies:
-        per["preference"] = (
-            torch.cat([per["preference"][0], caption_preference(copies["paraphrase"])]),
-            torch.cat([fam, fam[sel["paraphrase"]]]),
-        )
+    for name, wanted in (("paraphrase", paraphrase_positives), ("reflection", flip_positives)):
+        if wanted and name in copies:  # a true caption of its image: one more preference item
+            per["preference"] = (
+                torch.cat([per["preference"][0], caption_preference(copies[name])]),
+                torch.cat([per["preference"][1], fam[sel[name]]]),
+            )
     if (ground_compat or on["binding"] != 0) and getattr(e, "S", None) is None:
         raise ValueError(f"ground_compat and the binding objective read the compatibility S, which {type(model).__name__} does not expose")
     if on["grounding"] != 0:
@@ -690,6 +696,7 @@ def train_seed(
                 cfg.consistency_items,
                 consistency_target=cfg.consistency_target,
                 paraphrase_positives=cfg.paraphrase_positives,
+                flip_positives=cfg.flip_positives,
                 relation_l1=cfg.relation_l1,
                 reflection_per_caption=cfg.reflection_per_caption,
                 ground_negatives=cfg.ground_negatives,

@@ -437,6 +437,32 @@ def test_paraphrase_positives_join_the_preference_objective(tiny_store):
     assert both == pytest.approx(want, rel=1e-5)
 
 
+def test_flip_positives_join_the_preference_objective(tiny_store):
+    """The mirrored copies (flip I, flip pos, flip neg) join caption preference like the
+    paraphrased ones; with both options each family averages its item and its two copies."""
+    import torch
+
+    from pipeline.objectives import caption_preference
+    from pipeline.training import step_losses
+
+    data, batch, weights, model = _probe(tiny_store, ("preference",))
+    assert bool((data.flip[batch] >= 0).all() and (data.flip_pos[batch] >= 0).all())
+    with torch.no_grad():
+        flip = step_losses(model, data, batch, weights, math.inf, None, flip_positives=True)[1]["preference"]
+        every = step_losses(
+            model, data, batch, weights, math.inf, None, flip_positives=True, paraphrase_positives=True
+        )[1]["preference"]
+        image = data.images.index(data.image[batch])
+        s0 = model.score_pair(image, data.texts.index(data.pos[batch]), data.texts.index(data.neg[batch]))
+        s1 = model.score_pair(image, data.texts.index(data.para[batch]), data.texts.index(data.neg[batch]))
+        s2 = model.score_pair(
+            data.images.index(data.flip[batch]), data.texts.index(data.flip_pos[batch]), data.texts.index(data.flip_neg[batch])
+        )
+    assert flip == pytest.approx(float((caption_preference(s0) + caption_preference(s2)).mean() / 2), rel=1e-5)
+    want = float((caption_preference(s0) + caption_preference(s1) + caption_preference(s2)).mean() / 3)
+    assert every == pytest.approx(want, rel=1e-5)
+
+
 def test_relation_l1_adds_the_mean_absolute_relation_output(tiny_store):
     import torch
 

@@ -241,6 +241,11 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
     (paper 0.25): 0.6075 / 0.51 / 0.664 / 0.64 / 0.76 / 0.773. None adopted (three-seed
     dev at or below 0.771; nu_t 0.4 within seed noise of the setting on every slice and
     lower on What'sUp).
+  - *Mirrored copies as training pairs.* ``TrainConfig.flip_positives`` adds the mirrored
+    copies (flip I, flip pos, flip neg; left and right exchanged in both captions) that
+    reflection consistency already scores to caption preference, so every horizontal pair
+    is seen with both signs: 0.63 / 0.455 / 0.605 / 0.60 / 0.73 / 0.758 (seed 0, same
+    order of figures; the setting 0.69 / 0.52 / 0.669 / 0.62 / 0.77 / 0.767). Not adopted.
   - *Depth is not in the patch grids.* The same probe of "this patch belongs to the
     object in front", trained on the depth family's images and their counterfactuals
     (which only swap the drawing order), fits 57-58% of its training patches. Read over
