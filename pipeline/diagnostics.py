@@ -238,7 +238,7 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
       ``colour shape`` words (the order energy's co-location, on the pairs that bind);
     * ``acc_bc``: how often the sum of those overlaps is larger for the true caption than
       for the negative; ``acc_order``: the same for the order energy itself (every
-      adjacent pair, as the score reads it);
+      adjacent pair, depths summed; the score reads its per-depth moves through consensus);
     * ``S own > other``: for the true caption's colour / shape words, how often the
       compatibility S (depths summed), averaged over the patches the referent owns (its
       visible part covers most of the patch, and at least half), exceeds its average over

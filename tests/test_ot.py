@@ -129,6 +129,32 @@ def test_masks_give_zero_mass_and_match_unpadded_problem():
     assert float(log.err.max()) < 1e-8
 
 
+@pytest.mark.parametrize("absorb_every", [None, 16])
+def test_padding_leaves_every_iterate_unchanged_and_warm_starts_continue(absorb_every):
+    """Padded rows / columns never enter a sum, not even in the first update: a padded
+    problem equals the unpadded one after any number of iterations, and a solve warm-started
+    by absorbing another solve's potentials into the kernel (how BindCLIP's ``grad_iters``
+    truncates backprop) continues it exactly. A peaked kernel (small plan entries) made the
+    padded rows' start at 0 dominate the warm-started column sums."""
+    C, a, b = _problem(B=3, n=5, m=6, seed=7)
+    log_K = -C / 0.02  # peaked: kernel entries far below 1
+    pad = torch.zeros(3, 8, 6, dtype=C.dtype)
+    pad[:, :5] = log_K
+    ap = torch.zeros(3, 8, dtype=C.dtype)
+    ap[:, :5] = a
+    rows = torch.arange(8) < 5
+    opts = dict(warn=False, absorb_every=absorb_every)
+    for n_iters in (1, 3, 10):
+        P, _ = sinkhorn_log_kernel(log_K, a, b, n_iters, **opts)
+        Pp, _ = sinkhorn_log_kernel(pad, ap, b, n_iters, mask_rows=rows, **opts)
+        torch.testing.assert_close(Pp[:, :5], P, atol=1e-12, rtol=1e-9)
+    full, _ = sinkhorn_log_kernel(pad, ap, b, 12, mask_rows=rows, **opts)
+    _, warm = sinkhorn_log_kernel(pad, ap, b, 9, mask_rows=rows, **opts)
+    absorbed = pad + warm.f[..., :, None] + warm.g[..., None, :]
+    cont, _ = sinkhorn_log_kernel(absorbed, ap, b, 3, mask_rows=rows, **opts)
+    torch.testing.assert_close(cont, full, atol=1e-12, rtol=1e-9)
+
+
 def test_per_item_masks_and_uniform_default():
     C, _, _ = _problem(B=2, n=6, m=6, seed=5)
     mr = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)

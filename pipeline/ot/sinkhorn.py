@@ -176,8 +176,11 @@ def sinkhorn_log_kernel(
 
     log_a = _masked_log(a, mask_rows)  # [..., n]
     log_b = _masked_log(b, mask_cols)  # [..., m]
-    f = torch.zeros_like(log_a)  # [..., n] log u
-    g = torch.zeros_like(log_b)  # [..., m] log v
+    # padded rows / columns start (and stay) at log-zero, so they never enter a column or
+    # row sum: a start at 0 would add exp(log_K) = 1 per padded row to every column sum of
+    # the first update, which a warm-started (absorbed) kernel of tiny entries cannot undo
+    f = torch.where(log_a > _LOG_ZERO, torch.zeros_like(log_a), log_a)  # [..., n] log u
+    g = torch.where(log_b > _LOG_ZERO, torch.zeros_like(log_b), log_b)  # [..., m] log v
     # one exact log-domain iteration first: afterwards exp(log_K + f + g) has row sums a, so
     # it can be absorbed as a kernel without overflow
     f, g = _log_iterations(log_K, f, g, log_a, log_b, min(n_iters, 1))
