@@ -178,7 +178,10 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
   the dev mean as every setting before; it trades swap-att (57 / 52 / 57) for What'sUp and
   ARO relation. Its seeds end at exp(lambda) semantic 2.8-4.6, order 0.23-0.25, spatial
   0.64-0.70; on swap-att colour words put 0.43 of their plan mass on their referent, S own
-  > other holds for 67% of them, ``acc_S_referent`` is 66% (the report's tables).
+  > other holds for 67% of them, ``acc_S_referent`` is 66% (the report's tables). On top
+  of it, ``ground_compat``: 0.774 (0.758-0.796), a tie within the seeds' spread, trading
+  What'sUp individual (0.667 / 0.688 / 0.665), ARO relation (0.619 / 0.639 / 0.650) and
+  swap-obj (68 / 73 / 67, below the goal's 77) for swap-att 59 / 58 / 60; not adopted.
 
 * Limits measured with probes (``pipeline bench probes`` -> ``reports/bench/probes.json``,
   :mod:`pipeline.probes`) and the attribute-binding table
