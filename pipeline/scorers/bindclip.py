@@ -182,6 +182,8 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
   of it, ``ground_compat``: 0.774 (0.758-0.796), a tie within the seeds' spread, trading
   What'sUp individual (0.667 / 0.688 / 0.665), ARO relation (0.619 / 0.639 / 0.650) and
   swap-obj (68 / 73 / 67, below the goal's 77) for swap-att 59 / 58 / 60; not adopted.
+  900 steps instead of 600: seeds 0 and 1 select the same checkpoints, seed 2 a later one
+  (dev 0.767, ARO relation 0.720, swap-att 0.61): 0.770 (0.767-0.773), a tie; not adopted.
 
 * Limits measured with probes (``pipeline bench probes`` -> ``reports/bench/probes.json``,
   :mod:`pipeline.probes`) and the attribute-binding table
