@@ -434,6 +434,7 @@ def step_losses(
         raise ValueError(f"consistency_target must be 'both' or 'original', got {consistency_target!r}")
     on = {k: objective_weight(weights, k) for k in OBJECTIVES}
     fam = data.family[batch]  # [B]
+    positives = {"paraphrase": paraphrase_positives, "reflection": flip_positives}  # copies that join preference
     chunks = [(data.image[batch], data.pos[batch], data.neg[batch])]
     sel: dict[str, torch.Tensor] = {}
     for name, (img, a, b) in {
@@ -441,8 +442,7 @@ def step_losses(
         "reflection": (data.flip, data.flip_pos, data.flip_neg),
         "paraphrase": (data.image, data.para, data.neg),
     }.items():
-        wanted = {"paraphrase": paraphrase_positives, "reflection": flip_positives}.get(name, False)
-        if on[name] == 0 and not wanted:
+        if on[name] == 0 and not positives.get(name, False):
             continue
         ok = (img[batch] >= 0) & (a[batch] >= 0) & (b[batch] >= 0)  # [B]
         if name != "image" and consistency_items is not None:
@@ -488,7 +488,7 @@ def step_losses(
             ref = s0[idx].detach() if consistency_target == "original" else s0[idx]
             per[name] = (consistency(s, ref, consistency_kind), fam[idx])
     per["preference"] = (caption_preference(s0), fam)
-    for name, wanted in (("paraphrase", paraphrase_positives), ("reflection", flip_positives)):
+    for name, wanted in positives.items():
         if wanted and name in copies:  # a true caption of its image: one more preference item
             per["preference"] = (
                 torch.cat([per["preference"][0], caption_preference(copies[name])]),
