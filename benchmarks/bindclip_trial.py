@@ -7,8 +7,9 @@ grad_iters: 8, relation_center: pair}'``. Takes ``params.yaml``, applies the ove
 seed 0 only (``train.seeds`` can be overridden), writes checkpoints, scores and metrics under
 ``DIR/NAME/`` (default ``/tmp/bindclip-trials``), scores ``bindclip`` and ``bindclip-lesion``
 on shapes-whatsup, shapes-aro, shapes-sugarcrepe and shapes-dev, and prints (and saves as
-``DIR/NAME/summary.json``) the goal slices, the dev families, the lesion's dev families and
-the first seed's attribute binding on swap-att (:func:`pipeline.diagnostics.attribute_binding`).
+``DIR/NAME/summary.json``) the goal slices, the dev families, the lesion's dev families,
+the first seed's attribute binding on swap-att (:func:`pipeline.diagnostics.attribute_binding`)
+and its score taken apart on swap-att and ARO attribution (:func:`diagnostics`).
 It needs the cache that ``dvc repro`` (or ``pipeline extract``) leaves in ``cache/features``;
 it never writes there. This is how every trial in the ``pipeline/scorers/bindclip.py``
 docstring was run (2 CPU cores: about 2 minutes per 600-step trial).
@@ -33,6 +34,7 @@ GOAL_SLICES = [
     ("shapes-whatsup", "individual"),
     ("shapes-whatsup", "pair"),
     ("shapes-aro", "relation"),
+    ("shapes-aro", "attribution"),  # not a goal: where non-spatial noise from the spatial energy shows
     ("shapes-sugarcrepe", "swap-att"),
     ("shapes-sugarcrepe", "swap-obj"),
     ("shapes-sugarcrepe", "replace-obj"),
@@ -82,16 +84,30 @@ def summary(metrics_dir: Path) -> dict:
     }
 
 
-def attribute_binding(score, extract) -> dict:
-    """The trial's (seed 0) :func:`pipeline.diagnostics.attribute_binding` on swap-att."""
-    from pipeline.diagnostics import attribute_binding as binding
+BREAKDOWN_SLICES = [("shapes-sugarcrepe", "swap-att"), ("shapes-aro", "attribution")]
+
+
+def diagnostics(score, extract) -> dict:
+    """The trial's (seed 0) :func:`pipeline.diagnostics.attribute_binding` on swap-att, and
+    the score taken apart (:func:`pipeline.diagnostics.energy_breakdowns`: accuracy of s, g,
+    s - g; each energy's share pointing to the true caption / mean size in logits) on the
+    non-spatial ``BREAKDOWN_SLICES``."""
+    from pipeline.diagnostics import attribute_binding, energy_breakdowns
     from stages.score import load_scorer, open_store, suite_inputs
 
     store = open_store(extract)
-    if "shapes-sugarcrepe" not in store.suites():
-        return {}
     scorer = load_scorer("bindclip", store, score)
-    return binding(scorer, store, *suite_inputs(store, "shapes-sugarcrepe"))
+    out: dict = {"attribute_binding": {}, "energy_breakdown": {}}
+    if "shapes-sugarcrepe" in store.suites():
+        out["attribute_binding"] = attribute_binding(scorer, store, *suite_inputs(store, "shapes-sugarcrepe"))
+    for suite, category in BREAKDOWN_SLICES:
+        if suite in store.suites():
+            rows = energy_breakdowns(scorer, store, *suite_inputs(store, suite), suite)["category"]
+            row = next((r for r in rows if r["category"] == category), None)
+            if row is not None:
+                keep = {k: round(v, 3) for k, v in row.items() if isinstance(v, float) and not k.endswith("_gamma")}
+                out["energy_breakdown"][f"{suite} {category}"] = keep
+    return out
 
 
 def main() -> None:
@@ -118,7 +134,7 @@ def main() -> None:
     train_stage.run(load_config(TrainConfig, path, "train"), extract, progress=True)
     score_stage.run(load_config(ScoreConfig, path, "score"), extract, progress=False)
     result = {"name": args.name, "overrides": args.overrides, "seconds": round(time.time() - start), **summary(root / "metrics")}
-    result["attribute_binding"] = attribute_binding(load_config(ScoreConfig, path, "score"), extract)
+    result.update(diagnostics(load_config(ScoreConfig, path, "score"), extract))
     (root / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 

@@ -183,6 +183,21 @@ def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreCo
     fam = analysis.family_table(results, variants)
     if not fam.empty:
         parts += ["### Lesion and consensus ablation by family (shapes-dev)", "The lesion keeps every locked parameter and replaces only the plan by the outer product of its own marginals.", _df_markdown(fam.map(_pct))]
+    cost = analysis.lesion_costs(results, n_resamples=cfg.bootstrap, seed=cfg.seed)
+    if not cost.empty:
+        seeds = [c for c in cost.columns if c.startswith("seed")]
+        shown = pd.DataFrame(
+            {
+                "BindCLIP − lesion [95% CI]": [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" for d, lo, hi in zip(cost["diff"], cost["lo"], cost["hi"], strict=True)],
+                "p": [f"{p:.4f}" for p in cost["p"]],
+                **{c: [f"{100 * x:+.1f}" for x in cost[c]] for c in seeds},
+            },
+            index=cost.index,
+        )
+        parts += [
+            f"What the plan carries, per family: BindCLIP − lesion in points, the scored checkpoint with a paired-bootstrap 95% CI over items ({len(results['shapes-dev']['manifest'])} pairs over {len(cost.index.drop('mean', errors='ignore'))} families), then every training seed (its own checkpoint, with and without its plan) and their mean.",
+            _df_markdown(shown),
+        ]
     grid = analysis.additive_grid(results)
     if not grid.empty:
         local = [v for v in ("clip", "local-max", "local-softmax", "additive", "bindclip") if v in scored]

@@ -262,3 +262,43 @@ def test_goal_checks_bounds_are_inclusive():
         results = {"shapes-sugarcrepe": {"manifest": manifest, "scores": {"clip": scores(96), "bindclip": scores(n_right)}}}
         (check,) = [c for c in goal_checks(results) if c["goal"].startswith("replace-obj")]
         assert check["met"] is met, check
+
+
+def test_lesion_costs_per_family_with_ci_and_seeds():
+    """BindCLIP − lesion per shapes-dev family, hand-counted: on 10 attribute pairs the
+    scorer is right on 8 and its lesion on 5 (+30 points); on 10 entity pairs both on 7.
+    Seeds: seed0 the same, seed1 attribute 6 vs 6 and entity 9 vs 7."""
+    import pandas as pd
+
+    from pipeline.analysis import goal_checks, lesion_costs
+
+    manifest = pd.DataFrame({"family": ["attribute"] * 10 + ["entity"] * 10, "correct": [0] * 20})
+
+    def scores(n_attribute: int, n_entity: int) -> np.ndarray:
+        s = np.zeros((20, 2))
+        s[:n_attribute, 0] = 1.0  # pos preferred on the first n, tie (wrong) after
+        s[10 : 10 + n_entity, 0] = 1.0
+        return s
+
+    runs = {
+        "bindclip": scores(8, 7), "bindclip-lesion": scores(5, 7),
+        "bindclip@seed0": scores(8, 7), "bindclip-lesion@seed0": scores(5, 7),
+        "bindclip@seed1": scores(6, 9), "bindclip-lesion@seed1": scores(6, 7),
+    }
+    results = {"shapes-dev": {"manifest": manifest, "scores": runs}}
+    cost = lesion_costs(results, n_resamples=2000)
+    assert list(cost.index) == ["entity", "attribute", "mean"]
+    assert cost.loc["attribute", "diff"] == pytest.approx(0.3)
+    assert cost.loc["entity", "diff"] == pytest.approx(0.0)
+    assert cost.loc["mean", "diff"] == pytest.approx(0.15)
+    assert cost.loc["attribute", "lo"] <= 0.3 <= cost.loc["attribute", "hi"]
+    assert cost.loc["entity", "lo"] == cost.loc["entity", "hi"] == 0.0  # identical correctness
+    assert cost.loc["attribute", "seed1"] == pytest.approx(0.0)
+    assert cost.loc["entity", "seed1"] == pytest.approx(0.2)
+    assert cost.loc["attribute", "seed mean"] == pytest.approx(0.15)
+    assert cost.loc["entity", "seed mean"] == pytest.approx(0.1)
+    (check,) = [c for c in goal_checks(results) if c["goal"].startswith("lesion loses <= 3")]
+    assert check["met"] is False  # attribute +30
+    assert "attribute +30.0" in check["measured"] and "mean of 2 training seeds" in check["measured"]
+    del runs["bindclip-lesion"]
+    assert lesion_costs(results).empty
