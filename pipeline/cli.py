@@ -274,14 +274,15 @@ def bench_sinkhorn(
     rows: Annotated[int, typer.Option(help="rows per problem")] = 64,
     cols: Annotated[int, typer.Option(help="columns per problem")] = 1153,
     pot_subset: Annotated[int, typer.Option(help="problems POT's loop is timed on (0 = all)")] = 0,
+    batch_block: Annotated[int, typer.Option(help="our solver's problems per block (-1 = automatic: cache-sized on CPU; 0 = one block)")] = -1,
 ) -> None:
     """Batched log-domain Sinkhorn vs POT's per-problem loop, equal work and results."""
     from pipeline.bench_ot import bench_sinkhorn as run_bench
 
-    kwargs = {"n_problems": problems, "n": rows, "m": cols}
+    kwargs = {"n_problems": problems, "n": rows, "m": cols, "batch_block": None if batch_block < 0 else batch_block}
     if pot_subset:
         kwargs["pot_subset"] = pot_subset
-    cmd = f"pipeline bench sinkhorn --problems {problems} --rows {rows} --cols {cols} --pot-subset {pot_subset}"
+    cmd = f"pipeline bench sinkhorn --problems {problems} --rows {rows} --cols {cols} --pot-subset {pot_subset} --batch-block {batch_block}"
     _write_bench("sinkhorn", cmd, run_bench(**kwargs))
 
 

@@ -34,6 +34,7 @@ Functions:
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -85,6 +86,11 @@ def _log_iterations(log_K, f, g, log_a, log_b, k):
     return f, g
 
 
+def _absorb(log_K: torch.Tensor, f: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """exp(log_K + f ⊕ g), [..., n, m], in one new tensor (the sum and exp in place)."""
+    return (log_K + f[..., :, None]).add_(g[..., None, :]).exp_()
+
+
 def _absorbed_iterations(log_K, f, g, a, b, k, valid_rows, valid_cols):
     """k Sinkhorn iterations in the scaling domain on the absorbed kernel exp(log_K + f + g).
 
@@ -93,7 +99,7 @@ def _absorbed_iterations(log_K, f, g, a, b, k, valid_rows, valid_cols):
     if a denominator left the normal floating-point range (the caller then redoes the block
     in the log domain), so the result is never less accurate than the log-domain update.
     """
-    K = torch.exp(log_K + f[..., :, None] + g[..., None, :])  # [..., n, m] absorbed kernel
+    K = _absorb(log_K, f, g)  # [..., n, m] absorbed kernel
     # both mat-vecs as row-vector @ matrix: on CPU, [1, m] @ [m, n] with K^T contiguous runs
     # ~3x faster than [n, m] @ [m, 1] (measured 3.3 vs 10.9 ms at 256 x 64 x 1153)
     Kt = K.transpose(-1, -2).contiguous()  # [..., m, n]
@@ -117,6 +123,49 @@ def _absorbed_iterations(log_K, f, g, a, b, k, valid_rows, valid_cols):
     return f, g
 
 
+def _solve(log_K, a, b, n_iters, absorb_every):
+    """The iterations on prepared inputs (masked log-kernel, masked marginals): P, f, g."""
+    log_a = _masked_log(a, None)  # [..., n] padded rows carry zero mass
+    log_b = _masked_log(b, None)  # [..., m]
+    # padded rows / columns start (and stay) at log-zero, so they never enter a column or
+    # row sum: a start at 0 would add exp(log_K) = 1 per padded row to every column sum of
+    # the first update, which a warm-started (absorbed) kernel of tiny entries cannot undo
+    f = torch.where(log_a > _LOG_ZERO, torch.zeros_like(log_a), log_a)  # [..., n] log u
+    g = torch.where(log_b > _LOG_ZERO, torch.zeros_like(log_b), log_b)  # [..., m] log v
+    # one exact log-domain iteration first: afterwards exp(log_K + f + g) has row sums a, so
+    # it can be absorbed as a kernel without overflow
+    f, g = _log_iterations(log_K, f, g, log_a, log_b, min(n_iters, 1))
+    done = min(n_iters, 1)
+    while done < n_iters:
+        k = n_iters - done if not absorb_every else min(absorb_every, n_iters - done)
+        out = None
+        if absorb_every:
+            out = _absorbed_iterations(log_K, f, g, a, b, k, log_a > _LOG_ZERO, log_b > _LOG_ZERO)
+        if out is None:  # pure log domain, or the absorbed block left the float range
+            out = _log_iterations(log_K, f, g, log_a, log_b, k)
+        f, g = out
+        done += k
+    return _absorb(log_K, f, g), f, g  # P: [..., n, m]
+
+
+# On CPU the mat-vecs of a large batch stream the whole absorbed kernel from memory at every
+# iteration; blocks of problems whose kernels fit in cache run ~3x faster (256 problems of
+# 64 x 1153 on 2 cores: 1.12 s in one block, 0.37 s in blocks of 32; ``pipeline bench sinkhorn``).
+_CPU_BLOCK_BYTES = 8 << 20
+
+
+def _batch_block(log_K: torch.Tensor, n_problems: int, batch_block: int | None) -> int:
+    """Problems per block: ``batch_block``, or automatically ~8 MiB of kernel on CPU."""
+    if batch_block is not None:
+        if batch_block < 0:
+            raise ValueError(f"batch_block must be >= 0 (0 = one block), got {batch_block}")
+        return batch_block or n_problems
+    if log_K.device.type != "cpu":
+        return n_problems
+    per_problem = log_K.shape[-2] * log_K.shape[-1] * log_K.element_size()
+    return max(1, _CPU_BLOCK_BYTES // max(1, per_problem))
+
+
 def sinkhorn_log_kernel(
     log_K: torch.Tensor,
     a: torch.Tensor | None = None,
@@ -127,6 +176,7 @@ def sinkhorn_log_kernel(
     tol: float = 1e-3,
     warn: bool = True,
     absorb_every: int | None = 16,
+    batch_block: int | None = None,
 ) -> tuple[torch.Tensor, SinkhornLog]:
     r"""Balanced entropic OT from a log-kernel :math:`\log K = -C/\varepsilon`.
 
@@ -145,6 +195,10 @@ def sinkhorn_log_kernel(
             scaling); None runs every iteration in the log domain. Same result either way
             (a block that under/overflows is redone in the log domain); absorption is several
             times faster and stores far less for autograd.
+        batch_block: solve the (flattened) batch in blocks of this many problems; the
+            problems are independent, so the result is the same. None: on CPU, blocks of
+            about 8 MiB of kernel (cache-sized, ~3x faster for large batches), one block
+            elsewhere; 0: one block.
 
     Returns:
         P: [..., n, m] transport plan (exact zeros on padded rows / columns).
@@ -174,27 +228,20 @@ def sinkhorn_log_kernel(
             keep = keep & mask_cols[..., None, :]
         log_K = torch.where(keep, log_K, torch.zeros_like(log_K))  # drop infs/NaNs in padding
 
-    log_a = _masked_log(a, mask_rows)  # [..., n]
-    log_b = _masked_log(b, mask_cols)  # [..., m]
-    # padded rows / columns start (and stay) at log-zero, so they never enter a column or
-    # row sum: a start at 0 would add exp(log_K) = 1 per padded row to every column sum of
-    # the first update, which a warm-started (absorbed) kernel of tiny entries cannot undo
-    f = torch.where(log_a > _LOG_ZERO, torch.zeros_like(log_a), log_a)  # [..., n] log u
-    g = torch.where(log_b > _LOG_ZERO, torch.zeros_like(log_b), log_b)  # [..., m] log v
-    # one exact log-domain iteration first: afterwards exp(log_K + f + g) has row sums a, so
-    # it can be absorbed as a kernel without overflow
-    f, g = _log_iterations(log_K, f, g, log_a, log_b, min(n_iters, 1))
-    done = min(n_iters, 1)
-    while done < n_iters:
-        k = n_iters - done if not absorb_every else min(absorb_every, n_iters - done)
-        out = None
-        if absorb_every:
-            out = _absorbed_iterations(log_K, f, g, a, b, k, log_a > _LOG_ZERO, log_b > _LOG_ZERO)
-        if out is None:  # pure log domain, or the absorbed block left the float range
-            out = _log_iterations(log_K, f, g, log_a, log_b, k)
-        f, g = out
-        done += k
-    P = torch.exp(log_K + f[..., :, None] + g[..., None, :])  # [..., n, m]
+    n_problems = math.prod(batch)
+    block = _batch_block(log_K, n_problems, batch_block)
+    if block >= n_problems:
+        P, f, g = _solve(log_K, a, b, n_iters, absorb_every)
+    else:  # independent problems: the same plan, block by block
+        parts = [
+            _solve(k_, a_, b_, n_iters, absorb_every)
+            for k_, a_, b_ in zip(
+                log_K.reshape(-1, n, m).split(block), a.reshape(-1, n).split(block), b.reshape(-1, m).split(block), strict=True
+            )
+        ]
+        P = torch.cat([x[0] for x in parts]).reshape(log_K.shape)
+        f = torch.cat([x[1] for x in parts]).reshape(a.shape)
+        g = torch.cat([x[2] for x in parts]).reshape(b.shape)
 
     with torch.no_grad():
         err_rows = (P.sum(-1) - a).abs().amax(-1)
@@ -221,6 +268,7 @@ def sinkhorn_log(
     tol: float = 1e-3,
     warn: bool = True,
     absorb_every: int | None = 16,
+    batch_block: int | None = None,
 ) -> tuple[torch.Tensor, SinkhornLog]:
     r"""Balanced entropic OT, :math:`\min_P \langle P, C\rangle - \varepsilon H(P)`, ``P1=a``, ``P^T1=b``.
 
@@ -241,6 +289,8 @@ def sinkhorn_log(
         warn: warn (naming ``n_iters`` / ``epsilon``) if some item violates ``tol``.
         absorb_every: block length of the absorbed scaling-domain iterations; None = every
             iteration in the log domain (see :func:`sinkhorn_log_kernel`).
+        batch_block: problems per block (None: cache-sized blocks on CPU; 0: one block;
+            see :func:`sinkhorn_log_kernel`).
 
     Returns:
         P: [..., n, m] plan; log: :class:`SinkhornLog`.
@@ -263,4 +313,5 @@ def sinkhorn_log(
         tol=tol,
         warn=warn,
         absorb_every=absorb_every,
+        batch_block=batch_block,
     )
