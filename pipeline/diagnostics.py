@@ -90,8 +90,11 @@ def energy_breakdowns(
     by: tuple[str, ...] = ("category",),
     batch_size: int = 256,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Per group of ``suite``: pair accuracy of s, g and s - g, and each energy's share,
-    for each grouping in ``by`` (every pair is scored once, whatever the groupings).
+    """Per group of ``suite``: pair accuracy of s, g and s - g, and per energy its share
+    of pairs pointing to the true caption (``*_share_true``), its mean absolute contribution
+    in logits (``*_mean_abs``), the accuracy of s without it (``*_acc_without``) and its mean
+    consensus contraction (``*_gamma``), for each grouping in ``by`` (every pair is scored
+    once, whatever the groupings).
 
     Groupings: ``"category"``, the manifest's categories; ``"relation"``, the category
     plus the relations the two captions state (``"relation: left"`` for an ARO argument
@@ -137,6 +140,7 @@ def energy_breakdowns(
             for k, name in enumerate(ENERGIES):
                 row[f"{name}_share_true"] = float((c[i, k] > 0).float().mean())
                 row[f"{name}_mean_abs"] = float(c[i, k].abs().mean())
+                row[f"{name}_acc_without"] = float(((s[i] - c[i, k]) > 0).float().mean())  # s less this energy
                 row[f"{name}_gamma"] = float(gam[i, k].mean())
             rows.append(row)
         out[key] = rows

@@ -267,7 +267,8 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
     parts = [
         "### Why: the score taken apart (seed 0)",
         "Every (true, negative) pair of a choice suite: how often the score s, the frozen margin g alone and the learned part s − g prefer the true caption, and per energy "
-        "the share of pairs where its contribution exp(λ_k)·move_k points to the true caption / its mean absolute size in logits. An energy near 50% with a large size adds noise. "
+        "the share of pairs where its contribution exp(λ_k)·move_k points to the true caption / its mean absolute size in logits / the accuracy of s with that contribution removed. "
+        "An energy near 50% with a large size adds noise; the third number is what the slice would score without it. "
         "What'sUp rows are grouped by the true arrangement. Also in `reports/diagnostics.json` (`pipeline.diagnostics`).",
         _breakdown_table(rows, "category (true)"),
     ]
@@ -299,7 +300,7 @@ def _breakdown_table(rows: list[dict], group: str) -> str:
 
     lines = [f"| suite | {group} | pairs | s | g alone | s − g | mean abs g | " + " | ".join(ENERGIES) + " |", "|---|---|---|---|---|---|---|" + "---|" * len(ENERGIES)]
     for r in rows:
-        cells = " | ".join(f"{100 * r[f'{e}_share_true']:.0f}% / {r[f'{e}_mean_abs']:.3f}" for e in ENERGIES)
+        cells = " | ".join(f"{100 * r[f'{e}_share_true']:.0f}% / {r[f'{e}_mean_abs']:.3f} / {_pct(r[f'{e}_acc_without'])}" for e in ENERGIES)
         lines.append(f"| {r['suite']} | {r['category']} | {r['pairs']} | {_pct(r['acc_s'])} | {_pct(r['acc_margin'])} | {_pct(r['acc_learned'])} | {r['mean_abs_margin']:.3f} | {cells} |")
     return "\n".join(lines)
 

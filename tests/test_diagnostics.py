@@ -61,6 +61,10 @@ def test_energy_breakdown_hand_values():
     # b: pairs (img 2: 14 vs 15), (14 vs 16): g = [-1, -2], spatial = [+2, +2]
     assert b["pairs"] == 2 and b["acc_margin"] == 0.0 and b["acc_s"] == 0.5 and b["acc_learned"] == 1.0
     assert b["spatial_share_true"] == 1.0 and b["spatial_mean_abs"] == 2.0 and b["mean_abs_margin"] == 1.5
+    # s less one energy: b's s = [+1, 0]; without spatial [-1, -2], without semantic [+3, +4]
+    assert (b["spatial_acc_without"], b["semantic_acc_without"], b["order_acc_without"]) == (0.0, 1.0, 0.5)
+    # a's s = [-3, +1]; without spatial [-1, +1], without semantic [-1, -1]
+    assert (a["spatial_acc_without"], a["semantic_acc_without"]) == (0.5, 0.0)
 
 
 def test_word_kind():
