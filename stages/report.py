@@ -237,7 +237,7 @@ def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreCo
 
 
 DIAGNOSED_SUITES = ("shapes-sugarcrepe", "shapes-aro", "shapes-whatsup")
-RELATION_SUITES = {"shapes-aro": ("relation",), "shapes-whatsup": None}  # categories (None = all) also shown by relation
+RELATION_SUITES = {"shapes-sugarcrepe": ("swap-att",), "shapes-aro": ("relation",), "shapes-whatsup": None}  # categories (None = all) also shown by relation
 
 
 def diagnostics_section(store, scorer, out: Path) -> list[str]:
@@ -274,7 +274,7 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
     ]
     if by_relation:
         parts += [
-            "The same by the relation each caption states: ARO argument swaps by their relation word, What'sUp pairs by true vs negative arrangement.",
+            "The same by the relation each caption states: SugarCrepe attribute swaps by their relation word (plain `swap-att`: captions without one, e.g. \"a yellow circle and an orange cross\"), ARO argument swaps by their relation word, What'sUp pairs by true vs negative arrangement.",
             _breakdown_table(by_relation, "relation"),
         ]
     if not ground.empty:
