@@ -149,8 +149,9 @@ def _solve(log_K, a, b, n_iters, absorb_every):
 
 
 # On CPU the mat-vecs of a large batch stream the whole absorbed kernel from memory at every
-# iteration; blocks of problems whose kernels fit in cache run ~3x faster (256 problems of
-# 64 x 1153 on 2 cores: 1.12 s in one block, 0.37 s in blocks of 32; ``pipeline bench sinkhorn``).
+# iteration; blocks of problems whose kernels fit in cache run about 2x faster (256 problems
+# of 64 x 1153 on 2 cores: 1.1 s in one block, 0.45-0.7 s in blocks of ~8 MiB, the spread
+# between processes; ``pipeline bench sinkhorn --batch-block 0`` against the default).
 _CPU_BLOCK_BYTES = 8 << 20
 
 
@@ -197,7 +198,7 @@ def sinkhorn_log_kernel(
             times faster and stores far less for autograd.
         batch_block: solve the (flattened) batch in blocks of this many problems; the
             problems are independent, so the result is the same. None: on CPU, blocks of
-            about 8 MiB of kernel (cache-sized, ~3x faster for large batches), one block
+            about 8 MiB of kernel (cache-sized, ~2x faster for large batches), one block
             elsewhere; 0: one block.
 
     Returns:
