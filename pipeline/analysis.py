@@ -6,7 +6,8 @@
   exactly from the cached per-option scores of ``clip`` and ``local-*`` (the additive
   scorer's decision is ``cos_global + w * local`` up to the positive logit scale).
 * ``goal_checks``: the issue's quantitative goals, each with the measured value and a
-  verdict — nothing is asserted, everything is reported.
+  verdict — nothing is asserted, everything is reported; ``sinkhorn_goal`` does the same
+  for the solver-speed goal from ``pipeline bench sinkhorn``'s measurement.
 """
 
 from __future__ import annotations
@@ -199,3 +200,22 @@ def goal_checks(results: dict, variant: str = "bindclip", lesion: str = "bindcli
         if en:
             checks.append({"goal": "lesion loses <= 3 points on entity/attribute families (each)", "frozen": None, "value": None, "measured": f"BindCLIP − lesion [95% CI]: {listed(en)}", "met": bool((drop[en] <= 0.03 + eps).all())})
     return checks
+
+
+SINKHORN_GOAL = {"speedup": 30.0, "max_abs_diff": 1e-6, "shape": (256, 64, 1153)}  # the issue's
+
+
+def sinkhorn_goal(bench: dict) -> dict:
+    """The solver-speed goal: batched Sinkhorn >= 30x POT's per-problem loop at equal results
+    on 256 problems of 64 x 1153, from the ``results`` of ``pipeline bench sinkhorn``.
+
+    Met only at the issue's size, with every timed plan within ``max_abs_diff`` of POT's.
+    """
+    shape = (bench["n_problems"], bench["n"], bench["m"])
+    timed = f"POT timed on {bench['pot_problems_timed']} of {bench['n_problems']} problems" + (", extrapolated" if bench["pot_extrapolated"] else "")
+    measured = (
+        f"{bench['speedup']:.1f}x ({bench['ours_s']:.3f} s vs {bench['pot_s']:.2f} s; {timed}; "
+        f"{' x '.join(map(str, shape))}, {bench['dtype']}, {bench['device']}; max abs ΔP {bench['max_abs_diff']:.0e})"
+    )
+    met = shape == SINKHORN_GOAL["shape"] and bench["speedup"] >= SINKHORN_GOAL["speedup"] and bench["max_abs_diff"] <= SINKHORN_GOAL["max_abs_diff"]
+    return {"goal": "batched Sinkhorn >= 30x POT's per-problem loop at equal results (256 x 64 x 1153)", "frozen": None, "value": None, "measured": measured, "met": bool(met)}

@@ -227,6 +227,9 @@ def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreCo
         parts += ["### Coupling pictures", "For swap-attribute items: the plan mass of each caption's most distinctive token (largest cross-caption residual) over the image, summed over both depths; left the true caption, right the negative.", f"![coupling](figures/{fig.name})"]
     parts += diagnostics_section(store, scorer, out)
     checks = analysis.goal_checks(results)
+    sinkhorn_bench = out / "bench" / "sinkhorn.json"  # `pipeline bench sinkhorn`
+    if sinkhorn_bench.exists():
+        checks.append(analysis.sinkhorn_goal(json.loads(sinkhorn_bench.read_text())["results"]))
     if checks:
         lines = ["| goal | measured | met |", "|---|---|---|"]
         for c in checks:

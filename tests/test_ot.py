@@ -86,6 +86,13 @@ def test_absorbed_blocks_fall_back_to_log_domain_on_hard_problems(monkeypatch):
     assert calls["fallbacks"] > 0 and torch.isfinite(P).all()
     P_log, _ = sinkhorn_log(C, a, b, epsilon=1e-3, n_iters=300, warn=False, absorb_every=None)
     torch.testing.assert_close(P, P_log, atol=1e-4, rtol=0)
+    # in blocks with reused storage (the fallback writes its scratch there too): the same
+    # plan as the same blocks recorded by autograd (fresh storage)
+    fallbacks = calls["fallbacks"]
+    P_blocks, _ = sinkhorn_log(C, a, b, epsilon=1e-3, n_iters=300, warn=False, batch_block=3)
+    assert calls["fallbacks"] > fallbacks
+    P_recorded, _ = sinkhorn_log(C.requires_grad_(True), a, b, epsilon=1e-3, n_iters=300, warn=False, batch_block=3)
+    assert torch.equal(P_blocks, P_recorded.detach())
 
 
 def test_uniform_default_and_unbatched():
@@ -176,6 +183,11 @@ def test_batch_blocks_solve_the_same_problems():
     for block in (1, 3, 10):
         for x, y in zip(out[block], out[0], strict=True):
             torch.testing.assert_close(x, y, atol=1e-14, rtol=0)
+    with torch.no_grad():  # not recorded: blocks reuse one workspace and write P in place
+        for block in (1, 3, 4):
+            P, log = sinkhorn_log(C, epsilon=0.1, n_iters=20, mask_rows=rows, warn=False, batch_block=block)
+            for x, y in zip((P, log.f, log.g, log.err), out[0][:4], strict=True):
+                assert torch.equal(x, y)
     assert out[0][0].shape == C.shape and out[0][3].shape == (2, 5)
     assert _batch_block(torch.empty(4, 64, 1153), 4, None) == _CPU_BLOCK_BYTES // (64 * 1153 * 4)
     assert _batch_block(torch.empty(4, 64, 1153), 4, 0) == 4

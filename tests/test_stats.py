@@ -302,3 +302,18 @@ def test_lesion_costs_per_family_with_ci_and_seeds():
     assert "attribute +30.0" in check["measured"] and "mean of 2 training seeds" in check["measured"]
     del runs["bindclip-lesion"]
     assert lesion_costs(results).empty
+
+
+def test_sinkhorn_goal_needs_the_size_the_speed_and_equal_plans():
+    from pipeline.analysis import sinkhorn_goal
+
+    bench = {
+        "n_problems": 256, "n": 64, "m": 1153, "dtype": "float32", "device": "cpu", "ours_s": 0.25,
+        "pot_s": 9.0, "pot_problems_timed": 256, "pot_extrapolated": False, "speedup": 36.0, "max_abs_diff": 3e-9,
+    }  # fmt: skip
+    check = sinkhorn_goal(bench)
+    assert check["met"] is True and check["measured"].startswith("36.0x") and "256 of 256" in check["measured"]
+    assert sinkhorn_goal({**bench, "speedup": 29.9})["met"] is False
+    assert sinkhorn_goal({**bench, "max_abs_diff": 1e-3})["met"] is False  # not the same plans
+    assert sinkhorn_goal({**bench, "n_problems": 32})["met"] is False  # not the size
+    assert "extrapolated" in sinkhorn_goal({**bench, "pot_problems_timed": 32, "pot_extrapolated": True})["measured"]

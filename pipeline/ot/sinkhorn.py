@@ -78,20 +78,56 @@ def _masked_log(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return torch.where(valid, safe.log(), torch.full_like(x, _LOG_ZERO))
 
 
-def _log_iterations(log_K, f, g, log_a, log_b, k):
+@dataclass
+class _Workspace:
+    """Storage reused by every block of a solve that autograd does not record.
+
+    On CPU a fresh tensor of a few MiB costs its page faults on first touch, which for the
+    absorbed iterations weighed as much as the iterations themselves; a recorded solve keeps
+    every intermediate for the backward pass and cannot reuse storage.
+
+    Attributes:
+        K: [block, n, m] the absorbed kernel, and scratch for the log-domain updates.
+        Kt: [block, m, n] its transpose, contiguous.
+        log_K: [block, n, m] the block's masked log-kernel.
+    """
+
+    K: torch.Tensor
+    Kt: torch.Tensor
+    log_K: torch.Tensor
+
+    def take(self, count: int) -> _Workspace:
+        """The first ``count`` problems' storage (the last block may be smaller)."""
+        return _Workspace(self.K[:count], self.Kt[:count], self.log_K[:count])
+
+
+def _logsumexp_into(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``torch.logsumexp(x, dim)`` computed in x's storage (x is overwritten): the same steps
+    as torch's own (max, with infinite maxima taken as 0; exp of the difference; sum; log)."""
+    top = x.amax(dim, keepdim=True)
+    top.masked_fill_(top.abs() == math.inf, 0.0)
+    return x.sub_(top).exp_().sum(dim).log_().add_(top.squeeze(dim))
+
+
+def _log_iterations(log_K, f, g, log_a, log_b, k, work=None):
     """k exact log-domain Sinkhorn iterations (column update, then row update)."""
     for _ in range(k):
-        g = log_b - torch.logsumexp(log_K + f[..., :, None], dim=-2)  # [..., m]
-        f = log_a - torch.logsumexp(log_K + g[..., None, :], dim=-1)  # [..., n]
+        if work is None:
+            g = log_b - torch.logsumexp(log_K + f[..., :, None], dim=-2)  # [..., m]
+            f = log_a - torch.logsumexp(log_K + g[..., None, :], dim=-1)  # [..., n]
+        else:
+            g = log_b - _logsumexp_into(torch.add(log_K, f[..., :, None], out=work.K), -2)
+            f = log_a - _logsumexp_into(torch.add(log_K, g[..., None, :], out=work.K), -1)
     return f, g
 
 
-def _absorb(log_K: torch.Tensor, f: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """exp(log_K + f ⊕ g), [..., n, m], in one new tensor (the sum and exp in place)."""
-    return (log_K + f[..., :, None]).add_(g[..., None, :]).exp_()
+def _absorb(log_K: torch.Tensor, f: torch.Tensor, g: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """exp(log_K + f ⊕ g), [..., n, m], in a new tensor or in ``out`` (sum and exp in place)."""
+    K = log_K + f[..., :, None] if out is None else torch.add(log_K, f[..., :, None], out=out)
+    return K.add_(g[..., None, :]).exp_()
 
 
-def _absorbed_iterations(log_K, f, g, a, b, k, valid_rows, valid_cols):
+def _absorbed_iterations(log_K, f, g, a, b, k, valid_rows, valid_cols, work=None):
     """k Sinkhorn iterations in the scaling domain on the absorbed kernel exp(log_K + f + g).
 
     Equal to k log-domain iterations in exact arithmetic, but costs one exp pass plus 2k
@@ -99,23 +135,39 @@ def _absorbed_iterations(log_K, f, g, a, b, k, valid_rows, valid_cols):
     if a denominator left the normal floating-point range (the caller then redoes the block
     in the log domain), so the result is never less accurate than the log-domain update.
     """
-    K = _absorb(log_K, f, g)  # [..., n, m] absorbed kernel
+    K = _absorb(log_K, f, g, out=None if work is None else work.K)  # [..., n, m] absorbed kernel
     # both mat-vecs as row-vector @ matrix: on CPU, [1, m] @ [m, n] with K^T contiguous runs
     # ~3x faster than [n, m] @ [m, 1] (measured 3.3 vs 10.9 ms at 256 x 64 x 1153)
-    Kt = K.transpose(-1, -2).contiguous()  # [..., m, n]
+    Kt = K.transpose(-1, -2)
+    Kt = Kt.contiguous() if work is None else work.Kt.copy_(Kt)  # [..., m, n]
     tiny = torch.finfo(K.dtype).tiny / torch.finfo(K.dtype).eps  # well above subnormals
     big = 1.0 / tiny
     u = valid_rows.to(K.dtype)  # [..., n] scalings relative to the absorbed potentials
     v = valid_cols.to(K.dtype)  # [..., m]
-    ok = torch.ones((), dtype=torch.bool, device=K.device)
+    # the range checks keep running extremes (two cheap ops per half-step) and are read once
+    # after the block: the small per-step ops, not the mat-vecs, dominated on CPU otherwise
+    with torch.no_grad():
+        min_Ktu = torch.full_like(v, math.inf)  # [..., m]
+        min_Kv = torch.full_like(u, math.inf)  # [..., n]
+        max_u = torch.zeros_like(u)
+        max_v = torch.zeros_like(v)
     for _ in range(k):
         Ktu = torch.matmul(u[..., None, :], K).squeeze(-2)  # [..., m]
-        ok = ok & ((Ktu > tiny) | ~valid_cols).all()
         v = b / Ktu.clamp_min(tiny)
         Kv = torch.matmul(v[..., None, :], Kt).squeeze(-2)  # [..., n]
-        ok = ok & ((Kv > tiny) | ~valid_rows).all()
         u = a / Kv.clamp_min(tiny)
-        ok = ok & (u < big).all() & (v < big).all()
+        with torch.no_grad():
+            torch.minimum(min_Ktu, Ktu, out=min_Ktu)
+            torch.minimum(min_Kv, Kv, out=min_Kv)
+            torch.maximum(max_u, u, out=max_u)
+            torch.maximum(max_v, v, out=max_v)
+    with torch.no_grad():
+        ok = (
+            ((min_Ktu > tiny) | ~valid_cols).all()
+            & ((min_Kv > tiny) | ~valid_rows).all()
+            & (max_u < big).all()
+            & (max_v < big).all()
+        )
     if not bool(ok):
         return None
     f = torch.where(valid_rows, f + _masked_log(u, valid_rows), f)
@@ -123,8 +175,11 @@ def _absorbed_iterations(log_K, f, g, a, b, k, valid_rows, valid_cols):
     return f, g
 
 
-def _solve(log_K, a, b, n_iters, absorb_every):
-    """The iterations on prepared inputs (masked log-kernel, masked marginals): P, f, g."""
+def _solve(log_K, a, b, n_iters, absorb_every, work=None, out=None):
+    """The iterations on prepared inputs (masked log-kernel, masked marginals): P, f, g.
+
+    With a :class:`_Workspace` (solves autograd does not record) the kernels reuse its
+    storage and the plan is written into ``out``; the numbers are the same either way."""
     log_a = _masked_log(a, None)  # [..., n] padded rows carry zero mass
     log_b = _masked_log(b, None)  # [..., m]
     # padded rows / columns start (and stay) at log-zero, so they never enter a column or
@@ -134,24 +189,26 @@ def _solve(log_K, a, b, n_iters, absorb_every):
     g = torch.where(log_b > _LOG_ZERO, torch.zeros_like(log_b), log_b)  # [..., m] log v
     # one exact log-domain iteration first: afterwards exp(log_K + f + g) has row sums a, so
     # it can be absorbed as a kernel without overflow
-    f, g = _log_iterations(log_K, f, g, log_a, log_b, min(n_iters, 1))
+    f, g = _log_iterations(log_K, f, g, log_a, log_b, min(n_iters, 1), work)
     done = min(n_iters, 1)
     while done < n_iters:
         k = n_iters - done if not absorb_every else min(absorb_every, n_iters - done)
-        out = None
+        step = None
         if absorb_every:
-            out = _absorbed_iterations(log_K, f, g, a, b, k, log_a > _LOG_ZERO, log_b > _LOG_ZERO)
-        if out is None:  # pure log domain, or the absorbed block left the float range
-            out = _log_iterations(log_K, f, g, log_a, log_b, k)
-        f, g = out
+            step = _absorbed_iterations(log_K, f, g, a, b, k, log_a > _LOG_ZERO, log_b > _LOG_ZERO, work)
+        if step is None:  # pure log domain, or the absorbed block left the float range
+            step = _log_iterations(log_K, f, g, log_a, log_b, k, work)
+        f, g = step
         done += k
-    return _absorb(log_K, f, g), f, g  # P: [..., n, m]
+    return _absorb(log_K, f, g, out=out), f, g  # P: [..., n, m]
 
 
 # On CPU the mat-vecs of a large batch stream the whole absorbed kernel from memory at every
-# iteration; blocks of problems whose kernels fit in cache run about 2x faster (256 problems
-# of 64 x 1153 on 2 cores: 1.1 s in one block, 0.45-0.7 s in blocks of ~8 MiB, the spread
-# between processes; ``pipeline bench sinkhorn --batch-block 0`` against the default).
+# iteration; blocks of problems whose kernels fit in cache, solved in reused storage when
+# autograd does not record, run ~3x faster (256 problems of 64 x 1153 on 2 cores: 0.67 s in
+# one block, 0.23-0.25 s in blocks of ~8 MiB; ``pipeline bench sinkhorn --batch-block 0``
+# against the default). Blocks in fresh storage were only ~2x faster: the page faults of
+# each new 8 MiB tensor cost as much as the iterations.
 _CPU_BLOCK_BYTES = 8 << 20
 
 
@@ -198,51 +255,97 @@ def sinkhorn_log_kernel(
             times faster and stores far less for autograd.
         batch_block: solve the (flattened) batch in blocks of this many problems; the
             problems are independent, so the result is the same. None: on CPU, blocks of
-            about 8 MiB of kernel (cache-sized, ~2x faster for large batches), one block
+            about 8 MiB of kernel (cache-sized, ~3x faster for large batches), one block
             elsewhere; 0: one block.
 
     Returns:
         P: [..., n, m] transport plan (exact zeros on padded rows / columns).
         log: :class:`SinkhornLog` with per-item marginal error and the potentials.
     """
-    if log_K.dim() < 2:
-        raise ValueError(f"log_K must be [..., n, m], got shape {tuple(log_K.shape)}")
-    n, m = log_K.shape[-2:]
-    batch = log_K.shape[:-2]
+    return _sinkhorn(log_K, None, a, b, n_iters, mask_rows, mask_cols, tol, warn, absorb_every, batch_block)
+
+
+def _log_kernel(scores, divisor, mask_rows, mask_cols, out=None):
+    """The log-kernel ``scores / divisor`` (divisor None: ``scores`` is it) with padded
+    entries set to 0 (drops infs / NaNs there), as a new tensor or written into ``out``."""
+    if divisor is None and mask_rows is None and mask_cols is None:
+        return scores
+    if out is None:
+        log_K = scores if divisor is None else scores / divisor
+    else:
+        log_K = out.copy_(scores) if divisor is None else torch.div(scores, divisor, out=out)
+    if mask_rows is None and mask_cols is None:
+        return log_K
+    keep = torch.ones((), dtype=torch.bool, device=scores.device)
+    if mask_rows is not None:
+        keep = keep & mask_rows[..., :, None]
+    if mask_cols is not None:
+        keep = keep & mask_cols[..., None, :]
+    if out is None:
+        return torch.where(keep, log_K, torch.zeros_like(log_K))
+    return log_K.masked_fill_(~keep, 0.0)
+
+
+def _sinkhorn(scores, divisor, a, b, n_iters, mask_rows, mask_cols, tol, warn, absorb_every, batch_block):
+    """Both public forms; the log-kernel is ``scores / divisor`` (divisor None: ``scores``).
+
+    A solve that autograd records builds the masked log-kernel in full and keeps every
+    block's tensors; otherwise each block's log-kernel, kernels and plan are written into
+    storage allocated once (:class:`_Workspace`). Both give the same numbers.
+    """
+    if scores.dim() < 2:
+        name = "log_K" if divisor is None else "C"
+        raise ValueError(f"{name} must be [..., n, m], got shape {tuple(scores.shape)}")
+    if divisor is not None and not scores.is_floating_point():
+        scores = scores.to(torch.result_type(scores, divisor))  # integer costs
+    n, m = scores.shape[-2:]
+    batch = scores.shape[:-2]
     if a is None:
-        a = _uniform(mask_rows, batch + (n,), log_K)
+        a = _uniform(mask_rows, batch + (n,), scores)
     if b is None:
-        b = _uniform(mask_cols, batch + (m,), log_K)
-    a = a.to(log_K.dtype).expand(batch + (n,))
-    b = b.to(log_K.dtype).expand(batch + (m,))
+        b = _uniform(mask_cols, batch + (m,), scores)
+    a = a.to(scores.dtype).expand(batch + (n,))
+    b = b.to(scores.dtype).expand(batch + (m,))
     if mask_rows is not None:
         mask_rows = mask_rows.expand(batch + (n,))
         a = a * mask_rows
     if mask_cols is not None:
         mask_cols = mask_cols.expand(batch + (m,))
         b = b * mask_cols
-    if mask_rows is not None or mask_cols is not None:
-        keep = torch.ones_like(log_K, dtype=torch.bool)
-        if mask_rows is not None:
-            keep = keep & mask_rows[..., :, None]
-        if mask_cols is not None:
-            keep = keep & mask_cols[..., None, :]
-        log_K = torch.where(keep, log_K, torch.zeros_like(log_K))  # drop infs/NaNs in padding
 
     n_problems = math.prod(batch)
-    block = _batch_block(log_K, n_problems, batch_block)
+    block = _batch_block(scores, n_problems, batch_block)
+    recorded = torch.is_grad_enabled() and (scores.requires_grad or a.requires_grad or b.requires_grad)
     if block >= n_problems:
-        P, f, g = _solve(log_K, a, b, n_iters, absorb_every)
-    else:  # independent problems: the same plan, block by block
+        P, f, g = _solve(_log_kernel(scores, divisor, mask_rows, mask_cols), a, b, n_iters, absorb_every)
+    elif recorded:  # independent problems: the same plan, block by block
+        log_K = _log_kernel(scores, divisor, mask_rows, mask_cols)
         parts = [
             _solve(k_, a_, b_, n_iters, absorb_every)
             for k_, a_, b_ in zip(
                 log_K.reshape(-1, n, m).split(block), a.reshape(-1, n).split(block), b.reshape(-1, m).split(block), strict=True
             )
         ]
-        P = torch.cat([x[0] for x in parts]).reshape(log_K.shape)
+        P = torch.cat([x[0] for x in parts]).reshape(scores.shape)
         f = torch.cat([x[1] for x in parts]).reshape(a.shape)
         g = torch.cat([x[2] for x in parts]).reshape(b.shape)
+    else:  # the same, each block prepared and solved in reused storage, the plan in place
+        flat_S, flat_a, flat_b = scores.reshape(-1, n, m), a.reshape(-1, n), b.reshape(-1, m)
+        flat_rows = None if mask_rows is None else mask_rows.reshape(-1, n)
+        flat_cols = None if mask_cols is None else mask_cols.reshape(-1, m)
+        P = torch.empty_like(flat_S)
+        f, g = torch.empty_like(flat_a), torch.empty_like(flat_b)
+        work = _Workspace(P.new_empty(block, n, m), P.new_empty(block, m, n), P.new_empty(block, n, m))
+        for start in range(0, n_problems, block):
+            rows = slice(start, min(start + block, n_problems))
+            here = work.take(rows.stop - rows.start)
+            log_K = _log_kernel(
+                flat_S[rows], divisor,
+                None if flat_rows is None else flat_rows[rows], None if flat_cols is None else flat_cols[rows],
+                out=here.log_K,
+            )  # fmt: skip
+            _, f[rows], g[rows] = _solve(log_K, flat_a[rows], flat_b[rows], n_iters, absorb_every, work=here, out=P[rows])
+        P, f, g = P.reshape(scores.shape), f.reshape(a.shape), g.reshape(b.shape)
 
     with torch.no_grad():
         err_rows = (P.sum(-1) - a).abs().amax(-1)
@@ -253,7 +356,7 @@ def sinkhorn_log_kernel(
             f"sinkhorn_log did not converge: max marginal error {float(err.max()):.2e} > "
             f"tol={tol:.0e} after n_iters={n_iters}; increase n_iters or epsilon "
             "(a larger epsilon gives a blurrier plan but converges faster).",
-            stacklevel=2,
+            stacklevel=3,
         )
     return P, SinkhornLog(err=err, n_iters=n_iters, f=f, g=g)
 
@@ -304,15 +407,5 @@ def sinkhorn_log(
     """
     if not epsilon > 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
-    return sinkhorn_log_kernel(
-        -C / epsilon,
-        a,
-        b,
-        n_iters,
-        mask_rows=mask_rows,
-        mask_cols=mask_cols,
-        tol=tol,
-        warn=warn,
-        absorb_every=absorb_every,
-        batch_block=batch_block,
-    )
+    # log-kernel C / -epsilon (the same numbers as -C / epsilon), built block by block
+    return _sinkhorn(C, -epsilon, a, b, n_iters, mask_rows, mask_cols, tol, warn, absorb_every, batch_block)
