@@ -8,6 +8,8 @@ which the report stage renders. Nothing here is asserted by tests: these are mea
 * ``score_speedup``: scoring frozen CLIP from the cache vs re-encoding the image and both
   captions for every item, as CLIP_benchmark's caption-selection tasks do.
 * ``extract_memory``: peak RSS of extract runs over growing numbers of images (subprocesses).
+* ``bindclip_speed``: BindCLIP's (true, negative) pairs per second scored from a cache
+  against the backbone's images per second (a forward pass per image, as extract runs it).
 """
 
 from __future__ import annotations
@@ -218,3 +220,110 @@ def extract_memory(sizes: list[int], model: str = "toy") -> dict[str, Any]:
         "goal": "flat peak memory as images grow",
     }
 
+
+def _pairs(index: dict[str, np.ndarray]) -> int:
+    """(a, b) caption pairs a pairwise scorer evaluates on a choice suite: K(K-1)/2 per item."""
+    k = (index["captions"] >= 0).sum(1)
+    return int((k * (k - 1) // 2).sum())
+
+
+def _images_per_second(enc, paths: list[Path], batch_size: int) -> float:
+    """Decode, preprocess and encode ``paths`` in batches as extract does; images per second."""
+    from pipeline.manifests import decode_image
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        for s in range(0, len(paths), batch_size):
+            imgs = [decode_image(p.read_bytes(), p.name) for p in paths[s : s + batch_size]]
+            enc.encode_images(torch.stack([enc.preprocess(im) for im in imgs]))
+        return time.perf_counter() - t0
+
+    run()  # warm-up (allocator, page cache)
+    return len(paths) / run()
+
+
+def _time_scoring(scorer, store, index: dict[str, np.ndarray], batch_size: int, repeats: int) -> float:
+    """Median seconds of ``score_choice`` over a suite (after one untimed warm-up call)."""
+    from stages.score import score_choice
+
+    score_choice(scorer, store, index, batch_size)
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        score_choice(scorer, store, index, batch_size)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def bindclip_speed(params: Path, suite: str = "shapes-sugarcrepe", vit_items: int = 16, repeats: int = 3) -> dict[str, Any]:
+    """BindCLIP pairs per second from the cache against the backbone's images per second.
+
+    toy: the pipeline's trained BindCLIP on its cache (``params``: extract / score / train
+    sections), every pair of ``suite``; the toy backbone's images per second on the same
+    suite's images. ViT-L-14-336 (``vit_items`` > 0): a BindCLIP with the trained scorer's
+    options but random weights (speed does not depend on them) on a temporary cache of
+    random images extracted by a random-init ViT-L-14-336, and that backbone's images per
+    second. Each scoring time is the median of ``repeats`` passes over the items, store
+    reads included.
+    """
+    from pipeline.cache import FeatureStore
+    from pipeline.config import ExtractConfig, ScoreConfig, TrainConfig, load_config
+    from pipeline.scorers import create_scorer
+    from stages import extract as extract_stage
+    from stages.score import load_scorer, open_store, suite_inputs
+
+    extract_cfg = load_config(ExtractConfig, params, "extract")
+    score_cfg = load_config(ScoreConfig, params, "score")
+    train_cfg = load_config(TrainConfig, params, "train")
+    store = open_store(extract_cfg)
+    manifest, index = suite_inputs(store, suite)
+    scorer = load_scorer("bindclip", store, score_cfg)
+    with torch.no_grad():
+        score_s = _time_scoring(scorer, store, index, score_cfg.batch_size, repeats)
+    from pipeline.manifests import resolve_source
+
+    root = resolve_source(suite, extract_cfg.world, extract_cfg.manifests, extract_cfg.image_roots).image_root
+    paths = [root / name for name in dict.fromkeys(manifest["image"])]
+    images_s = _images_per_second(_random_encoder(extract_cfg.model), paths, extract_cfg.batch_size)
+    pairs = _pairs(index)
+    results: dict[str, Any] = {
+        "toy": {
+            "suite": suite,
+            "weights": "trained BindCLIP (pipeline checkpoint); backbone speed with random init",
+            "threads": torch.get_num_threads(),
+            "pairs": pairs,
+            "score_s": round(score_s, 4),
+            "pairs_per_s": round(pairs / score_s, 1),
+            "backbone_images": len(paths),
+            "backbone_images_per_s": round(images_s, 1),
+            "pairs_per_backbone_image": round(pairs / score_s / images_s, 2),
+        }
+    }
+    if vit_items:
+        model = "ViT-L-14-336"
+        enc = _random_encoder(model)
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            vit_manifest = _make_suite(folder, vit_items, enc.preprocess_cfg["size"][0])
+            cfg = _extract_cfg(folder, vit_manifest, model, 8)
+            extract_stage.run(cfg, progress=False, encoder=enc)
+            vit_store = FeatureStore.open(extract_stage.store_path(cfg))
+            vit_index = vit_store.suite_index("shapes-sugarcrepe")
+            torch.manual_seed(0)
+            vit_scorer = create_scorer("bindclip", dims=vit_store.dims, proj=vit_store.projections(), **train_cfg.scorer).eval()
+            with torch.no_grad():
+                vit_score_s = _time_scoring(vit_scorer, vit_store, vit_index, score_cfg.batch_size, repeats)
+            vit_images_s = _images_per_second(enc, sorted((folder / "images").glob("*.png")), 8)
+            vit_pairs = _pairs(vit_index)
+        results[model] = {
+            "weights": "random init (scorer and backbone)",
+            "threads": torch.get_num_threads(),
+            "grid": list(vit_store.dims.grid),
+            "pairs": vit_pairs,
+            "score_s": round(vit_score_s, 4),
+            "pairs_per_s": round(vit_pairs / vit_score_s, 1),
+            "backbone_images": vit_items,
+            "backbone_images_per_s": round(vit_images_s, 2),
+            "pairs_per_backbone_image": round(vit_pairs / vit_score_s / vit_images_s, 1),
+        }
+    return results

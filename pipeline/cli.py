@@ -256,6 +256,19 @@ def bench_score(
     _write_bench("score", f"pipeline bench score --items {items} --vit-items {vit_items}", results)
 
 
+@bench_app.command("bindclip")
+def bench_bindclip(
+    params: Annotated[Path, typer.Option(help="params.yaml (extract / score / train sections)")] = Path("params.yaml"),
+    suite: Annotated[str, typer.Option(help="choice suite scored from the pipeline's cache")] = "shapes-sugarcrepe",
+    vit_items: Annotated[int, typer.Option(help="items for ViT-L-14-336 at random init (0 = skip)")] = 16,
+) -> None:
+    """BindCLIP pairs per second from the cache against the backbone's images per second."""
+    from pipeline import bench
+
+    cmd = f"pipeline bench bindclip --params {params} --suite {suite} --vit-items {vit_items}"
+    _write_bench("bindclip", cmd, bench.bindclip_speed(params, suite, vit_items))
+
+
 @bench_app.command("memory")
 def bench_memory(
     sizes: Annotated[list[int] | None, typer.Option(help="image counts (repeatable)")] = None,

@@ -317,3 +317,10 @@ def test_sinkhorn_goal_needs_the_size_the_speed_and_equal_plans():
     assert sinkhorn_goal({**bench, "max_abs_diff": 1e-3})["met"] is False  # not the same plans
     assert sinkhorn_goal({**bench, "n_problems": 32})["met"] is False  # not the size
     assert "extrapolated" in sinkhorn_goal({**bench, "pot_problems_timed": 32, "pot_extrapolated": True})["measured"]
+
+
+def test_bench_counts_the_pairs_a_pairwise_scorer_evaluates():
+    from pipeline.bench import _pairs
+
+    captions = np.array([[0, 1, -1, -1], [2, 3, 4, -1], [5, 6, 7, 8]])  # K = 2, 3, 4 (-1 = pad)
+    assert _pairs({"captions": captions}) == 1 + 3 + 6
