@@ -95,6 +95,22 @@ def test_absorbed_blocks_fall_back_to_log_domain_on_hard_problems(monkeypatch):
     assert torch.equal(P_blocks, P_recorded.detach())
 
 
+def test_absorbed_block_refuses_each_out_of_range_denominator():
+    """One float32 problem of 1 row x 2 columns per case: a column whose kernel underflows
+    (K^T u = 0) and a scaling that leaves the range (u >= 1 / tiny: unnormalised row mass
+    1e16 multiplies u by 1e16 per iteration: 1e32 after two) each send the block back to the log domain."""
+    import pipeline.ot.sinkhorn as sk
+
+    f, g = torch.zeros(1, 1), torch.zeros(1, 2)
+    rows, cols = torch.ones(1, 1, dtype=torch.bool), torch.ones(1, 2, dtype=torch.bool)
+    b = torch.tensor([[0.5, 0.5]])
+    fine = sk._absorbed_iterations(torch.zeros(1, 1, 2), f, g, torch.ones(1, 1), b, 3, rows, cols)
+    assert fine is not None
+    underflow = torch.tensor([[[0.0, -200.0]]])  # exp(-200) = 0 in float32
+    assert sk._absorbed_iterations(underflow, f, g, torch.ones(1, 1), b, 1, rows, cols) is None
+    assert sk._absorbed_iterations(torch.zeros(1, 1, 2), f, g, torch.full((1, 1), 1e16), b, 2, rows, cols) is None
+
+
 def test_uniform_default_and_unbatched():
     C, _, _ = _problem(B=1)
     P, _ = sinkhorn_log(C[0], epsilon=0.2, n_iters=200)
@@ -204,10 +220,44 @@ def test_per_item_masks_and_uniform_default():
     torch.testing.assert_close(P[1].sum(-1), torch.full((6,), 1 / 6, dtype=P.dtype))
 
 
+def test_unrecorded_blocks_prepare_each_block_as_the_full_solve_does():
+    """Blocks in the reused workspace build their own masked log-kernel: NaN / inf in
+    padded rows and columns (masks per item and broadcast), the kernel form, integer costs
+    and a transposed (strided) cost tensor all give the one-block plan."""
+    g = torch.Generator().manual_seed(12)
+    rows = torch.rand(3, 4, 6, generator=g) < 0.7
+    cols = torch.rand(1, 4, 8, generator=g) < 0.7  # broadcast over the first batch dim
+    rows[..., 0] = cols[..., 0] = True
+    S = torch.randn(3, 4, 6, 8, generator=g, dtype=torch.float64)
+    pad = ~(rows[..., :, None] & cols[..., None, :])
+    S[pad] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=S.dtype)[torch.arange(int(pad.sum())) % 3]
+    with torch.no_grad():
+        for solve in (lambda **kw: sinkhorn_log(-S, epsilon=0.2, **kw), lambda **kw: sinkhorn_log_kernel(S / 0.2, **kw)):
+            P1, log1 = solve(n_iters=30, mask_rows=rows, mask_cols=cols, warn=False, batch_block=0)
+            assert torch.isfinite(P1).all() and (P1[pad.expand_as(P1)] == 0).all()
+            for block in (1, 5):
+                P, log = solve(n_iters=30, mask_rows=rows, mask_cols=cols, warn=False, batch_block=block)
+                for x, y in zip((P, log.f, log.g, log.err), (P1, log1.f, log1.g, log1.err), strict=True):
+                    assert torch.equal(x, y)
+        C = torch.randint(0, 5, (7, 4, 6), generator=g)  # integer costs
+        P1, _ = sinkhorn_log(C, epsilon=0.5, n_iters=20, warn=False, batch_block=0)
+        P, _ = sinkhorn_log(C, epsilon=0.5, n_iters=20, warn=False, batch_block=3)
+        assert P.dtype == torch.float32 and torch.equal(P, P1)
+        Ct = torch.rand(7, 9, 8, generator=g, dtype=torch.float64).transpose(-1, -2)  # strided
+        P1, _ = sinkhorn_log(Ct, epsilon=0.1, n_iters=20, warn=False, batch_block=0)
+        P, _ = sinkhorn_log(Ct, epsilon=0.1, n_iters=20, warn=False, batch_block=3)
+        assert P.is_contiguous()
+        torch.testing.assert_close(P, P1, atol=1e-14, rtol=0)  # summed in another order
+
+
 def test_warns_naming_the_knobs_when_not_converged():
     C, a, b = _problem(seed=6)
-    with pytest.warns(UserWarning, match="n_iters.*epsilon"):
+    with pytest.warns(UserWarning, match="n_iters.*epsilon") as record:
         sinkhorn_log(C * 10, a, b, epsilon=0.01, n_iters=2, tol=1e-6)
+    assert record[0].filename == __file__  # points at the caller's line
+    with pytest.warns(UserWarning, match="n_iters.*epsilon") as record:
+        sinkhorn_log_kernel(-C * 10 / 0.01, a, b, n_iters=2, tol=1e-6)
+    assert record[0].filename == __file__
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sinkhorn_log(C, a, b, epsilon=0.1, n_iters=300, tol=1e-6)

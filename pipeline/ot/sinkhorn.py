@@ -276,7 +276,8 @@ def _log_kernel(scores, divisor, mask_rows, mask_cols, out=None):
         log_K = out.copy_(scores) if divisor is None else torch.div(scores, divisor, out=out)
     if mask_rows is None and mask_cols is None:
         return log_K
-    keep = torch.ones((), dtype=torch.bool, device=scores.device)
+    # in full, the mask has log_K's layout, so the log-kernel keeps the input's strides
+    keep = torch.ones_like(log_K, dtype=torch.bool) if out is None else torch.ones((), dtype=torch.bool, device=scores.device)
     if mask_rows is not None:
         keep = keep & mask_rows[..., :, None]
     if mask_cols is not None:
@@ -291,7 +292,9 @@ def _sinkhorn(scores, divisor, a, b, n_iters, mask_rows, mask_cols, tol, warn, a
 
     A solve that autograd records builds the masked log-kernel in full and keeps every
     block's tensors; otherwise each block's log-kernel, kernels and plan are written into
-    storage allocated once (:class:`_Workspace`). Both give the same numbers.
+    storage allocated once (:class:`_Workspace`). Both give the same numbers bitwise for
+    contiguous inputs (what the scorers pass); a strided cost tensor is solved in the
+    workspace's contiguous storage, which sums in another order: equal up to rounding.
     """
     if scores.dim() < 2:
         name = "log_K" if divisor is None else "C"
@@ -315,7 +318,9 @@ def _sinkhorn(scores, divisor, a, b, n_iters, mask_rows, mask_cols, tol, warn, a
 
     n_problems = math.prod(batch)
     block = _batch_block(scores, n_problems, batch_block)
-    recorded = torch.is_grad_enabled() and (scores.requires_grad or a.requires_grad or b.requires_grad)
+    recorded = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in (scores, a, b, divisor)
+    )
     if block >= n_problems:
         P, f, g = _solve(_log_kernel(scores, divisor, mask_rows, mask_cols), a, b, n_iters, absorb_every)
     elif recorded:  # independent problems: the same plan, block by block
@@ -333,8 +338,8 @@ def _sinkhorn(scores, divisor, a, b, n_iters, mask_rows, mask_cols, tol, warn, a
         flat_S, flat_a, flat_b = scores.reshape(-1, n, m), a.reshape(-1, n), b.reshape(-1, m)
         flat_rows = None if mask_rows is None else mask_rows.reshape(-1, n)
         flat_cols = None if mask_cols is None else mask_cols.reshape(-1, m)
-        P = torch.empty_like(flat_S)
-        f, g = torch.empty_like(flat_a), torch.empty_like(flat_b)
+        P = flat_S.new_empty(flat_S.shape)  # contiguous, whatever the input's strides
+        f, g = flat_a.new_empty(flat_a.shape), flat_b.new_empty(flat_b.shape)
         work = _Workspace(P.new_empty(block, n, m), P.new_empty(block, m, n), P.new_empty(block, n, m))
         for start in range(0, n_problems, block):
             rows = slice(start, min(start + block, n_problems))
