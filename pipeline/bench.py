@@ -257,18 +257,13 @@ def _time_scoring(scorer, store, index: dict[str, np.ndarray], batch_size: int, 
 
 def _time_reads(store, index: dict[str, np.ndarray], batch_size: int, repeats: int) -> float:
     """Median seconds to read a suite's grids and token states as ``score_choice`` does."""
-    img_rows, cap_rows = index["image"][:, 0], index["captions"]
-    k = (cap_rows >= 0).sum(1)
+    from stages.score import choice_batches
+
     times = []
     for _ in range(max(1, repeats) + 1):  # the first pass is a warm-up
         t0 = time.perf_counter()
-        for n_opts in np.unique(k):
-            items = np.flatnonzero(k == n_opts)
-            for start in range(0, len(items), batch_size):
-                b = items[start : start + batch_size]
-                store.images(img_rows[b], grids=True)
-                for j in range(n_opts):
-                    store.texts(cap_rows[b, j], grids=True)
+        for _batch in choice_batches(store, index, batch_size, grids=True):
+            pass
         times.append(time.perf_counter() - t0)
     return float(np.median(times[1:]))
 

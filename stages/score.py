@@ -109,22 +109,29 @@ def drop_missing(manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> tuple[
     return manifest[keep].reset_index(drop=True), {k: v[keep] for k, v in index.items()}, n_missing
 
 
-@torch.no_grad()
-def score_choice(scorer: Scorer, store: FeatureStore, index: dict[str, np.ndarray], batch_size: int, desc: str = "") -> np.ndarray:
-    """[n, K_max] option scores (NaN pad) for a choice suite."""
+def choice_batches(store: FeatureStore, index: dict[str, np.ndarray], batch_size: int, grids: bool):
+    """A choice suite read from the store in batches of items with the same option count:
+    yields (item positions [b], image features, one text-feature batch per option)."""
     img_rows = index["image"][:, 0]  # [n]
     cap_rows = index["captions"]  # [n, K_max], -1 = pad
     n_opts = (cap_rows >= 0).sum(1)  # [n]
-    out = np.full(cap_rows.shape, np.nan, dtype=np.float64)
-    if not scorer.uses_grids:  # pooled embeddings only: a few KiB per item, read in one go
-        batch_size = max(batch_size, len(img_rows))
     for k in np.unique(n_opts):
         items = np.flatnonzero(n_opts == k)
-        for start in tqdm(range(0, len(items), batch_size), desc=desc, leave=False, disable=not desc):
+        for start in range(0, len(items), batch_size):
             b = items[start : start + batch_size]
-            image = store.images(img_rows[b], grids=scorer.uses_grids)
-            options = [store.texts(cap_rows[b, j], grids=scorer.uses_grids) for j in range(k)]
-            out[b, :k] = option_scores(scorer, image, options).double().numpy()
+            yield b, store.images(img_rows[b], grids=grids), [store.texts(cap_rows[b, j], grids=grids) for j in range(k)]
+
+
+@torch.no_grad()
+def score_choice(scorer: Scorer, store: FeatureStore, index: dict[str, np.ndarray], batch_size: int, desc: str = "") -> np.ndarray:
+    """[n, K_max] option scores (NaN pad) for a choice suite."""
+    out = np.full(index["captions"].shape, np.nan, dtype=np.float64)
+    if not scorer.uses_grids:  # pooled embeddings only: a few KiB per item, read in one go
+        batch_size = max(batch_size, len(out))
+    n_opts = (index["captions"] >= 0).sum(1)
+    n_batches = sum(-(-int(c) // batch_size) for c in np.unique(n_opts, return_counts=True)[1])
+    for b, image, options in tqdm(choice_batches(store, index, batch_size, scorer.uses_grids), total=n_batches, desc=desc, leave=False, disable=not desc):
+        out[b, : len(options)] = option_scores(scorer, image, options).double().numpy()
     return out
 
 
