@@ -112,6 +112,8 @@ class TrainConfig:
     steps: int = 300  # optimisation steps (paper: 3 epochs x 100 steps)
     batch_size: int = 64  # pairs per step (paper: 64)
     lr: float = 1e-4  # AdamW learning rate on the scorer's parameters (paper: 1e-4)
+    lr_schedule: str = "constant"  # "constant" (lr throughout) or "cosine": linear warm-up over `warmup` steps, cosine decay to 0 at `steps`
+    warmup: int = 0  # warm-up steps of the cosine schedule
     weight_decay: float = 1e-3  # AdamW weight decay (paper: 1e-3)
     eval_every: int = 50  # dev evaluation / checkpoint-selection period in steps
     group_tau: float = 1.0  # smooth worst-group temperature: tau * log mean_f exp(L_f / tau)

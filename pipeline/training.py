@@ -29,7 +29,9 @@ mean absolute relation-head output) and ``reflection_per_caption`` (reflection c
 on each caption's scaled energies ``sum_k exp(lambda_k) E_k(X)`` instead of on ``s``: it
 also pins what the pair difference leaves free, e.g. a rightward bias shared by "left" and
 "right"). These were tried on the shapes world and are off by default
-(``pipeline/scorers/bindclip.py`` has the figures).
+(``pipeline/scorers/bindclip.py`` has the figures). ``lr_schedule`` ``"cosine"``: linear
+warm-up over ``warmup`` steps to ``lr``, then cosine decay to 0 at the last step
+(:func:`pipeline.schedule.warmup_cosine`; each step's lr is in the log).
 
 Selection *(ours)*: every ``eval_every`` steps (and at the last step) the development
 suite is scored and the checkpoint with the best ``mean`` dev accuracy (the official
@@ -85,6 +87,7 @@ from pipeline.objectives import (
     word_token_positions,
     worst_group,
 )
+from pipeline.schedule import warmup_cosine
 from pipeline.scorers import SCORERS, Scorer, create_scorer
 
 OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase", "binding")
@@ -592,6 +595,15 @@ def dev_metrics(model: Scorer, data: PairData, suite: str) -> dict[str, float]:
 # ---------------------------------------------------------------------------- the loop
 
 
+def learning_rate(step: int, cfg: TrainConfig) -> float:
+    """The learning rate of optimiser step ``step`` under ``cfg.lr_schedule``."""
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    if cfg.lr_schedule == "cosine":
+        return warmup_cosine(step, cfg.lr, cfg.warmup, cfg.steps)
+    raise ValueError(f"train.lr_schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}")
+
+
 def _fingerprint(cfg: TrainConfig, seed: int, store: FeatureStore) -> str:
     d = asdict(cfg)
     for k in ("seeds", "threads", "out", "eval_every"):
@@ -707,9 +719,12 @@ def train_seed(
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        lr = learning_rate(step, cfg)
+        for group in opt.param_groups:
+            group["lr"] = lr
         opt.step()
         step += 1
-        log["steps"].append({"step": step, **{k: round(v, 6) for k, v in logged.items()}})
+        log["steps"].append({"step": step, "lr": lr, **{k: round(v, 6) for k, v in logged.items()}})
         bar.update(1)
         bar.set_postfix(loss=f"{logged['total']:.3f}", acc=f"{logged['acc']:.2f}")
         if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -781,6 +796,9 @@ def train_scorer(
     unknown = sorted(set(cfg.weights) - set(OBJECTIVES))
     if unknown:
         raise ValueError(f"unknown objective weight(s) {unknown}; valid: {', '.join(OBJECTIVES)}")
+    learning_rate(0, cfg)  # an unknown schedule fails here
+    if cfg.lr_schedule == "cosine" and not 0 <= cfg.warmup < cfg.steps:
+        raise ValueError(f"train.warmup must be in [0, steps) = [0, {cfg.steps}), got {cfg.warmup}")
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:

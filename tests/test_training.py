@@ -554,3 +554,46 @@ def test_binding_contrast_and_its_objective(tiny_store):
         value = binding_contrast(e.S, batch, rows, rows + n_tok, data.b_cells[batch], model.config.epsilon)
     assert "binding" not in off
     assert on["binding"] == pytest.approx(float(worst_group(value, data.family[batch], math.inf)), rel=1e-5)
+
+
+def test_learning_rate_schedules():
+    from pipeline.config import TrainConfig
+    from pipeline.schedule import warmup_cosine
+    from pipeline.training import learning_rate
+
+    const = TrainConfig(lr=0.3, steps=10)
+    assert [learning_rate(s, const) for s in (0, 5, 9)] == [0.3, 0.3, 0.3]
+    cos = TrainConfig(lr=1.0, steps=10, lr_schedule="cosine", warmup=2)
+    assert learning_rate(0, cos) == 0.5 and learning_rate(1, cos) == 1.0  # linear warm-up
+    assert learning_rate(2, cos) == 1.0  # the peak, then decay
+    assert learning_rate(6, cos) == pytest.approx(0.5)  # halfway through the decay: cos(pi/2)
+    assert learning_rate(10, cos) == pytest.approx(0.0, abs=1e-12)
+    assert all(learning_rate(s, cos) == warmup_cosine(s, 1.0, 2, 10) for s in range(10))
+    with pytest.raises(ValueError, match="lr_schedule"):
+        learning_rate(0, TrainConfig(lr_schedule="linear"))
+
+
+def test_cosine_schedule_resumes_on_the_same_curve(tmp_path, tiny_store):
+    from pipeline.training import learning_rate, train_scorer
+
+    kw = dict(lr_schedule="cosine", warmup=2, q0_grid=[])
+    train_scorer(_cfg(tmp_path / "a", **kw), tiny_store, progress=False)
+    assert train_scorer(_cfg(tmp_path / "b", **kw), tiny_store, progress=False, stop_after=4) == {
+        "stopped_at": 4
+    }
+    train_scorer(_cfg(tmp_path / "b", **kw), tiny_store, progress=False)
+    wa, wb = (_weights(tmp_path / p / "bindclip" / "seed0" / "model.safetensors") for p in "ab")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    logs = {
+        p: json.loads((tmp_path / p / "bindclip" / "seed0" / "train_log.json").read_text())["steps"]
+        for p in "ab"
+    }
+    assert logs["a"] == logs["b"]
+    cfg = _cfg(tmp_path, **kw)  # the lr each step took, resumed or not: the step's own
+    assert [e["lr"] for e in logs["a"]] == [learning_rate(s, cfg) for s in range(cfg.steps)]
+    train_scorer(_cfg(tmp_path / "c", q0_grid=[]), tiny_store, progress=False)  # constant lr
+    log_c = json.loads((tmp_path / "c" / "bindclip" / "seed0" / "train_log.json").read_text())
+    first_c, first_a = ({k: v for k, v in e.items() if k != "lr"} for e in (log_c["steps"][0], logs["a"][0]))
+    assert first_c == first_a  # the same first batch and loss, at lr 1e-2 vs 5e-3
+    assert [e["lr"] for e in log_c["steps"]] == [1e-2] * 6
+    assert log_c["steps"][1]["total"] != logs["a"][1]["total"]  # a different first update

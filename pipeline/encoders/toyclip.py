@@ -99,6 +99,7 @@ import torch.nn.functional as F
 
 from pipeline.config import ToyClipConfig
 from pipeline.encoders.stem import VISION_STEMS
+from pipeline.schedule import warmup_cosine
 
 BatchFn = Callable[[int, np.ndarray, int], tuple[np.ndarray, list[str]]]
 
@@ -139,10 +140,7 @@ def clip_loss(img: torch.Tensor, txt: torch.Tensor, logit_scale: torch.Tensor) -
 
 def learning_rate(step: int, cfg: ToyClipConfig) -> float:
     """Linear warm-up to ``cfg.lr`` over ``cfg.warmup`` steps, then cosine decay to 0."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return 0.5 * cfg.lr * (1.0 + math.cos(math.pi * progress))
+    return warmup_cosine(step, cfg.lr, cfg.warmup, cfg.steps)
 
 
 def batch_indices(step: int, batch_size: int, pool_size: int, seed: int) -> np.ndarray:
