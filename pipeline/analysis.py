@@ -18,7 +18,9 @@ import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks import SUITES
-from pipeline.stats import mcnemar_exact, units_bootstrap
+from pipeline.benchmarks.coco_families import FAMILIES
+from pipeline.stats import mcnemar_exact, paired_bootstrap, units_bootstrap
+from pipeline.world.families import edit_kinds
 
 # (suite, metric) rows of the Table-1 layout: headline per suite, then the binding slices.
 HEADLINE_ROWS = (
@@ -117,11 +119,56 @@ def lesion_costs(results: dict, variant: str = "bindclip", lesion: str = "bindcl
         c = compare(results, "shapes-dev", name, variant, lesion, n_resamples, seed)
         rows[name] = {"diff": c.diff, "lo": c.lo, "hi": c.hi, "p": c.p}
     table = pd.DataFrame(rows).T
-    tags = sorted(v.split("@", 1)[1] for v in entry["scores"] if v.startswith(f"{variant}@") and f"{lesion}@{v.split('@', 1)[1]}" in entry["scores"])
+    tags = _seed_tags(entry, variant, lesion)
     for tag in tags:
         a = suite.metrics(entry["manifest"], entry["scores"][f"{variant}@{tag}"])
         b = suite.metrics(entry["manifest"], entry["scores"][f"{lesion}@{tag}"])
         table[tag] = [a[n] - b[n] for n in table.index]
+    if tags:
+        table["seed mean"] = table[tags].mean(axis=1)
+    return table
+
+
+def _seed_tags(entry: dict, variant: str, lesion: str) -> list[str]:
+    """``seed<k>`` tags scored both as ``<variant>@seed<k>`` and ``<lesion>@seed<k>``."""
+    tags = (v.split("@", 1)[1] for v in entry["scores"] if v.startswith(f"{variant}@"))
+    return sorted(t for t in tags if f"{lesion}@{t}" in entry["scores"])
+
+
+def lesion_costs_by_kind(results: dict, variant: str = "bindclip", lesion: str = "bindclip-lesion", n_resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
+    """:func:`lesion_costs` per edit kind of shapes-dev (``pipeline.world.families.edit_kind``:
+    the family, or the family split by what its edit asks: a role swap's relation axis, an
+    attribute edit's size / colour of another object / new colour, a negation's direction).
+
+    Columns ``n`` (items), ``diff``, ``lo``, ``hi``, ``p`` (the scored checkpoint, paired
+    bootstrap over the kind's items), one per training seed and ``seed mean``. Empty when
+    either variant was not scored or the shapes-dev manifest has no scene columns (a source
+    other than the shapes world).
+    """
+    entry = results.get("shapes-dev")
+    if not entry or variant not in entry["scores"] or lesion not in entry["scores"]:
+        return pd.DataFrame()
+    manifest = entry["manifest"]
+    if not {"scene", "cf_scene"} <= set(manifest.columns):
+        return pd.DataFrame()
+    suite = SUITES.get("shapes-dev")
+
+    def correct(v: str) -> np.ndarray:  # per item, manifest order: the suite's own rule
+        return suite.units(manifest, entry["scores"][v])["mean"].values
+
+    kinds = edit_kinds(manifest)
+    order = sorted(set(kinds), key=lambda k: (FAMILIES.index(k.split(":")[0]), k))
+    a, b = correct(variant), correct(lesion)
+    rows = {}
+    for k in order:
+        m = kinds == k
+        r = paired_bootstrap(a[m], b[m], n_resamples=n_resamples, seed=seed)
+        rows[k] = {"n": int(m.sum()), "diff": r.diff, "lo": r.lo, "hi": r.hi, "p": r.p}
+    table = pd.DataFrame(rows).T
+    tags = _seed_tags(entry, variant, lesion)
+    for tag in tags:
+        ca, cb = correct(f"{variant}@{tag}"), correct(f"{lesion}@{tag}")
+        table[tag] = [ca[kinds == k].mean() - cb[kinds == k].mean() for k in order]
     if tags:
         table["seed mean"] = table[tags].mean(axis=1)
     return table

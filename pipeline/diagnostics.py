@@ -33,28 +33,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipeline.world.captions import REL_WORDS
+from pipeline.world.captions import relation_of
+from pipeline.world.families import edit_kinds
 from pipeline.world.scenes import COLOURS, SHAPES, SIZES
 
 WORD_KINDS = ("colour", "shape", "size", "other")
-
-
-def relation_of(caption: str) -> str | None:
-    """The shapes-world relation a caption states (``left`` ... ``behind``), or None."""
-    text = f" {caption} "
-    for rel, phrases in REL_WORDS.items():
-        if any(f" {p} " in text for p in phrases):
-            return rel
-    return None
 
 
 def _pairs(manifest: pd.DataFrame, index: dict[str, np.ndarray], keys: tuple[str, ...]) -> pd.DataFrame:
     """One row per (item, negative option): store rows of image, true and negative caption,
     and per grouping key the group it is reported in (column ``group:<key>``; see
     :func:`energy_breakdowns`)."""
-    unknown = set(keys) - {"category", "relation"}
+    unknown = set(keys) - {"category", "relation", "edit_kind"}
     if unknown:
-        raise ValueError(f"by must be 'category' or 'relation', got {sorted(unknown)[0]!r}")
+        raise ValueError(f"by must be 'category', 'relation' or 'edit_kind', got {sorted(unknown)[0]!r}")
     caps = index["captions"]  # [n, K], -1 = no option
     correct = manifest["correct"].to_numpy().astype(np.int64)
     item, opt = np.nonzero(caps >= 0)
@@ -77,6 +69,8 @@ def _pairs(manifest: pd.DataFrame, index: dict[str, np.ndarray], keys: tuple[str
                 label = t if n in (t, None) else f"{t} vs {n}"
                 group[p] = label if group[p] == t else f"{group[p]}: {label}"
         columns["group:relation"] = group
+    if "edit_kind" in keys:
+        columns["group:edit_kind"] = edit_kinds(manifest)[item]
     return pd.DataFrame(columns)
 
 
@@ -98,8 +92,9 @@ def energy_breakdowns(
 
     Groupings: ``"category"``, the manifest's categories; ``"relation"``, the category
     plus the relations the two captions state (``"relation: left"`` for an ARO argument
-    swap, ``"left vs below"`` for a What'sUp pair, whose category is the true relation).
-    Each row's ``category`` field holds its group.
+    swap, ``"left vs below"`` for a What'sUp pair, whose category is the true relation);
+    ``"edit_kind"``, shapes-train / shapes-dev pairs by
+    :func:`pipeline.world.families.edit_kind`. Each row's ``category`` field holds its group.
 
     ``scorer`` is a ``BindClip`` (anything with ``explain`` returning margin, moves,
     scales and contraction). Rows of ``index["image"]`` equal to -1 (missing image) are

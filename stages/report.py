@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks import SUITES
+from pipeline.benchmarks.coco_families import FAMILIES
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
 from pipeline.manifests import read_manifest, resolve_source
 from pipeline.stats import bootstrap_ci, units_bootstrap
@@ -198,6 +199,22 @@ def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreCo
             f"What the plan carries, per family: BindCLIP − lesion in points, the scored checkpoint with a paired-bootstrap 95% CI over items ({len(results['shapes-dev']['manifest'])} pairs over {len(cost.index.drop('mean', errors='ignore'))} families), then every training seed (its own checkpoint, with and without its plan) and their mean.",
             _df_markdown(shown),
         ]
+    by_kind = analysis.lesion_costs_by_kind(results, n_resamples=cfg.bootstrap, seed=cfg.seed)
+    if not by_kind.empty:
+        seeds = [c for c in by_kind.columns if c.startswith("seed")]
+        shown = pd.DataFrame(
+            {
+                "items": [int(n) for n in by_kind["n"]],
+                "BindCLIP − lesion [95% CI]": [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" for d, lo, hi in zip(by_kind["diff"], by_kind["lo"], by_kind["hi"], strict=True)],
+                "p": [f"{p:.4f}" for p in by_kind["p"]],
+                **{c: [f"{100 * x:+.1f}" for x in by_kind[c]] for c in seeds},
+            },
+            index=by_kind.index,
+        )
+        parts += [
+            "The same by edit kind (`pipeline.world.families.edit_kind`): in the shapes world a role swap is an argument swap of a spatial relation (split by its axis), an attribute edit changes a size, or a colour to one another object of the scene has (a binding negative), or to a colour new to the scene; a negation's true caption is the one that says \"no X\" or the other. Small groups: read the intervals.",
+            _df_markdown(shown),
+        ]
     grid = analysis.additive_grid(results)
     if not grid.empty:
         local = [v for v in ("clip", "local-max", "local-softmax", "additive", "bindclip") if v in scored]
@@ -263,8 +280,14 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
             rows += groups["category"]
             allowed = RELATION_SUITES.get(suite)  # categories shown by relation (None = all)
             by_relation += [r for r in groups.get("relation", []) if allowed is None or r["category"].split(":")[0] in allowed]
+    by_kind = []
+    if "shapes-dev" in store.suites():
+        manifest, index = suite_inputs(store, "shapes-dev")
+        if {"scene", "cf_scene"} <= set(manifest.columns):  # the shapes world's pairs
+            by_kind = energy_breakdowns(scorer, store, manifest, index, "shapes-dev", ("edit_kind",))["edit_kind"]
+            by_kind.sort(key=lambda r: (FAMILIES.index(r["category"].split(":")[0]), r["category"]))
     ground = grounding_precision(scorer, load_pairs(store, "shapes-dev", grounding=True)) if "shapes-dev" in store.suites() else pd.DataFrame()
-    (out / "diagnostics.json").write_text(json.dumps({"energy_breakdown": rows, "by_relation": by_relation, "grounding": ground.reset_index().to_dict("records"), "attribute_binding": binding}, indent=1) + "\n")
+    (out / "diagnostics.json").write_text(json.dumps({"energy_breakdown": rows, "by_relation": by_relation, "by_edit_kind": by_kind, "grounding": ground.reset_index().to_dict("records"), "attribute_binding": binding}, indent=1) + "\n")
     if not rows:
         return []
     parts = [
@@ -279,6 +302,11 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
         parts += [
             "The same by the relation each caption states: SugarCrepe attribute swaps by their relation word (plain `swap-att`: captions without one, e.g. \"a yellow circle and an orange cross\"), ARO argument swaps by their relation word, What'sUp pairs by true vs negative arrangement.",
             _breakdown_table(by_relation, "relation"),
+        ]
+    if by_kind:
+        parts += [
+            "shapes-dev by edit kind (the kinds of the lesion table): the score, the frozen margin and the learned part, and each energy, per kind.",
+            _breakdown_table(by_kind, "edit kind"),
         ]
     if not ground.empty:
         parts += [

@@ -137,6 +137,32 @@ def test_relation_of_and_relation_groups():
         energy_breakdown(_StubScorer(), _RowStore(), manifest, index, "s", by="word")
 
 
+def test_edit_kind_groups():
+    """Pairs grouped by the edit kind of their shapes-dev row (role swap by axis)."""
+    import json
+
+    scene = json.dumps({"objects": []})
+    manifest = pd.DataFrame(
+        {
+            "correct": [0, 0, 0],
+            "family": ["role-swap", "role-swap", "entity"],
+            "category": ["role-swap", "role-swap", "entity"],
+            "scene": scene,
+            "cf_scene": scene,
+            "captions": [
+                ["a star above a cross", "a cross above a star"],
+                ["a star partly covering a cross", "a cross partly covering a star"],
+                ["a star", "a circle"],
+            ],
+        }
+    )
+    index = {"image": np.array([[0], [1], [2]]), "captions": np.array([[0, 1], [2, 3], [4, 5]])}
+    rows = energy_breakdown(_StubScorer(), _RowStore(), manifest, index, "s", by="edit_kind")
+    assert sorted((r["category"], r["pairs"]) for r in rows) == [
+        ("entity", 1), ("role-swap: depth", 1), ("role-swap: vertical", 1)
+    ]
+
+
 def test_attribute_binding_hand_values():
     """A red square fills the top-left patch of a 2x2 grid and a blue circle the
     bottom-right one. The true caption's rows each sit on their referent; the negative's

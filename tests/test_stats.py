@@ -304,6 +304,53 @@ def test_lesion_costs_per_family_with_ci_and_seeds():
     assert lesion_costs(results).empty
 
 
+def test_lesion_costs_by_edit_kind_hand_counted():
+    """Per edit kind: 4 vertical role swaps (scorer right on 4, lesion on 1: +75 points),
+    4 horizontal ones (2 vs 2), 4 entity pairs (3 vs 3); seed1 vertical 3 vs 0, horizontal
+    1 vs 2, entity 0 vs 1."""
+    import json
+
+    import pandas as pd
+
+    from pipeline.analysis import lesion_costs_by_kind
+
+    scene = json.dumps({"objects": []})
+    captions = [["a star above a cross", "a cross above a star"]] * 4 + [
+        ["a star to the left of a cross", "a cross to the left of a star"]
+    ] * 4 + [["a star", "a circle"]] * 4
+    manifest = pd.DataFrame(
+        {"family": ["role-swap"] * 8 + ["entity"] * 4, "correct": [0] * 12, "captions": captions, "scene": scene, "cf_scene": scene}
+    )
+
+    def scores(right: list[int]) -> np.ndarray:
+        s = np.zeros((12, 2))
+        s[right, 0] = 1.0  # pos preferred on these items, a tie (wrong) on the rest
+        return s
+
+    runs = {
+        "bindclip": scores([0, 1, 2, 3, 4, 5, 8, 9, 10]),
+        "bindclip-lesion": scores([0, 4, 6, 8, 9, 10]),
+        "bindclip@seed1": scores([0, 1, 2, 4]),
+        "bindclip-lesion@seed1": scores([4, 5, 8]),
+    }
+    results = {"shapes-dev": {"manifest": manifest, "scores": runs}}
+    cost = lesion_costs_by_kind(results, n_resamples=2000)
+    assert list(cost.index) == ["entity", "role-swap: horizontal", "role-swap: vertical"]
+    assert list(cost["n"]) == [4, 4, 4]
+    assert cost.loc["role-swap: vertical", "diff"] == pytest.approx(0.75)
+    assert cost.loc["role-swap: horizontal", "diff"] == pytest.approx(0.0)
+    assert cost.loc["entity", "lo"] == cost.loc["entity", "hi"] == 0.0
+    assert cost.loc["role-swap: vertical", "seed1"] == pytest.approx(0.75)
+    assert cost.loc["role-swap: horizontal", "seed1"] == pytest.approx(-0.25)
+    assert cost.loc["entity", "seed1"] == pytest.approx(-0.25)
+    assert list(cost["seed mean"]) == pytest.approx([-0.25, -0.25, 0.75])
+    assert lesion_costs_by_kind(
+        {"shapes-dev": {"manifest": manifest.drop(columns=["scene", "cf_scene"]), "scores": runs}}
+    ).empty  # real COCO pairs have no scenes
+    del runs["bindclip-lesion"]
+    assert lesion_costs_by_kind(results).empty
+
+
 def test_sinkhorn_goal_needs_the_size_the_speed_and_equal_plans():
     from pipeline.analysis import sinkhorn_goal
 

@@ -433,6 +433,58 @@ def test_attribute_family_has_bound_colour_negatives():
     assert colour_edits > 20 and 0.6 * P_BOUND_COLOUR < bound / colour_edits < 0.95
 
 
+def test_edit_kinds_follow_how_each_pair_was_made():
+    """edit_kind read back from the manifest columns agrees with the claims and scenes the
+    proposer made: the axis of the role swap's relation, the attribute that changed, the
+    side of a negation that says "no"."""
+    from pipeline.world.captions import Has, Rel
+    from pipeline.world.families import edit_kind, pair_item
+    from pipeline.world.scenes import AXIS
+
+    seen = set()
+    for fam in ("role-swap", "attribute", "negation", "entity"):
+        f = FAMILIES.index(fam)
+        for j in range(40):
+            item = pair_item(0, "shapes-train", 8 * j + f)
+            row, pos = item.row, item.extra["pos"]
+            kind = edit_kind(row["family"], row["captions"][row["correct"]], row["scene"], row["cf_scene"])
+            seen.add(kind)
+            if fam == "role-swap":
+                assert isinstance(pos, Rel) and kind == f"role-swap: {AXIS[pos.rel]}"
+            elif fam == "attribute":
+                (i,) = [i for i, (a, b) in enumerate(zip(item.scene.objects, item.extra["cf_scene"].objects, strict=True)) if a != b]
+                a, b = item.scene.objects[i], item.extra["cf_scene"].objects[i]
+                others = {o.colour for k, o in enumerate(item.scene.objects) if k != i}
+                want = "size" if a.size != b.size else "colour of another object" if b.colour in others else "new colour"
+                assert kind == f"attribute: {want}", (row["captions"], kind)
+            elif fam == "negation":
+                assert isinstance(pos, Has) and kind == ("negation: 'no X' true" if pos.absent else "negation: 'no X' false")
+            else:
+                assert kind == fam
+    assert {"role-swap: horizontal", "role-swap: vertical", "role-swap: depth", "attribute: size",
+            "attribute: colour of another object", "attribute: new colour"} <= seen
+
+
+def test_edit_kind_phrases_and_errors():
+    from pipeline.world.families import edit_kind, edit_kinds
+
+    one = json.dumps({"objects": [{"colour": "red", "size": "small"}, {"colour": "blue", "size": "large"}]})
+    assert edit_kind("role-swap", "a red star partly covering a cross", one, one) == "role-swap: depth"
+    assert edit_kind("role-swap", "a star lower than a cross", one, one) == "role-swap: vertical"
+    with pytest.raises(ValueError, match="states no relation"):
+        edit_kind("role-swap", "a star and a cross", one, one)
+    with pytest.raises(ValueError, match="changes 0 objects"):
+        edit_kind("attribute", "a red star", one, one)
+    assert edit_kind("vertical", "a", one, one) == "vertical"
+    assert edit_kind("negation", "a star and no cross", one, one) == "negation: 'no X' true"
+    assert edit_kind("negation", "a star and a cross", one, one) == "negation: 'no X' false"
+    rows = pd.DataFrame({"family": ["negation"], "captions": [["a star and a cross", "a star and no cross"]],
+                         "correct": [1], "scene": [one], "cf_scene": [one]})  # fmt: skip
+    assert list(edit_kinds(rows)) == ["negation: 'no X' true"]  # the true caption by `correct`
+    with pytest.raises(ValueError, match="lacks \\['cf_scene', 'scene'\\]"):
+        edit_kinds(rows.drop(columns=["scene", "cf_scene"]))
+
+
 def test_left_right_families_flip_their_words(world):
     df = manifest(world, "shapes-train")
     for fam in ("relative-geometry", "absolute-position"):

@@ -151,6 +151,17 @@ REL_WORDS: dict[str, tuple[str, str, str]] = {  # (plain, after "is", alternativ
     "front": ("in front of", "in front of", "partly covering"),
     "behind": ("behind", "behind", "partly hidden by"),
 }
+
+
+def relation_of(caption: str) -> str | None:
+    """The relation a caption states (``left`` ... ``behind``, by its phrase), or None."""
+    text = f" {caption} "
+    for rel, phrases in REL_WORDS.items():
+        if any(f" {p} " in text for p in phrases):
+            return rel
+    return None
+
+
 RELATION_NAMES = {
     "left": "left of",
     "right": "right of",

@@ -33,9 +33,11 @@ with ``captions.truth`` on the scene, the counterfactual and the mirror.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 
 from pipeline.benchmarks.coco_families import FAMILIES  # one list for real and shapes data
 from pipeline.world.captions import (
@@ -55,10 +57,12 @@ from pipeline.world.captions import (
     paraphrase,
     ref_of,
     refs,
+    relation_of,
     say,
     truth,
 )
 from pipeline.world.scenes import (
+    AXIS,
     COLOURS,
     OPPOSITE,
     SHAPES,
@@ -305,3 +309,46 @@ def pair_item(seed: int, suite: str, index: int) -> Item:
         extra = {"cf_scene": cf, "flip_scene": scene.flipped(), "pos": pos, "neg": neg}
         return Item(row, images, scene, [pos, neg], extra)
     raise RuntimeError(f"{family}: no valid pair for {sid} in {MAX_TRIES} proposals")
+
+
+# ------------------------------------------------------------------------------ edit kinds
+
+# What each family's edit asks of a scorer, finer than the family (for analyses such as the
+# lesion): an argument swap is about the axis of its relation; an attribute edit is a size
+# (a spread in the image), a colour another object of the scene has (binding), or a colour
+# new to the scene; a negation's true caption is the one with 'no' or the one without.
+
+
+def edit_kind(family: str, pos: str, scene: str, cf_scene: str) -> str:
+    """``family`` or ``"family: kind"`` for one shapes-train / shapes-dev row: its true
+    caption ``pos`` and the JSON ``scene`` / ``cf_scene`` columns."""
+    if family == "role-swap":
+        rel = relation_of(pos)
+        if rel is None:
+            raise ValueError(f"role-swap caption {pos!r} states no relation")
+        return f"role-swap: {AXIS[rel]}"
+    if family == "attribute":
+        before, after = (json.loads(x)["objects"] for x in (scene, cf_scene))
+        changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
+        if len(changed) != 1:
+            raise ValueError(f"attribute edit changes {len(changed)} objects, expected 1")
+        a, b = changed[0]
+        if a["size"] != b["size"]:
+            return "attribute: size"
+        others = {o["colour"] for o in before if o is not a}
+        return "attribute: colour of another object" if b["colour"] in others else "attribute: new colour"
+    if family == "negation":
+        return "negation: 'no X' true" if " no " in f" {pos} " else "negation: 'no X' false"
+    return family
+
+
+def edit_kinds(manifest: pd.DataFrame) -> np.ndarray:
+    """[n] :func:`edit_kind` of every row of a shapes-train / shapes-dev manifest."""
+    missing = sorted({"family", "captions", "correct", "scene", "cf_scene"} - set(manifest.columns))
+    if missing:
+        raise ValueError(f"edit kinds need the shapes pair columns; the manifest lacks {missing}")
+    columns = ("family", "captions", "correct", "scene", "cf_scene")
+    return np.array(
+        [edit_kind(f, c[int(k)], s, cf) for f, c, k, s, cf in zip(*(manifest[x] for x in columns), strict=True)],
+        dtype=object,
+    )
