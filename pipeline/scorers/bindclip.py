@@ -212,7 +212,11 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
   move by a few points at most (What'sUp pair -4, 8 of 200 pairs; swap-att +1; swap-obj
   -1); its dev gains are on role-swap (three-seed mean 0.822 vs 0.756) and attribute (0.728
   vs 0.694), which the plan carries, so the lesion takes more there (the report's lesion
-  tables).
+  tables). On top of it (seed 0, same order of figures; the setting 0.743 / 0.545 / 0.674 /
+  0.531 / 0.58 / 0.77 / 0.783), the structural-sufficiency weight 3 / 0 (1):
+  0.768 / 0.60 / 0.680 / 0.485 / 0.59 / 0.77 / 0.779 and 0.740 / 0.57 / 0.665 / 0.477 / 0.55
+  / 0.79 / 0.775; not adopted (dev below the setting; weight 3 over three seeds 0.780
+  (0.779-0.781) against 0.781 (0.777-0.783), a tie).
 
 * Limits measured with probes (``pipeline bench probes`` -> ``reports/bench/probes.json``,
   :mod:`pipeline.probes`) and the attribute-binding table
