@@ -18,9 +18,8 @@ import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks import SUITES
-from pipeline.benchmarks.coco_families import FAMILIES
 from pipeline.stats import mcnemar_exact, paired_bootstrap, units_bootstrap
-from pipeline.world.families import edit_kinds
+from pipeline.world.families import edit_kind_order, edit_kinds
 
 # (suite, metric) rows of the Table-1 layout: headline per suite, then the binding slices.
 HEADLINE_ROWS = (
@@ -157,7 +156,7 @@ def lesion_costs_by_kind(results: dict, variant: str = "bindclip", lesion: str =
         return suite.units(manifest, entry["scores"][v])["mean"].values
 
     kinds = edit_kinds(manifest)
-    order = sorted(set(kinds), key=lambda k: (FAMILIES.index(k.split(":")[0]), k))
+    order = sorted(set(kinds), key=edit_kind_order)
     a, b = correct(variant), correct(lesion)
     rows = {}
     for k in order:

@@ -19,7 +19,6 @@ import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks import SUITES
-from pipeline.benchmarks.coco_families import FAMILIES
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
 from pipeline.manifests import read_manifest, resolve_source
 from pipeline.stats import bootstrap_ci, units_bootstrap
@@ -265,6 +264,7 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
     (:mod:`pipeline.diagnostics`); the numbers also go to ``<out>/diagnostics.json``."""
     from pipeline.diagnostics import attribute_binding, energy_breakdowns, grounding_precision
     from pipeline.training import load_pairs
+    from pipeline.world.families import edit_kind_order
     from stages.score import suite_inputs
 
     rows = []
@@ -285,7 +285,7 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
         manifest, index = suite_inputs(store, "shapes-dev")
         if {"scene", "cf_scene"} <= set(manifest.columns):  # the shapes world's pairs
             by_kind = energy_breakdowns(scorer, store, manifest, index, "shapes-dev", ("edit_kind",))["edit_kind"]
-            by_kind.sort(key=lambda r: (FAMILIES.index(r["category"].split(":")[0]), r["category"]))
+            by_kind.sort(key=lambda r: edit_kind_order(r["category"]))
     ground = grounding_precision(scorer, load_pairs(store, "shapes-dev", grounding=True)) if "shapes-dev" in store.suites() else pd.DataFrame()
     (out / "diagnostics.json").write_text(json.dumps({"energy_breakdown": rows, "by_relation": by_relation, "by_edit_kind": by_kind, "grounding": ground.reset_index().to_dict("records"), "attribute_binding": binding}, indent=1) + "\n")
     if not rows:

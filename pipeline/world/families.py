@@ -342,6 +342,11 @@ def edit_kind(family: str, pos: str, scene: str, cf_scene: str) -> str:
     return family
 
 
+def edit_kind_order(kind: str) -> tuple[int, str]:
+    """Sort key of edit kinds: by family (``FAMILIES`` order), then by name."""
+    return FAMILIES.index(kind.split(":")[0]), kind
+
+
 def edit_kinds(manifest: pd.DataFrame) -> np.ndarray:
     """[n] :func:`edit_kind` of every row of a shapes-train / shapes-dev manifest."""
     missing = sorted({"family", "captions", "correct", "scene", "cf_scene"} - set(manifest.columns))
