@@ -216,7 +216,10 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
   0.531 / 0.58 / 0.77 / 0.783), the structural-sufficiency weight 3 / 0 (1):
   0.768 / 0.60 / 0.680 / 0.485 / 0.59 / 0.77 / 0.779 and 0.740 / 0.57 / 0.665 / 0.477 / 0.55
   / 0.79 / 0.775; not adopted (dev below the setting; weight 3 over three seeds 0.780
-  (0.779-0.781) against 0.781 (0.777-0.783), a tie).
+  (0.779-0.781) against 0.781 (0.777-0.783), a tie). Aimed at swap-att, on the same
+  setting: ``scale_init`` [1, 1, 10, 1] (the order energy starts at 10) 0.780 / 0.61 / 0.675
+  / 0.466 / 0.62 / 0.76 / 0.769; ``order="cross"`` 0.772 / 0.625 / 0.664 / 0.532 / 0.60 /
+  0.76 / 0.781; neither adopted (dev below or tied, swap-att still far from 0.715).
 
 * Limits measured with probes (``pipeline bench probes`` -> ``reports/bench/probes.json``,
   :mod:`pipeline.probes`) and the attribute-binding table
