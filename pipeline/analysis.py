@@ -157,17 +157,17 @@ def lesion_costs_by_kind(results: dict, variant: str = "bindclip", lesion: str =
 
     kinds = edit_kinds(manifest)
     order = sorted(set(kinds), key=edit_kind_order)
+    masks = {k: kinds == k for k in order}
     a, b = correct(variant), correct(lesion)
     rows = {}
-    for k in order:
-        m = kinds == k
+    for k, m in masks.items():
         r = paired_bootstrap(a[m], b[m], n_resamples=n_resamples, seed=seed)
         rows[k] = {"n": int(m.sum()), "diff": r.diff, "lo": r.lo, "hi": r.hi, "p": r.p}
     table = pd.DataFrame(rows).T
     tags = _seed_tags(entry, variant, lesion)
     for tag in tags:
         ca, cb = correct(f"{variant}@{tag}"), correct(f"{lesion}@{tag}")
-        table[tag] = [ca[kinds == k].mean() - cb[kinds == k].mean() for k in order]
+        table[tag] = [ca[m].mean() - cb[m].mean() for m in masks.values()]
     if tags:
         table["seed mean"] = table[tags].mean(axis=1)
     return table

@@ -185,34 +185,15 @@ def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreCo
         parts += ["### Lesion and consensus ablation by family (shapes-dev)", "The lesion keeps every locked parameter and replaces only the plan by the outer product of its own marginals.", _df_markdown(fam.map(_pct))]
     cost = analysis.lesion_costs(results, n_resamples=cfg.bootstrap, seed=cfg.seed)
     if not cost.empty:
-        seeds = [c for c in cost.columns if c.startswith("seed")]
-        shown = pd.DataFrame(
-            {
-                "BindCLIP − lesion [95% CI]": [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" for d, lo, hi in zip(cost["diff"], cost["lo"], cost["hi"], strict=True)],
-                "p": [f"{p:.4f}" for p in cost["p"]],
-                **{c: [f"{100 * x:+.1f}" for x in cost[c]] for c in seeds},
-            },
-            index=cost.index,
-        )
         parts += [
             f"What the plan carries, per family: BindCLIP − lesion in points, the scored checkpoint with a paired-bootstrap 95% CI over items ({len(results['shapes-dev']['manifest'])} pairs over {len(cost.index.drop('mean', errors='ignore'))} families), then every training seed (its own checkpoint, with and without its plan) and their mean.",
-            _df_markdown(shown),
+            _lesion_cost_markdown(cost),
         ]
     by_kind = analysis.lesion_costs_by_kind(results, n_resamples=cfg.bootstrap, seed=cfg.seed)
     if not by_kind.empty:
-        seeds = [c for c in by_kind.columns if c.startswith("seed")]
-        shown = pd.DataFrame(
-            {
-                "items": [int(n) for n in by_kind["n"]],
-                "BindCLIP − lesion [95% CI]": [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" for d, lo, hi in zip(by_kind["diff"], by_kind["lo"], by_kind["hi"], strict=True)],
-                "p": [f"{p:.4f}" for p in by_kind["p"]],
-                **{c: [f"{100 * x:+.1f}" for x in by_kind[c]] for c in seeds},
-            },
-            index=by_kind.index,
-        )
         parts += [
             "The same by edit kind (`pipeline.world.families.edit_kind`): in the shapes world a role swap is an argument swap of a spatial relation (split by its axis), an attribute edit changes a size, or a colour to one another object of the scene has (a binding negative), or to a colour new to the scene; a negation's true caption is the one that says \"no X\" or the other. Small groups: read the intervals.",
-            _df_markdown(shown),
+            _lesion_cost_markdown(by_kind),
         ]
     grid = analysis.additive_grid(results)
     if not grid.empty:
@@ -334,6 +315,18 @@ def _breakdown_table(rows: list[dict], group: str) -> str:
         cells = " | ".join(f"{100 * r[f'{e}_share_true']:.0f}% / {r[f'{e}_mean_abs']:.3f} / {_pct(r[f'{e}_acc_without'])}" for e in ENERGIES)
         lines.append(f"| {r['suite']} | {r['category']} | {r['pairs']} | {_pct(r['acc_s'])} | {_pct(r['acc_margin'])} | {_pct(r['acc_learned'])} | {r['mean_abs_margin']:.3f} | {cells} |")
     return "\n".join(lines)
+
+
+def _lesion_cost_markdown(cost: pd.DataFrame) -> str:
+    """A lesion-cost table (``analysis.lesion_costs`` or ``lesion_costs_by_kind``) in points:
+    item counts when given, the scored checkpoint's difference with its CI and p, then the
+    per-seed columns."""
+    seeds = [c for c in cost.columns if c.startswith("seed")]
+    columns = {"items": [int(n) for n in cost["n"]]} if "n" in cost else {}
+    columns["BindCLIP − lesion [95% CI]"] = [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" for d, lo, hi in zip(cost["diff"], cost["lo"], cost["hi"], strict=True)]
+    columns["p"] = [f"{p:.4f}" for p in cost["p"]]
+    columns |= {c: [f"{100 * x:+.1f}" for x in cost[c]] for c in seeds}
+    return _df_markdown(pd.DataFrame(columns, index=cost.index))
 
 
 def _df_markdown(df: pd.DataFrame) -> str:
