@@ -23,10 +23,16 @@ The box covers about 7% of the 8x8 grid, which is what a uniform plan would put 
 each colour / shape word's plan mass on its referent's visible patches in the true and
 the negative caption, the co-location of adjacent colour-shape rows, and how often it
 and the order energy prefer the true caption (see its docstring).
+
+``coupling_maps`` returns, for a few items, each edited word's plan row over the patch
+grid in both captions (:func:`edited_words`: the words the edit from one caption to the
+other touches), for the report's coupling pictures.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 from typing import Any
 
 import numpy as np
@@ -248,8 +254,6 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
       so only their context in the caption (a noun's state carries its adjective) differs:
       what a reader with perfect grounding would get from S.
     """
-    import json
-
     from open_clip.tokenizer import _tokenizer
 
     from pipeline.objectives import visible_cover, word_token_positions
@@ -318,4 +322,86 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
     out["acc_bc"] = float(np.mean(right_bc))
     out["acc_order"] = float(np.mean(right_order))
     out["acc_S_referent"] = float(np.mean(right_referent))
+    return out
+
+
+GRAMMAR_WORDS = frozenset({"a", "an", "the", "there", "is", "are", "of", "in", "to", "and"})  # never "edited"
+
+
+def edited_words(a: str, b: str) -> tuple[list[int], list[int]]:
+    """Indices (in ``str.split()``) of the content words that the edit from caption ``a`` to ``b`` touches.
+
+    Captions of equal word count are compared position by position (a swap of two words or
+    of two noun phrases touches every swapped word in each caption: "a red circle and a
+    blue square" -> "a blue circle and a red square" gives ``red``, ``blue`` in ``a`` and
+    ``blue``, ``red`` in ``b``); otherwise by their word-level diff
+    (:class:`difflib.SequenceMatcher`: a replacement touches the replaced words, an
+    addition only words of the longer caption). Words of :data:`GRAMMAR_WORDS` (articles
+    that follow the next word, "in" of "in front of") are left out.
+    """
+    wa, wb = a.split(), b.split()
+    if len(wa) == len(wb):
+        ea = eb = [i for i, (x, y) in enumerate(zip(wa, wb, strict=True)) if x != y]
+    else:
+        ea, eb = [], []
+        for op, i0, i1, j0, j1 in difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes():
+            if op != "equal":
+                ea += range(i0, i1)
+                eb += range(j0, j1)
+    return [i for i in ea if wa[i] not in GRAMMAR_WORDS], [j for j in eb if wb[j] not in GRAMMAR_WORDS]
+
+
+@torch.no_grad()
+def coupling_maps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.ndarray], items) -> list[dict[str, Any]]:
+    """Each edited word's plan row over the patch grid, in both captions of each item.
+
+    ``items``: row numbers of a two-caption choice suite (``manifest`` / ``index``). Every
+    item is scored once as ``s(I, true, negative)`` with ``BindClip.explain``; for each
+    caption (true first) and each of its :func:`edited_words`, the word's first BPE row of
+    the plan over the non-null cells, depths summed, is returned as ``rho`` ([grid_h,
+    grid_w], normalised to sum 1) with ``grounded``, the share of the row's mass off the
+    null patch, and ``box``, the box (x0, y0, x1, y1 in [0, 1]) of the one object of the
+    scene the word alone names (its colour, shape or size; ``None`` when no single object
+    does, or without a ``scene`` column).
+    """
+    from open_clip.tokenizer import _tokenizer
+
+    from pipeline.objectives import word_token_positions
+
+    items = np.asarray(items, dtype=np.int64)
+    if not len(items):
+        return []
+    correct = manifest["correct"].to_numpy().astype(np.int64)[items]
+    caps = index["captions"][items]
+    k = np.arange(len(items))
+    ex = scorer.explain(
+        store.images(index["image"][items, 0]), store.texts(caps[k, correct]), store.texts(caps[k, 1 - correct])
+    )
+    n, (gh, gw) = ex.token_mask.shape[2], tuple(ex.grid)
+    out = []
+    for j, i in enumerate(items):
+        row = manifest.iloc[int(i)]
+        texts = [row["captions"][correct[j]], row["captions"][1 - correct[j]]]
+        objects = json.loads(row["scene"])["objects"] if "scene" in manifest else []
+        edited = edited_words(*texts)
+        captions = []
+        for x, (text, words) in enumerate(zip(texts, edited, strict=True)):
+            split = text.split()
+            maps = []
+            for w, pos in zip(words, word_token_positions(text, words, _tokenizer.encode, max_tokens=n), strict=True):
+                if not pos:  # truncated away
+                    continue
+                plan_row = ex.plan[j, x * n + pos[0] - 1]  # content rows start after sot
+                cells = plan_row[:-1].reshape(2, gh * gw).sum(0)
+                kind = word_kind(split[w])
+                hits = [o for o in objects if kind != "other" and o[kind] == split[w]]
+                maps.append({
+                    "word": split[w],
+                    "position": w,
+                    "rho": (cells / cells.sum().clamp_min(1e-12)).reshape(gh, gw).numpy(),
+                    "grounded": float(cells.sum() / plan_row.sum().clamp_min(1e-12)),
+                    "box": tuple(hits[0]["box"]) if len(hits) == 1 else None,
+                })
+            captions.append({"text": text, "words": maps})
+        out.append({"item": int(i), "image": row["image"], "category": row.get("category"), "score": float(ex.score[j]), "captions": captions})
     return out

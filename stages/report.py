@@ -221,7 +221,7 @@ def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreCo
     scorer = load_scorer("bindclip", store, score)
     fig = coupling_figure(results, store, scorer, out)
     if fig:
-        parts += ["### Coupling pictures", "For swap-attribute items: the plan mass of each caption's most distinctive token (largest cross-caption residual) over the image, summed over both depths; left the true caption, right the negative.", f"![coupling](figures/{fig.name})"]
+        parts += ["### Coupling pictures", "Each edited word's plan mass over the image (its row of the plan, both depths summed, normalised over the patches; 'grounded' is the row's share off the null patch), for both captions of a few shapes-sugarcrepe items: on the left the true caption's edited words (✓), on the right the negative's (✗). The edited words are the word-level diff of the two captions (`pipeline.diagnostics.edited_words`); the green box is the object the word alone names, where one object does. On an attribute swap each colour word names the same object in both captions; the order energy reads whether it sits where the noun after it does.", f"![coupling](figures/{fig.name})"]
     parts += diagnostics_section(store, scorer, out)
     checks = analysis.goal_checks(results)
     sinkhorn_bench = out / "bench" / "sinkhorn.json"  # `pipeline bench sinkhorn`
@@ -337,48 +337,64 @@ def _df_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def coupling_figure(results: dict[str, Any], store, scorer, out: Path, n: int = 3) -> Path | None:
-    """Plan mass of each caption's most distinctive token drawn over the image."""
+COUPLING_CATEGORIES = ("swap-att", "swap-att", "swap-obj", "replace-rel")  # one picture row each
+
+
+def coupling_figure(results: dict[str, Any], store, scorer, out: Path) -> Path | None:
+    """Each edited word's plan mass drawn over the image, for both captions of a few items.
+
+    One row per item (the first items of :data:`COUPLING_CATEGORIES` on shapes-sugarcrepe):
+    the true caption's edited words, then the negative's (at most two each, shape words
+    first), each word's
+    plan row over the patch grid (depths summed, normalised) with the box of the object the
+    word alone names drawn in green (:func:`pipeline.diagnostics.coupling_maps`).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import torch
-    from open_clip.tokenizer import _tokenizer
+    from matplotlib.patches import Rectangle
     from PIL import Image
+
+    from pipeline.diagnostics import coupling_maps, word_kind
 
     entry = results.get("shapes-sugarcrepe")
     if not entry:
         return None
     manifest = entry["manifest"]
-    picks = np.flatnonzero(manifest["category"].to_numpy() == "swap-att")[:n]
-    if len(picks) == 0:
+    category = manifest["category"].to_numpy()
+    picks: list[int] = []
+    for cat in COUPLING_CATEGORIES:
+        left = [int(i) for i in np.flatnonzero(category == cat) if int(i) not in picks]
+        picks += left[:1]
+    if not picks:
         return None
-    index = store.suite_index("shapes-sugarcrepe")
-    image = store.images(index["image"][picks, 0])
-    ta, tb = store.texts(index["captions"][picks, 0]), store.texts(index["captions"][picks, 1])
-    with torch.no_grad():
-        ex = scorer.explain(image, ta, tb)
-    gh, gw = ex.grid
-    n_tok = ex.u.shape[-1]
-    fig, axes = plt.subplots(len(picks), 2, figsize=(6, 3.1 * len(picks)))
-    axes = np.atleast_2d(axes)
-    for i, item in enumerate(picks):
-        row = manifest.iloc[int(item)]
-        img = np.asarray(Image.open(Path(entry["image_root"]) / row["image"]).convert("RGB"))
-        for x in range(2):
-            u = ex.u[i, x].masked_fill(~ex.token_mask[i, x], -1)
-            k = int(u.argmax())
-            mass = ex.plan[i, x * n_tok + k, : 2 * gh * gw].reshape(2, gh * gw).sum(0).reshape(gh, gw)
-            ax = axes[i, x]
-            ax.imshow(img)
-            ax.imshow(mass.numpy(), cmap="magma", alpha=0.55, extent=(0, img.shape[1], img.shape[0], 0), interpolation="nearest")
-            word = _tokenizer.decode([int(ex.ids[i, x, k])]).strip()
-            cap = row["captions"][x]
-            ax.set_title(f"{'✓' if x == 0 else '✗'} {cap[:34]}\ntoken '{word}', s = {float(ex.score[i]) * (1 if x == 0 else -1):+.2f}", fontsize=7)
-            ax.set_xticks([])
-            ax.set_yticks([])
-    fig.tight_layout()
+    maps = coupling_maps(scorer, store, manifest, store.suite_index("shapes-sugarcrepe"), picks)
+    per_caption = 2
+    fig = plt.figure(figsize=(2.3 * 2 * per_caption, 2.9 * len(maps)), layout="constrained")
+    for item, sub in zip(maps, np.atleast_1d(fig.subfigures(len(maps), 1)), strict=True):
+        img = np.asarray(Image.open(Path(entry["image_root"]) / item["image"]).convert("RGB"))
+        h, w = img.shape[:2]
+        true, negative = (c["text"] for c in item["captions"])
+        sub.suptitle(f"{item['category']}:  ✓ {true}   ✗ {negative}   s = {item['score']:+.2f}", fontsize=7.5)
+        axes = sub.subplots(1, 2 * per_caption)
+        for x, cap in enumerate(item["captions"]):
+            shown = sorted(cap["words"], key=lambda m: word_kind(m["word"]) != "shape")[:per_caption]  # nouns first
+            for k in range(per_caption):
+                ax = axes[x * per_caption + k]
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if k >= len(shown):
+                    ax.axis("off")
+                    continue
+                word = shown[k]
+                ax.imshow(img)
+                ax.imshow(word["rho"], cmap="magma", alpha=0.6, extent=(0, w, h, 0), interpolation="nearest")
+                if word["box"] is not None:
+                    x0, y0, x1, y1 = word["box"]
+                    ax.add_patch(Rectangle((x0 * w, y0 * h), (x1 - x0) * w, (y1 - y0) * h, fill=False, ec="lime", lw=1.2))
+                mark = "✓" if x == 0 else "✗"
+                ax.set_title(f"{mark} '{word['word']}' (grounded {word['grounded']:.2f})", fontsize=7)
     path = out / "figures" / "coupling.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

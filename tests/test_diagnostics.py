@@ -12,6 +12,8 @@ import torch
 
 from pipeline.diagnostics import (
     attribute_binding,
+    coupling_maps,
+    edited_words,
     energy_breakdown,
     grounding_precision,
     relation_of,
@@ -211,3 +213,60 @@ def test_attribute_binding_hand_values():
     assert out["acc_S_referent"] == 1.0
     S[0, n + 6, 1, 3] = 4.0  # the negative's "circle" reads 2.0 on the circle: now it wins
     assert attribute_binding(Stub(), _RowStore(), manifest, index)["acc_S_referent"] == 0.0
+
+
+def test_edited_words():
+    # attribute swap: the two colour words in each caption (equal length: by position)
+    assert edited_words("a red circle and a blue square", "a blue circle and a red square") == ([1, 5], [1, 5])
+    # noun-phrase swap with article agreement: articles are not edits, every swapped word is
+    a, b = "there is an orange diamond above a blue cross", "there is a blue cross above an orange diamond"
+    assert edited_words(a, b) == ([3, 4, 7, 8], [3, 4, 7, 8])
+    # replacement of unequal length: the diff, without "in" / "of"
+    a, b = "a red circle in front of a square", "a red circle behind a square"
+    assert edited_words(a, b) == ([4], [3])
+    # addition: only the longer caption has edited words
+    assert edited_words("a red circle", "a red circle and a star") == ([], [5])
+    assert edited_words("a red circle", "a red circle") == ([], [])
+
+
+def test_coupling_maps_rows_and_boxes():
+    """Item 0 is a swap-att item whose true caption is option 1; the plan puts the true
+    caption's "red" on patch 0 (grounded 0.8) and the negative's "red" on patch 3."""
+    import json
+
+    scene = {"objects": [
+        {"shape": "square", "colour": "red", "size": "small", "box": [0, 0, 0.5, 0.5]},
+        {"shape": "circle", "colour": "blue", "size": "small", "box": [0.5, 0.5, 1, 1]},
+    ]}  # fmt: skip
+    manifest = pd.DataFrame({
+        "correct": [1], "category": ["swap-att"], "scene": [json.dumps(scene)], "image": ["x.png"],
+        "captions": [["a blue square and a red circle", "a red square and a blue circle"]],
+    })  # fmt: skip
+    index = {"image": np.array([[0]]), "captions": np.array([[10, 11]])}
+    n, L, R = 7, 2, 4  # one BPE token per word: word w is row w (row x * n + w)
+    plan = torch.zeros(1, 2 * n + 1, L * R + 1)
+    plan[0, 1, [0, L * R]] = torch.tensor([0.4, 0.1])  # true "red" (word 1): patch 0 at depth 0, some null
+    plan[0, 1, R] = 0.4  # ... and patch 0 at depth 1
+    plan[0, n + 5, [3, R + 3]] = 0.5  # the negative's "red" (word 5): patch 3
+    seen = {}
+
+    class Stub:
+        def explain(self, image, a, b):
+            seen["texts"] = (int(a[0]), int(b[0]))
+            mask = torch.ones(1, 2, n, dtype=torch.bool)
+            return SimpleNamespace(plan=plan, token_mask=mask, grid=(2, 2), score=torch.tensor([1.5]))
+
+    (item,) = coupling_maps(Stub(), _RowStore(), manifest, index, [0])
+    assert seen["texts"] == (11, 10)  # scored as s(I, true, negative)
+    assert item["score"] == 1.5 and item["category"] == "swap-att"
+    true, negative = item["captions"]
+    assert true["text"] == "a red square and a blue circle"
+    assert [m["word"] for m in true["words"]] == ["red", "blue"]
+    assert [m["word"] for m in negative["words"]] == ["blue", "red"]
+    red = true["words"][0]
+    np.testing.assert_allclose(red["rho"], [[1.0, 0.0], [0.0, 0.0]])
+    assert red["grounded"] == pytest.approx(0.8 / 0.9)
+    assert red["box"] == (0, 0, 0.5, 0.5)  # the one red object
+    np.testing.assert_allclose(negative["words"][1]["rho"], [[0.0, 0.0], [0.0, 1.0]])
+    assert negative["words"][1]["box"] == (0, 0, 0.5, 0.5)  # "red" names the square in either caption
+    assert coupling_maps(Stub(), _RowStore(), manifest, index, []) == []
