@@ -312,12 +312,31 @@ def test_sugarcrepe_length_matched_agrees_with_bpe(world):
     for caps, matched in zip(df["captions"], df["length_matched"], strict=True):
         assert bool(matched) == (bpe_len(caps[0]) == bpe_len(caps[1]))
     adds = df[df["category"].str.startswith("add")]
-    assert not adds["length_matched"].any()  # adding a word always lengthens the caption
+    for caps in adds.loc[adds["length_matched"], "captions"]:  # only by construction
+        assert caps[0].startswith("a picture of ") and not caps[1].startswith("a picture of ")
     swaps = df[df["category"].str.startswith("swap")]
     for caps in swaps["captions"]:
         assert sorted(caps[0].replace("an ", "a ").split()) == sorted(
             caps[1].replace("an ", "a ").split()
         )
+
+
+def test_sugarcrepe_add_items_length_matched_by_construction():
+    """About P_ADD_LENGTH_MATCHED of the add-* items have equally long captions (the positive
+    says "a picture of ..."); the rest have a longer negative, as in SugarCrepe."""
+    from pipeline.world.suites import P_ADD_LENGTH_MATCHED, sugarcrepe_item
+
+    for category in ("add-obj", "add-att"):
+        items = [sugarcrepe_item(0, category, i) for i in range(80)]
+        matched = [it for it in items if it.row["length_matched"]]
+        assert 0.5 * P_ADD_LENGTH_MATCHED < len(matched) / len(items) < 1.5 * P_ADD_LENGTH_MATCHED
+        for it in items:
+            pos, neg = it.row["captions"]
+            assert truth(it.claims[0], it.scene) is True and truth(it.claims[1], it.scene) is False
+            if not it.row["length_matched"]:
+                assert bpe_len(neg) > bpe_len(pos)  # the negative appends a phrase
+            else:
+                assert pos.startswith("a picture of ") and bpe_len(neg) == bpe_len(pos)
 
 
 # ------------------------------------------------------------------------------ shapes-retrieval

@@ -15,7 +15,8 @@ under ``captions.truth``; a proposal that is ambiguous is redrawn.
   ``attribution`` ([false, true], colours swapped between the shapes, as
   VG-Attribution), ``order`` ([true, 4 ARO shuffles], as COCO/Flickr-Order).
 * shapes-sugarcrepe: the seven SugarCrepe categories, [pos, neg]; ``length_matched``
-  says whether pos and neg have equally many BPE tokens.
+  says whether pos and neg have equally many BPE tokens (by construction for about
+  ``P_ADD_LENGTH_MATCHED`` of the add-* items, which are otherwise one or more tokens longer).
 * shapes-retrieval: groups of five scenes with the same two shapes and two colours in
   other bindings and arrangements; each scene's caption is true of it and false of the
   other four. Groups use distinct (shape pair, colour pair) combinations (588 exist),
@@ -32,6 +33,7 @@ import numpy as np
 
 from pipeline.benchmarks.sugarcrepe import CATEGORIES as SUGARCREPE_METRIC_CATEGORIES
 from pipeline.world.captions import (
+    HAS_TEMPLATES,
     N_STYLES,
     RELATION_NAMES,
     Claim,
@@ -71,6 +73,13 @@ ARO_CATEGORIES = ("relation", "attribution", "order")
 SUGARCREPE_CATEGORIES = SUGARCREPE_METRIC_CATEGORIES  # the benchmark's own list, one home
 RETRIEVAL_GROUP = 5  # scenes per retrieval group
 MAX_TRIES = 200  # proposals per item before giving up (never reached in practice)
+# SugarCrepe's add-* negatives append a phrase, so the negative is longer in all but 35 of
+# its 2,754 pairs; that length alone is a cue. A share of ours are length-matched (ours, so
+# that the length-matched slice of methods.md §1.7 exists): the positive says "a picture
+# of ...", the negative "there is ..." (add-att, one added word) or nothing (add-obj, the
+# added object named by its shape alone, "and a cross")
+P_ADD_LENGTH_MATCHED = 0.3
+_HAS_STYLE = {plain: k for k, (plain, _) in enumerate(HAS_TEMPLATES)}  # template -> style
 
 
 @dataclass
@@ -296,6 +305,7 @@ def sugarcrepe_item(seed: int, category: str, index: int, suite: str = "shapes-s
     image = f"{suite}/{category}/{sid}.png"
     for _ in range(MAX_TRIES):
         style = int(rng.integers(N_STYLES))
+        styles = (style, style)  # of pos and neg
         if category in ("replace-obj", "replace-att"):
             made = _has_or_rel(rng, sid, p_rel=0.4, size=True)
             if made is None:
@@ -359,6 +369,8 @@ def sugarcrepe_item(seed: int, category: str, index: int, suite: str = "shapes-s
             new = Ref(
                 free[int(rng.integers(len(free)))], list(COLOURS)[int(rng.integers(len(COLOURS)))]
             )
+            if rng.random() < P_ADD_LENGTH_MATCHED:  # "a picture of X" vs "X and a cross"
+                new, styles = Ref(new.shape), (_HAS_STYLE["a picture of {P}"], _HAS_STYLE["{P}"])
             at = int(rng.integers(len(pos.present) + 1))
             neg = Has(pos.present[:at] + (new,) + pos.present[at:])
         elif category == "add-att":
@@ -379,13 +391,15 @@ def sugarcrepe_item(seed: int, category: str, index: int, suite: str = "shapes-s
             others = [ref_of(x, scene, rng, p_size=0.0) for i, x in enumerate(objs) if i != t]
             pre = others[: int(rng.integers(0, min(1, len(others)) + 1))]
             pos, neg = Has((target, *pre)), Has((added, *pre))
+            if rng.random() < P_ADD_LENGTH_MATCHED:  # "a picture of a red X" vs "there is a large red X"
+                styles = (_HAS_STYLE["a picture of {P}"], _HAS_STYLE["there is {P}"])
         else:
             raise ValueError(
                 f"unknown sugarcrepe category {category!r}; valid: {', '.join(SUGARCREPE_CATEGORIES)}"
             )
         if not check([pos, neg], scene, 0):
             continue
-        texts = [caption(pos, style), caption(neg, style)]
+        texts = [caption(pos, styles[0]), caption(neg, styles[1])]
         row = base_row(sid, image, texts, 0, category, scene)
         row["length_matched"] = bpe_len(texts[0]) == bpe_len(texts[1])
         return Item(row, [(image, scene, False)], scene, [pos, neg])
