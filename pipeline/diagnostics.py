@@ -228,6 +228,18 @@ def grounding_precision(scorer, pairs, batch_size: int = 256) -> pd.DataFrame:
 
 
 @torch.no_grad()
+def _explain_true_vs_negative(scorer, store, manifest: pd.DataFrame, index: dict[str, np.ndarray], items: np.ndarray):
+    """``(correct, explanation)`` of ``s(I, true, negative)`` for rows ``items`` of a
+    two-caption choice suite: the true option's number per item and ``BindClip.explain``."""
+    correct = manifest["correct"].to_numpy().astype(np.int64)[items]
+    caps = index["captions"][items]
+    k = np.arange(len(items))
+    ex = scorer.explain(
+        store.images(index["image"][items, 0]), store.texts(caps[k, correct]), store.texts(caps[k, 1 - correct])
+    )
+    return correct, ex
+
+
 def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np.ndarray], category: str = "swap-att") -> dict[str, Any]:
     """How the plan binds colours to shapes on attribute swaps (true vs negative caption).
 
@@ -262,12 +274,7 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
     items = np.flatnonzero(manifest["category"].to_numpy() == category)
     if not len(items) or "scene" not in manifest:
         return {}
-    correct = manifest["correct"].to_numpy().astype(np.int64)[items]
-    caps = index["captions"][items]
-    k = np.arange(len(items))
-    ex = scorer.explain(
-        store.images(index["image"][items, 0]), store.texts(caps[k, correct]), store.texts(caps[k, 1 - correct])
-    )
+    correct, ex = _explain_true_vs_negative(scorer, store, manifest, index, items)
     n, L = ex.token_mask.shape[2], 2
     grid = tuple(ex.grid)
     rows_of = lambda cap, w: [p - 1 for p in word_token_positions(cap, [w], _tokenizer.encode)[0]]  # noqa: E731
@@ -371,12 +378,7 @@ def coupling_maps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nda
     items = np.asarray(items, dtype=np.int64)
     if not len(items):
         return []
-    correct = manifest["correct"].to_numpy().astype(np.int64)[items]
-    caps = index["captions"][items]
-    k = np.arange(len(items))
-    ex = scorer.explain(
-        store.images(index["image"][items, 0]), store.texts(caps[k, correct]), store.texts(caps[k, 1 - correct])
-    )
+    correct, ex = _explain_true_vs_negative(scorer, store, manifest, index, items)
     n, (gh, gw) = ex.token_mask.shape[2], tuple(ex.grid)
     out = []
     for j, i in enumerate(items):
