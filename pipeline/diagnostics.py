@@ -240,6 +240,30 @@ def _explain_true_vs_negative(scorer, store, manifest: pd.DataFrame, index: dict
     return correct, ex
 
 
+def _word_row(ex, j: int, block: int, caption: str, w: int) -> int | None:
+    """Plan row of word ``w`` of ``caption`` (its first BPE piece) in item ``j`` of ``ex``,
+    whose caption rows start at ``block`` (0 for A, N for B); None when truncated away."""
+    from pipeline.objectives import word_token_positions
+
+    pos = word_token_positions(caption, [w], max_tokens=ex.token_mask.shape[2])[0]
+    return block + pos[0] - 1 if pos else None  # content rows start after sot
+
+
+def _patch_distribution(ex, j: int, row: int) -> torch.Tensor:
+    """[R] a plan row's mass on the cells, both depths (early, final) summed, normalised."""
+    cells = ex.plan[j, row, :-1].reshape(2, -1).sum(0)
+    return cells / cells.sum().clamp_min(1e-12)
+
+
+def unique_referent(objects: list[dict], word: str) -> int | None:
+    """Index of the one object of a scene (manifest ``scene`` objects) whose colour, shape or
+    size is ``word``; None when no object or several have it, or ``word`` is no attribute."""
+    kind = word_kind(word)
+    hits = [o for o, ob in enumerate(objects) if kind != "other" and ob.get(kind) == word]
+    return hits[0] if len(hits) == 1 else None
+
+
+@torch.no_grad()
 def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np.ndarray], category: str = "swap-att") -> dict[str, Any]:
     """How the plan binds colours to shapes on attribute swaps (true vs negative caption).
 
@@ -266,18 +290,15 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
       so only their context in the caption (a noun's state carries its adjective) differs:
       what a reader with perfect grounding would get from S.
     """
-    from open_clip.tokenizer import _tokenizer
-
-    from pipeline.objectives import visible_cover, word_token_positions
+    from pipeline.objectives import visible_cover
     from pipeline.scorers.bindclip import ENERGIES
 
     items = np.flatnonzero(manifest["category"].to_numpy() == category)
     if not len(items) or "scene" not in manifest:
         return {}
     correct, ex = _explain_true_vs_negative(scorer, store, manifest, index, items)
-    n, L = ex.token_mask.shape[2], 2
+    n = ex.token_mask.shape[2]
     grid = tuple(ex.grid)
-    rows_of = lambda cap, w: [p - 1 for p in word_token_positions(cap, [w], _tokenizer.encode)[0]]  # noqa: E731
     in_mask = {(c, kind): [] for c in ("true", "negative") for kind in ("colour", "shape")}
     s_own = {"colour": [], "shape": []}
     bc = {"true": [], "negative": []}
@@ -293,20 +314,19 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
             words = cap.split()
             row_dist = {}
             for w, word in enumerate(words):
-                kind = "colour" if word in COLOURS else "shape" if word in SHAPES else None
-                rows = [block + r for r in rows_of(cap, w) if r < n]
-                if kind is None or not rows:
+                kind = word_kind(word)
+                row = _word_row(ex, j, block, cap, w)
+                if kind not in ("colour", "shape") or row is None:
                     continue
-                P = ex.plan[j, rows[0], :-1].reshape(L, -1).sum(0)  # [R] depths summed
-                row_dist[w] = P / P.sum().clamp_min(1e-12)
-                hits = [o for o, ob in enumerate(objects) if ob[kind] == word]
-                if len(hits) == 1:
-                    in_mask[(which, kind)].append(float(row_dist[w][cover[hits[0]]].sum()))
-                    own, other = owner == hits[0], (owner >= 0) & (owner != hits[0])
+                row_dist[w] = _patch_distribution(ex, j, row)  # [R] depths summed
+                ref = unique_referent(objects, word)
+                if ref is not None:
+                    in_mask[(which, kind)].append(float(row_dist[w][cover[ref]].sum()))
+                    own, other = owner == ref, (owner >= 0) & (owner != ref)
                     if own.any():
-                        on_referent[which] += float(ex.S[j, rows[0]][:, own].mean())
+                        on_referent[which] += float(ex.S[j, row][:, own].mean())
                     if which == "true" and own.any() and other.any():
-                        S = ex.S[j, rows[0]].sum(0)  # [R] depths summed
+                        S = ex.S[j, row].sum(0)  # [R] depths summed
                         s_own[kind].append(bool(S[own].mean() > S[other].mean()))
             pairs = [
                 float(torch.sqrt(row_dist[w] * row_dist[w + 1]).sum())
@@ -332,29 +352,37 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
     return out
 
 
-GRAMMAR_WORDS = frozenset({"a", "an", "the", "there", "is", "are", "of", "in", "to", "and"})  # never "edited"
+GRAMMAR_WORDS = frozenset({"a", "an", "the", "there", "is", "are", "of", "in", "to", "and", "with", "by", "than"})  # never "edited"
 
 
 def edited_words(a: str, b: str) -> tuple[list[int], list[int]]:
     """Indices (in ``str.split()``) of the content words that the edit from caption ``a`` to ``b`` touches.
 
-    Captions of equal word count are compared position by position (a swap of two words or
-    of two noun phrases touches every swapped word in each caption: "a red circle and a
-    blue square" -> "a blue circle and a red square" gives ``red``, ``blue`` in ``a`` and
-    ``blue``, ``red`` in ``b``); otherwise by their word-level diff
-    (:class:`difflib.SequenceMatcher`: a replacement touches the replaced words, an
-    addition only words of the longer caption). Words of :data:`GRAMMAR_WORDS` (articles
-    that follow the next word, "in" of "in front of") are left out.
+    A *swap* (both captions hold the same words, "a" / "an" aside) moves words without
+    changing them. The moved words are found among the attribute and object words
+    (:func:`word_kind` other than ``other``; every word outside :data:`GRAMMAR_WORDS` when
+    the captions have none), compared in their order: "a red circle and a blue square" ->
+    "a blue circle and a red square" gives ``red``, ``blue`` in each caption, and "a small
+    purple diamond left of a yellow square" -> "a yellow square left of a small purple
+    diamond" every word of both noun phrases, not ``left``. Any other edit is read from the
+    word-level diff (:class:`difflib.SequenceMatcher`): a replacement touches the replaced
+    words, an addition the added ones ("a picture of a red circle" -> "a red circle and a
+    star": ``picture`` and ``star``). Words of :data:`GRAMMAR_WORDS` are never edited.
     """
     wa, wb = a.split(), b.split()
-    if len(wa) == len(wb):
-        ea = eb = [i for i, (x, y) in enumerate(zip(wa, wb, strict=True)) if x != y]
-    else:
-        ea, eb = [], []
-        for op, i0, i1, j0, j1 in difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes():
-            if op != "equal":
-                ea += range(i0, i1)
-                eb += range(j0, j1)
+    if sorted("a" if w == "an" else w for w in wa) == sorted("a" if w == "an" else w for w in wb):
+
+        def slots(ws: list[str]) -> list[int]:
+            named = [i for i, w in enumerate(ws) if word_kind(w) != "other"]
+            return named or [i for i, w in enumerate(ws) if w not in GRAMMAR_WORDS]
+
+        moved = [(i, j) for i, j in zip(slots(wa), slots(wb), strict=True) if wa[i] != wb[j]]
+        return [i for i, _ in moved], [j for _, j in moved]
+    ea, eb = [], []
+    for op, i0, i1, j0, j1 in difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes():
+        if op != "equal":
+            ea += range(i0, i1)
+            eb += range(j0, j1)
     return [i for i in ea if wa[i] not in GRAMMAR_WORDS], [j for j in eb if wb[j] not in GRAMMAR_WORDS]
 
 
@@ -371,10 +399,6 @@ def coupling_maps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nda
     scene the word alone names (its colour, shape or size; ``None`` when no single object
     does, or without a ``scene`` column).
     """
-    from open_clip.tokenizer import _tokenizer
-
-    from pipeline.objectives import word_token_positions
-
     items = np.asarray(items, dtype=np.int64)
     if not len(items):
         return []
@@ -385,24 +409,21 @@ def coupling_maps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nda
         row = manifest.iloc[int(i)]
         texts = [row["captions"][correct[j]], row["captions"][1 - correct[j]]]
         objects = json.loads(row["scene"])["objects"] if "scene" in manifest else []
-        edited = edited_words(*texts)
         captions = []
-        for x, (text, words) in enumerate(zip(texts, edited, strict=True)):
+        for x, (text, words) in enumerate(zip(texts, edited_words(*texts), strict=True)):
             split = text.split()
             maps = []
-            for w, pos in zip(words, word_token_positions(text, words, _tokenizer.encode, max_tokens=n), strict=True):
-                if not pos:  # truncated away
+            for w in words:
+                r = _word_row(ex, j, x * n, text, w)
+                if r is None:  # truncated away
                     continue
-                plan_row = ex.plan[j, x * n + pos[0] - 1]  # content rows start after sot
-                cells = plan_row[:-1].reshape(2, gh * gw).sum(0)
-                kind = word_kind(split[w])
-                hits = [o for o in objects if kind != "other" and o[kind] == split[w]]
+                ref = unique_referent(objects, split[w])
                 maps.append({
                     "word": split[w],
                     "position": w,
-                    "rho": (cells / cells.sum().clamp_min(1e-12)).reshape(gh, gw).numpy(),
-                    "grounded": float(cells.sum() / plan_row.sum().clamp_min(1e-12)),
-                    "box": tuple(hits[0]["box"]) if len(hits) == 1 else None,
+                    "rho": _patch_distribution(ex, j, r).reshape(gh, gw).numpy(),
+                    "grounded": float(ex.plan[j, r, :-1].sum() / ex.plan[j, r].sum().clamp_min(1e-12)),
+                    "box": tuple(objects[ref]["box"]) if ref is not None else None,
                 })
             captions.append({"text": text, "words": maps})
         out.append({"item": int(i), "image": row["image"], "category": row.get("category"), "score": float(ex.score[j]), "captions": captions})

@@ -206,7 +206,7 @@ def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreCo
             "Zero-parameter local alignment (caption tokens vs final patches in CLIP's joint space) pooled by max or softmax, and global + w·local for every w of the grid (computed exactly from the cached option scores). "
             "The length-matched columns keep the add-* items whose two captions have equally many BPE tokens, where the negative's extra phrase gives no length cue: "
             + ", ".join(f"{m} of {n} {c}" for c, (m, n) in adds.items())
-            + " (built so, `pipeline.world.suites.P_ADD_LENGTH_MATCHED`; SugarCrepe itself has 35 of 2,754).",
+            + " (built so, `pipeline.world.suites.P_ADD_LENGTH_MATCHED`; SugarCrepe itself has 35 of 2,754). Each of their positives says \"a picture of ...\" and none of their negatives does: a template cue in place of the length one.",
             _df_markdown(table.map(_pct)),
             _df_markdown(grid.assign(**{c: grid[c].map(_pct) for c in grid.columns if c not in ("pooling", "w")})),
         ]

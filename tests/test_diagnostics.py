@@ -216,14 +216,21 @@ def test_attribute_binding_hand_values():
 
 
 def test_edited_words():
-    # attribute swap: the two colour words in each caption (equal length: by position)
+    # attribute swap: the two colour words in each caption
     assert edited_words("a red circle and a blue square", "a blue circle and a red square") == ([1, 5], [1, 5])
     # noun-phrase swap with article agreement: articles are not edits, every swapped word is
     a, b = "there is an orange diamond above a blue cross", "there is a blue cross above an orange diamond"
     assert edited_words(a, b) == ([3, 4, 7, 8], [3, 4, 7, 8])
+    # noun phrases of unequal length: both phrases move, the relation word stays unedited
+    a, b = "a small purple diamond is left of a yellow square", "a yellow square is left of a small purple diamond"
+    assert edited_words(a, b) == ([1, 2, 3, 8, 9], [1, 2, 7, 8, 9])
+    # a swap without attribute or object words falls back to every non-grammar word
+    assert edited_words("dogs chase cats", "cats chase dogs") == ([0, 2], [0, 2])
     # replacement of unequal length: the diff, without "in" / "of"
     a, b = "a red circle in front of a square", "a red circle behind a square"
     assert edited_words(a, b) == ([4], [3])
+    # a length-matched addition (equal word counts, different words): the diff, not positions
+    assert edited_words("a picture of a red circle", "a red circle and a star") == ([1], [5])
     # addition: only the longer caption has edited words
     assert edited_words("a red circle", "a red circle and a star") == ([], [5])
     assert edited_words("a red circle", "a red circle") == ([], [])

@@ -73,11 +73,13 @@ ARO_CATEGORIES = ("relation", "attribution", "order")
 SUGARCREPE_CATEGORIES = SUGARCREPE_METRIC_CATEGORIES  # the benchmark's own list, one home
 RETRIEVAL_GROUP = 5  # scenes per retrieval group
 MAX_TRIES = 200  # proposals per item before giving up (never reached in practice)
-# SugarCrepe's add-* negatives append a phrase, so the negative is longer in all but 35 of
-# its 2,754 pairs; that length alone is a cue. A share of ours are length-matched (ours, so
-# that the length-matched slice of methods.md §1.7 exists): the positive says "a picture
-# of ...", the negative "there is ..." (add-att, one added word) or nothing (add-obj, the
-# added object named by its shape alone, "and a cross")
+# SugarCrepe's add-* negatives append a phrase: the negative is longer in 2,710 of its 2,754
+# pairs and only 35 have equally many BPE tokens (benchmarks.md §2.6), so length alone is a
+# cue. A share of ours are length-matched (ours, so that the length-matched slice of
+# methods.md §1.7 exists): the positive says "a picture of ...", the negative "there is ..."
+# (add-att, one added word) or nothing (add-obj, the added object named by its shape alone,
+# "and a cross"). That trades the length cue for a template one: every length-matched
+# positive, and no negative of those items, starts "a picture of".
 P_ADD_LENGTH_MATCHED = 0.3
 _HAS_STYLE = {plain: k for k, (plain, _) in enumerate(HAS_TEMPLATES)}  # template -> style
 
