@@ -266,12 +266,13 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
             rows += groups["category"]
             allowed = RELATION_SUITES.get(suite)  # categories shown by relation (None = all)
             by_relation += [r for r in groups.get("relation", []) if allowed is None or r["category"].split(":")[0] in allowed]
-    by_kind = []
-    if "shapes-dev" in store.suites():
-        manifest, index = suite_inputs(store, "shapes-dev")
-        if {"scene", "cf_scene"} <= set(manifest.columns):  # the shapes world's pairs
-            by_kind = energy_breakdowns(scorer, store, manifest, index, "shapes-dev", ("edit_kind",))["edit_kind"]
-            by_kind.sort(key=lambda r: edit_kind_order(r["category"]))
+    by_kind = []  # the training pairs (what the scorer fits) next to the dev pairs (held out)
+    for suite in ("shapes-train", "shapes-dev"):
+        if suite in store.suites():
+            manifest, index = suite_inputs(store, suite)
+            if {"scene", "cf_scene"} <= set(manifest.columns):  # the shapes world's pairs
+                by_kind += energy_breakdowns(scorer, store, manifest, index, suite, ("edit_kind",))["edit_kind"]
+    by_kind.sort(key=lambda r: (edit_kind_order(r["category"]), r["suite"] != "shapes-train"))
     ground = grounding_precision(scorer, load_pairs(store, "shapes-dev", grounding=True)) if "shapes-dev" in store.suites() else pd.DataFrame()
     (out / "diagnostics.json").write_text(json.dumps({"energy_breakdown": rows, "by_relation": by_relation, "by_edit_kind": by_kind, "grounding": ground.reset_index().to_dict("records"), "attribute_binding": binding}, indent=1) + "\n")
     if not rows:
@@ -291,7 +292,8 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
         ]
     if by_kind:
         parts += [
-            "shapes-dev by edit kind (the kinds of the lesion table): the score, the frozen margin and the learned part, and each energy, per kind.",
+            "By edit kind (the kinds of the lesion table), on the training pairs (shapes-train: what the scorer fits) and on the held-out dev pairs: the score, the frozen margin and the learned part, and each energy, per kind. "
+            "A kind the learned part gets wrong on its own training pairs is not fitted, so more pairs or regularisation cannot fix it there; one it fits on train but not on dev does not generalise.",
             _breakdown_table(by_kind, "edit kind"),
         ]
     if not ground.empty:
