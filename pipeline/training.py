@@ -89,6 +89,8 @@ from pipeline.objectives import (
 )
 from pipeline.schedule import warmup_cosine
 from pipeline.scorers import SCORERS, Scorer, create_scorer
+from pipeline.world.families import edit_kind_order
+from pipeline.world.families import edit_kinds as edit_kinds_of
 
 OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase", "binding")
 OFF_BY_DEFAULT = ("binding",)  # objectives of ours, not the paper's six: weight 0 unless params.yaml sets one
@@ -137,6 +139,10 @@ class PairData:
     b_pos_row: torch.Tensor | None = None  # [K]
     b_neg_row: torch.Tensor | None = None  # [K]
     b_cells: torch.Tensor | None = None  # [K, R] bool, the object's cells (visible if known)
+    # the finer groups of the worst-group aggregate (``group_by="edit_kind"``): each item's
+    # :func:`pipeline.world.families.edit_kind` as an index into ``edit_kind_names``
+    edit_kind: torch.Tensor | None = None  # [n]
+    edit_kind_names: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.image)
@@ -167,6 +173,7 @@ def load_pairs(
     grounding: bool = True,
     region: str = "box",
     object_masks: bool = False,
+    edit_kinds: bool = False,
 ) -> PairData:
     """Read every feature of ``suite``'s pairs (one read per array) and the grounding map.
 
@@ -174,7 +181,8 @@ def load_pairs(
     (:func:`~pipeline.objectives.box_cells`) or of the object's visible part, ``"mask"``
     (:func:`~pipeline.objectives.object_cells`, from the manifest's ``scene``). With
     ``region="mask"`` or ``object_masks`` the object's visible patches and the other
-    objects' are kept too (``g_mask``, ``g_other``).
+    objects' are kept too (``g_mask``, ``g_other``). ``edit_kinds`` also keeps each pair's
+    edit kind (``edit_kind``, for ``group_by="edit_kind"``).
     """
     if region not in ("box", "mask"):
         raise ValueError(f"grounding region must be 'box' or 'mask', got {region!r}")
@@ -254,6 +262,11 @@ def load_pairs(
         texts.ids[local(pos, txt_rows)], texts.ids[local(neg, txt_rows)],
     )
     g_obj = g_mask if g_mask is not None else g_cells
+    kind_names, kind_index = (), None
+    if edit_kinds:
+        kinds = edit_kinds_of(m)  # raises naming the missing columns
+        kind_names = tuple(sorted(set(kinds), key=edit_kind_order))
+        kind_index = torch.tensor([kind_names.index(k) for k in kinds], dtype=torch.long)
 
     return PairData(
         manifest=m,
@@ -282,6 +295,8 @@ def load_pairs(
         b_pos_row=torch.tensor([g_rows[e] for e in b_pos], dtype=torch.long),
         b_neg_row=torch.tensor([n_rows[f] for f in b_neg], dtype=torch.long),
         b_cells=g_obj[torch.tensor(b_pos, dtype=torch.long)],
+        edit_kind=kind_index,
+        edit_kind_names=kind_names,
     )
 
 
@@ -404,6 +419,7 @@ def step_losses(
     ground_contrast: bool = False,
     ground_compat: bool = False,
     ground_compat_margin: float = 0.0,
+    group_by: str = "family",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss of one batch of item indices [B] and each objective's value (floats).
 
@@ -432,11 +448,17 @@ def step_losses(
     its object's visible patches, above its average over the other objects' (temperature:
     the scorer's Sinkhorn epsilon), by ``ground_compat_margin``; it needs ``data.g_mask``.
     Both need ``data`` loaded with ``load_pairs(..., object_masks=True)`` or ``region="mask"``.
+    ``group_by``: the groups of every objective's worst-group aggregate, the eight
+    ``"family"``s or each pair's ``"edit_kind"`` (needs ``load_pairs(..., edit_kinds=True)``).
     """
     if consistency_target not in ("both", "original"):
         raise ValueError(f"consistency_target must be 'both' or 'original', got {consistency_target!r}")
     on = {k: objective_weight(weights, k) for k in OBJECTIVES}
-    fam = data.family[batch]  # [B]
+    if group_by not in ("family", "edit_kind"):
+        raise ValueError(f"group_by must be 'family' or 'edit_kind', got {group_by!r}")
+    if group_by == "edit_kind" and data.edit_kind is None:
+        raise ValueError("group_by='edit_kind' needs load_pairs(..., edit_kinds=True)")
+    fam = (data.family if group_by == "family" else data.edit_kind)[batch]  # [B] group of each item
     positives = {"paraphrase": paraphrase_positives, "reflection": flip_positives}  # copies that join preference
     chunks = [(data.image[batch], data.pos[batch], data.neg[batch])]
     sel: dict[str, torch.Tensor] = {}
@@ -716,6 +738,7 @@ def train_seed(
                 ground_contrast=cfg.ground_contrast,
                 ground_compat=cfg.ground_compat,
                 ground_compat_margin=cfg.ground_compat_margin,
+                group_by=cfg.group_by,
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -805,7 +828,10 @@ def train_scorer(
         # the word -> object maps serve grounding and the binding objective (off by default)
         grounding = objective_weight(cfg.weights, "grounding") != 0 or objective_weight(cfg.weights, "binding") != 0
         masks = cfg.ground_compat or cfg.ground_contrast  # the objects' visible cells
-        train = load_pairs(store, cfg.train_suite, grounding, region=cfg.ground_region, object_masks=masks)
+        train = load_pairs(
+            store, cfg.train_suite, grounding, region=cfg.ground_region, object_masks=masks,
+            edit_kinds=cfg.group_by == "edit_kind",
+        )
         dev = load_pairs(store, cfg.dev_suite, grounding=False)
         root = Path(cfg.out) / cfg.variant
         records = []

@@ -597,3 +597,36 @@ def test_cosine_schedule_resumes_on_the_same_curve(tmp_path, tiny_store):
     assert first_c == first_a  # the same first batch and loss, at lr 1e-2 vs 5e-3
     assert [e["lr"] for e in log_c["steps"]] == [1e-2] * 6
     assert log_c["steps"][1]["total"] != logs["a"][1]["total"]  # a different first update
+
+
+def test_group_by_edit_kind_aggregates_over_the_items_edit_kinds(tiny_store):
+    """group_by="edit_kind": the worst-group aggregate runs over each pair's edit kind, not
+    its family (here: two kinds over the batch's 8 families); the tiny manifest has no
+    scenes, so asking load_pairs for edit kinds names the missing columns."""
+    import dataclasses
+
+    import torch
+
+    from pipeline.objectives import caption_preference, worst_group
+    from pipeline.training import load_pairs, step_losses
+
+    data, batch, weights, model = _probe(tiny_store, ("preference",))
+    kinds = dataclasses.replace(
+        data, edit_kind=torch.arange(len(data)) % 2, edit_kind_names=("attribute: size", "entity")
+    )
+    with torch.no_grad():
+        by_family = step_losses(model, kinds, batch, weights, 0.5, None)[1]["preference"]
+        by_kind = step_losses(model, kinds, batch, weights, 0.5, None, group_by="edit_kind")[1]["preference"]
+        e = model.explain(
+            data.images.index(data.image[batch]), data.texts.index(data.pos[batch]), data.texts.index(data.neg[batch])
+        )
+        loss = caption_preference(e.score)
+    assert by_kind == pytest.approx(float(worst_group(loss, batch % 2, 0.5)), rel=1e-5)
+    assert by_family == pytest.approx(float(worst_group(loss, data.family[batch], 0.5)), rel=1e-5)
+    assert by_kind != pytest.approx(by_family, rel=1e-3)
+    with pytest.raises(ValueError, match="edit_kinds=True"):
+        step_losses(model, data, batch, weights, 0.5, None, group_by="edit_kind")
+    with pytest.raises(ValueError, match="'family' or 'edit_kind'"):
+        step_losses(model, data, batch, weights, 0.5, None, group_by="kind")
+    with pytest.raises(ValueError, match="lacks"):
+        load_pairs(tiny_store, "shapes-train", edit_kinds=True)

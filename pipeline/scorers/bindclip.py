@@ -255,7 +255,18 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
   79% of those training binding negatives but 59% of dev's, and does so through the
   spatial energy (right on 75% of the training pairs, 60% of dev's; 2.5 logits), not the
   order energy (63% / 52%); so the readout can separate the training scenes, but not by
-  which colour sits on which shape.
+  which colour sits on which shape. Two trials on top of the setting (1,920-pair dev;
+  What'sUp individual / pair / ARO relation / swap-att / swap-obj, dev): the worst-group
+  aggregate over the 13 edit kinds instead of the 8 families (``TrainConfig.group_by=
+  "edit_kind"``, so the 215 training binding negatives weigh as much as a 600-pair
+  family), seed 0: 0.698 / 0.495 / 0.669 / 0.56 / 0.76, dev 0.741 (attribute 0.667 vs
+  0.658, depth 0.546 vs 0.500, relative-geometry 0.863 vs 0.896, vertical 0.858 vs 0.921);
+  not adopted. Batch 128 *and* 1,500 steps (2.2x the setting's compute), seeds 0 / 1 / 2:
+  What'sUp individual 0.808 / 0.793 / 0.770, pair 0.68 / 0.67 / 0.645, ARO relation 0.709
+  / 0.684 / 0.714, swap-att 0.61 / 0.61 / 0.62, swap-obj 0.75 / 0.78 / 0.78, dev 0.763 /
+  0.750 / 0.759: dev mean 0.757 against 0.750 (seed by seed +0.013 / -0.002 / +0.011, the
+  spreads overlap), a tie by the rule above; not adopted, and swap-att and ARO relation
+  stay 9.5 and 4.2 points or more short of their goals on every seed.
 
 * Limits measured with probes (``pipeline bench probes`` -> ``reports/bench/probes.json``,
   :mod:`pipeline.probes`) and the attribute-binding table
