@@ -30,3 +30,47 @@ def test_trial_params_redirect_outputs_and_apply_overrides(tmp_path):
     assert p["extract"] == base["extract"] and base["train"]["out"] == "cache/checkpoints"  # base untouched
     with pytest.raises(SystemExit, match="section.key=YAML"):
         mod.trial_params(base, "t2", tmp_path, ["steps=3"])
+
+
+def _compare_module():
+    spec = importlib.util.spec_from_file_location("compare_trials", ROOT / "benchmarks" / "compare_trials.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_compare_trials_averages_seeds_and_bootstraps_the_family_macro_mean(tmp_path):
+    """Two families of 2 pairs; base seeds right on 2 and 3 of 4 items, new right on all 4:
+    base = mean over families of the seed-mean accuracy = 0.625, new 1.0 -> +0.375."""
+    import numpy as np
+    import pandas as pd
+
+    mod = _compare_module()
+    assert mod.parse_system("a:0,b:1, c") == [("a", 0), ("b", 1), ("c", None)]
+    with pytest.raises(SystemExit, match="not an integer"):
+        mod.parse_system("a:x")
+    manifest = pd.DataFrame(
+        {"item_id": list("pqrs"), "family": ["entity", "entity", "depth", "depth"], "correct": [0, 1, 0, 1]}
+    )
+
+    def write(run, variant, right):  # right: [4] bool, whether the true caption wins
+        folder = tmp_path / run / "scores" / variant
+        folder.mkdir(parents=True)
+        s = [[1.0, -1.0] if (c == 0) == r else [-1.0, 1.0] for c, r in zip(manifest["correct"], right, strict=True)]
+        pd.DataFrame({"item_id": list("srqp"), "category": "x", "scores": s[::-1]}).to_parquet(folder / "shapes-dev.parquet")
+
+    write("base", "bindclip@seed0", [True, True, False, False])
+    write("base", "bindclip@seed1", [True, True, True, False])
+    write("new", "bindclip", [True] * 4)  # a single-seed trial: RUN and RUN:0 read it
+    base, groups, n = mod.system_values(tmp_path, "base:0,base:1", "shapes-dev", "mean", manifest)
+    assert n == 2 and list(base) == [1.0, 1.0, 0.5, 0.0] and list(groups) == ["entity", "entity", "depth", "depth"]
+    new, _, _ = mod.system_values(tmp_path, "new", "shapes-dev", "mean", manifest)
+    assert list(new) == list(mod.system_values(tmp_path, "new:0", "shapes-dev", "mean", manifest)[0]) == [1.0] * 4
+    from pipeline.stats import paired_bootstrap
+
+    r = paired_bootstrap(new, base, groups, n_resamples=200)
+    assert r.diff == pytest.approx(1.0 - np.mean([1.0, 0.25]))
+    with pytest.raises(SystemExit, match="no scores of base seed 2"):
+        mod.system_values(tmp_path, "base:2", "shapes-dev", "mean", manifest)
+    with pytest.raises(SystemExit, match="no metric"):
+        mod.system_values(tmp_path, "new", "shapes-dev", "accuracy", manifest)

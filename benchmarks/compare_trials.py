@@ -1,0 +1,119 @@
+"""Paired bootstrap of BindCLIP trials against a base trial, each averaged over its seeds.
+
+    .venv/bin/python benchmarks/compare_trials.py BASE NEW [NEW ...] [--suite shapes-dev]
+        [--metric mean] [--dir /tmp/bindclip-trials] [--resamples 10000] [--seed 0]
+
+Each of BASE / NEW is a comma-separated list of ``RUN`` or ``RUN:SEED``: ``RUN`` is a
+trial written by ``benchmarks/bindclip_trial.py`` under ``--dir``, ``SEED`` picks its
+``scores/bindclip@seed<SEED>`` (a single-seed trial has only ``scores/bindclip``, which
+``RUN:0`` and a bare ``RUN`` read). ``base:0,base:1,base:2`` is a three-seed setting;
+``taux03:0,taux03s12:1,taux03s12:2`` joins a seed-0 trial to one that trained seeds 1-2.
+A system's value on a unit is the mean over its seeds of that unit's value under the
+suite's official metric (0/1 correct for accuracies; shapes-dev's ``mean`` is the macro
+mean over families, so resampling is stratified by family), and
+:func:`pipeline.stats.paired_bootstrap` gives NEW - BASE with its percentile interval.
+This is how the "paired bootstrap over the dev pairs" figures of the
+``pipeline/scorers/bindclip.py`` docstring were computed. It reads the trials' scores and
+the suite's manifest (through the cache's suite index, as ``pipeline score`` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def parse_system(spec: str) -> list[tuple[str, int | None]]:
+    """``"a:0,b:1,c"`` -> ``[("a", 0), ("b", 1), ("c", None)]``."""
+    runs = []
+    for part in spec.split(","):
+        name, sep, seed = part.strip().partition(":")
+        if not name:
+            raise SystemExit(f"{spec!r}: empty run name")
+        try:
+            runs.append((name, int(seed) if sep else None))
+        except ValueError:
+            raise SystemExit(f"{spec!r}: seed {seed!r} is not an integer") from None
+    return runs
+
+
+def scores_file(trials: Path, run: str, seed: int | None, suite: str) -> Path:
+    """The scores of one seed of one trial (``bindclip@seed<k>``, else ``bindclip``)."""
+    base = trials / run / "scores"
+    candidates = [base / f"bindclip@seed{seed}" / f"{suite}.parquet"] if seed is not None else []
+    if seed in (None, 0):
+        candidates.append(base / "bindclip" / f"{suite}.parquet")
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise SystemExit(f"no scores of {run}" + (f" seed {seed}" if seed is not None else "") + f" on {suite} under {base}")
+
+
+def unit_values(suite_name: str, metric: str, manifest: pd.DataFrame, path: Path):
+    """(values [n_units], groups or None) of ``metric`` for one scores file."""
+    from pipeline.benchmarks import SUITES
+
+    table = pd.read_parquet(path).set_index("item_id")
+    missing = sorted(set(manifest["item_id"]) - set(table.index))
+    if missing:
+        raise SystemExit(f"{path} lacks {len(missing)} items of the manifest, e.g. {missing[0]!r}")
+    rows = [np.asarray(r, dtype=np.float64) for r in table.loc[manifest["item_id"], "scores"]]
+    width = max(len(r) for r in rows)
+    scores = np.full((len(rows), width), np.nan)
+    for i, r in enumerate(rows):
+        scores[i, : len(r)] = r
+    units = SUITES.get(suite_name).units(manifest, scores)
+    if metric not in units:
+        raise SystemExit(f"{suite_name} has no metric {metric!r}; it has {sorted(units)}")
+    return units[metric].values.astype(np.float64), units[metric].groups
+
+
+def system_values(trials: Path, spec: str, suite: str, metric: str, manifest: pd.DataFrame):
+    """The seed-mean unit values of one system and the units' groups."""
+    values, groups = [], None
+    for run, seed in parse_system(spec):
+        v, groups = unit_values(suite, metric, manifest, scores_file(trials, run, seed, suite))
+        values.append(v)
+    return np.mean(values, axis=0), groups, len(values)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("base")
+    ap.add_argument("new", nargs="+")
+    ap.add_argument("--suite", default="shapes-dev")
+    ap.add_argument("--metric", default="mean")
+    ap.add_argument("--dir", default="/tmp/bindclip-trials", help="where the trials are")
+    ap.add_argument("--params", default=str(ROOT / "params.yaml"), help="for the cache's location")
+    ap.add_argument("--resamples", type=int, default=10_000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    from pipeline.config import ExtractConfig, load_config
+    from pipeline.stats import paired_bootstrap
+    from stages.score import drop_missing, open_store, suite_inputs
+
+    store = open_store(load_config(ExtractConfig, args.params, "extract"))
+    manifest, index = suite_inputs(store, args.suite)
+    manifest, _, _ = drop_missing(manifest, index)
+    trials = Path(args.dir)
+    base, groups, n_base = system_values(trials, args.base, args.suite, args.metric, manifest)
+    out = {"suite": args.suite, "metric": args.metric, "base": args.base, "base_seeds": n_base, "units": len(base), "rows": []}
+    for spec in args.new:
+        new, _, n_new = system_values(trials, spec, args.suite, args.metric, manifest)
+        r = paired_bootstrap(new, base, groups, n_resamples=args.resamples, seed=args.seed)
+        out["rows"].append({"new": spec, "seeds": n_new, "diff": r.diff, "lo": r.lo, "hi": r.hi, "p": r.p})
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
