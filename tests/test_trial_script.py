@@ -1,4 +1,5 @@
-"""benchmarks/bindclip_trial.py: a trial's params redirect every output and apply overrides."""
+"""benchmarks/bindclip_trial.py: a trial's params redirect every output and apply overrides;
+benchmarks/compare_trials.py: seed means and the paired bootstrap against a base."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("bindclip_trial", ROOT / "benchmarks" / "bindclip_trial.py")
+def _module(name: str = "bindclip_trial"):
+    """The script ``benchmarks/<name>.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -32,20 +34,13 @@ def test_trial_params_redirect_outputs_and_apply_overrides(tmp_path):
         mod.trial_params(base, "t2", tmp_path, ["steps=3"])
 
 
-def _compare_module():
-    spec = importlib.util.spec_from_file_location("compare_trials", ROOT / "benchmarks" / "compare_trials.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_compare_trials_averages_seeds_and_bootstraps_the_family_macro_mean(tmp_path):
     """Two families of 2 pairs; base seeds right on 2 and 3 of 4 items, new right on all 4:
     base = mean over families of the seed-mean accuracy = 0.625, new 1.0 -> +0.375."""
     import numpy as np
     import pandas as pd
 
-    mod = _compare_module()
+    mod = _module("compare_trials")
     assert mod.parse_system("a:0,b:1, c") == [("a", 0), ("b", 1), ("c", None)]
     with pytest.raises(SystemExit, match="not an integer"):
         mod.parse_system("a:x")
