@@ -12,8 +12,9 @@ batch from memory. A step scores, in one batched forward pass,
 * ``(flip I, flip pos, flip neg)`` -> reflection consistency against ``(I, pos, neg)``;
 * ``(I, paraphrase, neg)``   -> paraphrase consistency against ``(I, pos, neg)``,
 
-and minimises ``sum_k w_k * worst_group_tau(L_k)`` over the eight families
-(:mod:`pipeline.objectives`; ``w_k = cfg.weights.get(k, 1)``, ``tau = cfg.group_tau``).
+and minimises ``sum_k w_k * worst_group_tau(L_k)`` over the eight families (or, with
+``cfg.group_by="edit_kind"``, over the pairs' edit kinds; :mod:`pipeline.objectives`;
+``w_k = cfg.weights.get(k, 1)``, ``tau = cfg.group_tau``).
 Objectives with weight 0 are not computed; the two consistency objectives score an extra
 copy of only the first ``consistency_items`` (16) items of each batch, to bound the step's
 cost. Each step draws ``batch_size`` items without replacement from the items of the
