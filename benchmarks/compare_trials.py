@@ -60,16 +60,13 @@ def scores_file(trials: Path, run: str, seed: int | None, suite: str) -> Path:
 def unit_values(suite_name: str, metric: str, manifest: pd.DataFrame, path: Path):
     """(values [n_units], groups or None) of ``metric`` for one scores file."""
     from pipeline.benchmarks import SUITES
+    from stages.score import scores_array
 
     table = pd.read_parquet(path).set_index("item_id")
     missing = sorted(set(manifest["item_id"]) - set(table.index))
     if missing:
         raise SystemExit(f"{path} lacks {len(missing)} items of the manifest, e.g. {missing[0]!r}")
-    rows = [np.asarray(r, dtype=np.float64) for r in table.loc[manifest["item_id"], "scores"]]
-    width = max(len(r) for r in rows)
-    scores = np.full((len(rows), width), np.nan)
-    for i, r in enumerate(rows):
-        scores[i, : len(r)] = r
+    scores = scores_array(table.loc[manifest["item_id"]])  # [n, K] in the manifest's order
     units = SUITES.get(suite_name).units(manifest, scores)
     if metric not in units:
         raise SystemExit(f"{suite_name} has no metric {metric!r}; it has {sorted(units)}")

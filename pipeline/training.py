@@ -90,7 +90,6 @@ from pipeline.objectives import (
 )
 from pipeline.schedule import warmup_cosine
 from pipeline.scorers import SCORERS, Scorer, create_scorer
-from pipeline.world.families import edit_kind_order
 from pipeline.world.families import edit_kinds as edit_kinds_of
 
 OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase", "binding")
@@ -140,10 +139,9 @@ class PairData:
     b_pos_row: torch.Tensor | None = None  # [K]
     b_neg_row: torch.Tensor | None = None  # [K]
     b_cells: torch.Tensor | None = None  # [K, R] bool, the object's cells (visible if known)
-    # the finer groups of the worst-group aggregate (``group_by="edit_kind"``): each item's
-    # :func:`pipeline.world.families.edit_kind` as an index into ``edit_kind_names``
+    # the finer groups of the worst-group aggregate (``group_by="edit_kind"``): a group id
+    # per item, one per distinct :func:`pipeline.world.families.edit_kind`
     edit_kind: torch.Tensor | None = None  # [n]
-    edit_kind_names: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.image)
@@ -263,11 +261,9 @@ def load_pairs(
         texts.ids[local(pos, txt_rows)], texts.ids[local(neg, txt_rows)],
     )
     g_obj = g_mask if g_mask is not None else g_cells
-    kind_names, kind_index = (), None
-    if edit_kinds:
-        kinds = edit_kinds_of(m)  # raises naming the missing columns
-        kind_names = tuple(sorted(set(kinds), key=edit_kind_order))
-        kind_index = torch.tensor([kind_names.index(k) for k in kinds], dtype=torch.long)
+    kind_index = None
+    if edit_kinds:  # edit_kinds_of raises naming the missing columns
+        kind_index = torch.from_numpy(np.unique(edit_kinds_of(m).astype(str), return_inverse=True)[1]).long()
 
     return PairData(
         manifest=m,
@@ -297,7 +293,6 @@ def load_pairs(
         b_neg_row=torch.tensor([n_rows[f] for f in b_neg], dtype=torch.long),
         b_cells=g_obj[torch.tensor(b_pos, dtype=torch.long)],
         edit_kind=kind_index,
-        edit_kind_names=kind_names,
     )
 
 

@@ -190,7 +190,11 @@ def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, ma
 
 def load_scores(cfg: ScoreConfig, variant: str, suite: str) -> np.ndarray:
     """Read back ``[n, K_max]`` scores written by `write_outputs` (NaN pad)."""
-    table = pd.read_parquet(Path(cfg.scores_out) / variant / f"{suite}.parquet")
+    return scores_array(pd.read_parquet(Path(cfg.scores_out) / variant / f"{suite}.parquet"))
+
+
+def scores_array(table: pd.DataFrame) -> np.ndarray:
+    """``[n, K_max]`` float scores of a scores table's ``scores`` column, NaN-padded."""
     rows = [np.asarray(r, dtype=np.float64) for r in table["scores"]]
     width = max((len(r) for r in rows), default=0)
     out = np.full((len(rows), width), np.nan)

@@ -611,9 +611,7 @@ def test_group_by_edit_kind_aggregates_over_the_items_edit_kinds(tiny_store):
     from pipeline.training import load_pairs, step_losses
 
     data, batch, weights, model = _probe(tiny_store, ("preference",))
-    kinds = dataclasses.replace(
-        data, edit_kind=torch.arange(len(data)) % 2, edit_kind_names=("attribute: size", "entity")
-    )
+    kinds = dataclasses.replace(data, edit_kind=torch.arange(len(data)) % 2)
     with torch.no_grad():
         by_family = step_losses(model, kinds, batch, weights, 0.5, None)[1]["preference"]
         by_kind = step_losses(model, kinds, batch, weights, 0.5, None, group_by="edit_kind")[1]["preference"]
