@@ -8,7 +8,8 @@ seed 0 only (``train.seeds`` can be overridden), writes checkpoints, scores and 
 ``DIR/NAME/`` (default ``/tmp/bindclip-trials``), scores ``bindclip`` and ``bindclip-lesion``
 on shapes-whatsup, shapes-aro, shapes-sugarcrepe and shapes-dev, and prints (and saves as
 ``DIR/NAME/summary.json``) the goal slices, the dev families, the lesion's dev families,
-the first seed's attribute binding on swap-att (:func:`pipeline.diagnostics.attribute_binding`)
+the first seed's attribute binding on swap-att (:func:`pipeline.diagnostics.attribute_binding`),
+where it wins and loses ARO's planar argument swaps (:func:`pipeline.diagnostics.argument_swaps`)
 and its score taken apart on swap-att and ARO attribution (:func:`diagnostics`).
 It needs the cache that ``dvc repro`` (or ``pipeline extract``) leaves in ``cache/features``;
 it never writes there. This is how every trial in the ``pipeline/scorers/bindclip.py``
@@ -88,18 +89,20 @@ BREAKDOWN_SLICES = [("shapes-sugarcrepe", "swap-att"), ("shapes-aro", "attributi
 
 
 def diagnostics(score, extract) -> dict:
-    """The trial's (seed 0) :func:`pipeline.diagnostics.attribute_binding` on swap-att, and
-    the score taken apart (:func:`pipeline.diagnostics.energy_breakdowns`: accuracy of s, g,
+    """The trial's (seed 0) :func:`pipeline.diagnostics.attribute_binding` on swap-att,
+    :func:`pipeline.diagnostics.argument_swaps` on ARO relation, and the score taken apart (:func:`pipeline.diagnostics.energy_breakdowns`: accuracy of s, g,
     s - g; each energy's share pointing to the true caption / mean size in logits) on the
     non-spatial ``BREAKDOWN_SLICES``."""
-    from pipeline.diagnostics import attribute_binding, energy_breakdowns
+    from pipeline.diagnostics import argument_swaps, attribute_binding, energy_breakdowns
     from stages.score import load_scorer, open_store, suite_inputs
 
     store = open_store(extract)
     scorer = load_scorer("bindclip", store, score)
-    out: dict = {"attribute_binding": {}, "energy_breakdown": {}}
+    out: dict = {"attribute_binding": {}, "argument_swaps": [], "energy_breakdown": {}}
     if "shapes-sugarcrepe" in store.suites():
         out["attribute_binding"] = attribute_binding(scorer, store, *suite_inputs(store, "shapes-sugarcrepe"))
+    if "shapes-aro" in store.suites():
+        out["argument_swaps"] = argument_swaps(scorer, store, *suite_inputs(store, "shapes-aro"))
     for suite, category in BREAKDOWN_SLICES:
         if suite in store.suites():
             rows = energy_breakdowns(scorer, store, *suite_inputs(store, suite), suite)["category"]

@@ -118,7 +118,7 @@ class TrainConfig:
     eval_every: int = 50  # dev evaluation / checkpoint-selection period in steps
     group_tau: float = 1.0  # smooth worst-group temperature: tau * log mean_f exp(L_f / tau)
     group_by: str = "family"  # the worst-group's groups: the eight "family"s or each pair's "edit_kind" (finer)
-    weights: dict[str, float] = field(default_factory=dict)  # per-objective loss weights (default 1 each; "binding", ours, 0)
+    weights: dict[str, float] = field(default_factory=dict)  # per-objective loss weights (default 1 each; "binding" and "null", ours, 0)
     scorer: dict = field(default_factory=dict)  # kwargs of the scorer factory (e.g. BindClipConfig fields)
     q0_grid: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0])  # consensus q0 candidates, chosen on dev
     consistency_items: int | None = 16  # items per batch that also get the mirrored / paraphrased forward (None = all)

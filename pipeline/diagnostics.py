@@ -352,6 +352,76 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
     return out
 
 
+PLANAR = {"left of": (0, -1), "right of": (0, 1), "above": (1, -1), "below": (1, 1)}  # axis (x, y down), sign of subject - object
+
+
+@torch.no_grad()
+def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.ndarray], category: str = "relation") -> list[dict[str, Any]]:
+    """Where planar argument swaps ("A left of B" vs "B left of A") are won or lost: in the
+    plan, or in the energies read from it.
+
+    For each item of ``category`` whose ``relation_name`` is left of / right of / above /
+    below (an ARO-style suite), each caption is read in the item's (I, true, negative) plan
+    (rows over the non-null cells, depths summed); a reading *picks the true caption* when
+    it agrees with the true caption's claim and disagrees with the negative's:
+
+    * ``shapes``: the plan centroids of the caption's two shape words (subject, then
+      object) along the relation's axis -- what a relation reader with this plan could get;
+    * ``spans``: the centroids of the tokens before and after the relation word, each
+      token weighted by its mass off the null patch -- what the spatial energy's relative
+      term reads for the relation word (every other token's term reads its own spans);
+    * ``learned`` and ``s``: the learned part ``s - g`` and the score ``s`` prefer the true
+      caption.
+
+    Returns one row per relation and one ``"all"`` row: ``relation``, ``items`` and the
+    four rates.
+    """
+    from pipeline.scorers.bindclip import patch_coords
+
+    if "relation_name" not in manifest:
+        return []
+    relation = manifest["relation_name"].astype(str).to_numpy()
+    items = np.flatnonzero((manifest["category"].to_numpy() == category) & np.isin(relation, list(PLANAR)))
+    if not len(items):
+        return []
+    correct, ex = _explain_true_vs_negative(scorer, store, manifest, index, items)
+    coords = patch_coords(tuple(ex.grid)).double()  # [R, 2]
+    n = ex.token_mask.shape[2]
+    rows = []
+    for j, i in enumerate(items):
+        axis, sign = PLANAR[relation[i]]
+        says: dict[str, tuple[bool, bool]] = {}
+        for which, opt, block in (("true", correct[j], 0), ("negative", 1 - correct[j], n)):
+            cap = manifest["captions"].iloc[i][opt]
+            words = cap.split()
+            cells = {}
+            for w in range(len(words)):
+                row = _word_row(ex, j, block, cap, w)
+                if row is not None:
+                    cells[w] = ex.plan[j, row, :-1].reshape(2, -1).sum(0).double()  # [R] depths summed
+
+            def centroid(ws) -> torch.Tensor:
+                mass = sum(cells[w] for w in ws if w in cells)
+                return (mass / mass.sum().clamp_min(1e-12)) @ coords
+
+            shapes = [w for w, word in enumerate(words) if word_kind(word) == "shape" and w in cells]
+            k = words.index(relation[i].split()[0])
+            by_shapes = len(shapes) == 2 and bool(sign * (centroid(shapes[:1]) - centroid(shapes[1:]))[axis] > 0)
+            by_spans = bool(sign * (centroid(range(k)) - centroid(range(k + 1, len(words))))[axis] > 0)
+            says[which] = (by_shapes, by_spans)
+        rows.append({
+            "relation": relation[i],
+            "shapes": says["true"][0] and not says["negative"][0],
+            "spans": says["true"][1] and not says["negative"][1],
+            "learned": bool(ex.score[j] - ex.margin[j] > 0),
+            "s": bool(ex.score[j] > 0),
+        })  # fmt: skip
+    df = pd.DataFrame(rows)
+    rates = ["shapes", "spans", "learned", "s"]
+    out = [{"relation": rel, "items": len(g), **{c: float(g[c].mean()) for c in rates}} for rel, g in df.groupby("relation", sort=False)]
+    return out + [{"relation": "all", "items": len(df), **{c: float(df[c].mean()) for c in rates}}]
+
+
 GRAMMAR_WORDS = frozenset({"a", "an", "the", "there", "is", "are", "of", "in", "to", "and", "with", "by", "than"})  # never "edited"
 
 

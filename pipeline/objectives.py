@@ -27,6 +27,9 @@ mean loss, ``tau -> inf`` the plain mean over families.
 5. reflection consistency ``smooth_l1(s(flip I, flip A, flip B) - s(I, A, B))``;
 6. paraphrase consistency ``smooth_l1(s(I, A', B) - s(I, A, B))``.
 
+Objectives of ours, off unless ``params.yaml`` weighs them: ``binding``
+(:func:`binding_contrast`) and ``null`` (:func:`null_grounding`).
+
 Consistency losses (5, 6) are Huber (smooth L1, ``beta`` logits) on the score difference
 *(ours)*: scores are logits whose frozen part alone has a spread of several units, and a
 squared difference would let a few items dominate; ``kind="squared"`` is available.
@@ -213,6 +216,25 @@ def binding_contrast(
     """
     gap = _mean_over_cells(S[item, pos_row].float(), cells) - _mean_over_cells(S[item, neg_row].float(), cells)
     return F.softplus(-gap / temperature).mean(-1)
+
+
+def null_grounding(plan: torch.Tensor, r: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """[B] mean over each item's non-naming tokens of ``-log(P_{i,null patch} / r_i)`` *(ours)*.
+
+    The complement of region grounding: a token whose word names no object ("the", "is",
+    "of", "left") is pulled onto the null patch, so that the spatial energy's span centroids
+    (grounded-mass-weighted means of the tokens before and after a token) are those of the
+    words that name objects. Items without such tokens get 0.
+
+    Args:
+        plan: [B, n_rows, L*R+1] plans (last column = null patch).
+        r: [B, n_rows] row marginals.
+        words: [B, n_rows] bool, the rows to pull (False for the null row and padding).
+    """
+    share = plan[..., -1] / r.clamp_min(_TINY)  # [B, n_rows] share of the row on the null patch
+    w = words.to(plan.dtype)
+    loss = -torch.log(share.clamp_min(_TINY)) * w
+    return loss.sum(-1) / w.sum(-1).clamp_min(1.0)
 
 
 def _mean_over_cells(s: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:

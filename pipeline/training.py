@@ -15,6 +15,10 @@ batch from memory. A step scores, in one batched forward pass,
 and minimises ``sum_k w_k * worst_group_tau(L_k)`` over the eight families (or, with
 ``cfg.group_by="edit_kind"``, over the pairs' edit kinds; :mod:`pipeline.objectives`;
 ``w_k = cfg.weights.get(k, 1)``, ``tau = cfg.group_tau``).
+Two objectives of ours are off (weight 0) unless set: ``binding``
+(:func:`~pipeline.objectives.binding_contrast`) and ``null``
+(:func:`~pipeline.objectives.null_grounding`: the content tokens of words that name no
+object, in both captions, to the null patch; shapes-world words, :func:`naming_tokens`).
 Objectives with weight 0 are not computed; the two consistency objectives score an extra
 copy of only the first ``consistency_items`` (16) items of each batch, to bound the step's
 cost. Each step draws ``batch_size`` items without replacement from the items of the
@@ -55,6 +59,7 @@ built with at scoring time (``cfg.scorer`` plus the chosen ``q0``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -82,6 +87,7 @@ from pipeline.objectives import (
     compatibility_contrast,
     consistency,
     image_contrast,
+    null_grounding,
     object_cells,
     region_grounding,
     structural_sufficiency,
@@ -92,8 +98,8 @@ from pipeline.schedule import warmup_cosine
 from pipeline.scorers import SCORERS, Scorer, create_scorer
 from pipeline.world.families import edit_kinds as edit_kinds_of
 
-OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase", "binding")
-OFF_BY_DEFAULT = ("binding",)  # objectives of ours, not the paper's six: weight 0 unless params.yaml sets one
+OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase", "binding", "null")
+OFF_BY_DEFAULT = ("binding", "null")  # objectives of ours, not the paper's six: weight 0 unless params.yaml sets one
 EVAL_BATCH = 256  # dev items per scoring forward pass
 CONSISTENCY_ITEMS = TrainConfig.consistency_items  # see step_losses
 
@@ -397,6 +403,26 @@ def curriculum_pools(
 # ---------------------------------------------------------------------------- one step
 
 
+@functools.lru_cache(maxsize=1)
+def _naming_vocab() -> torch.Tensor:
+    """[vocab] bool: BPE ids of the shapes world's words that name objects (colours,
+    shapes, sizes), every piece of each."""
+    from open_clip.tokenizer import _tokenizer
+
+    from pipeline.world.scenes import COLOURS, SHAPES, SIZES
+
+    table = torch.zeros(len(_tokenizer.encoder), dtype=torch.bool)
+    for word in (*COLOURS, *SHAPES, *SIZES):
+        table[_tokenizer.encode(word)] = True
+    return table
+
+
+def naming_tokens(ids: torch.Tensor) -> torch.Tensor:
+    """Same shape as ``ids``, bool: the tokens of words that name objects in the shapes
+    world (the ``null`` objective pulls every other content token to the null patch)."""
+    return _naming_vocab()[ids.long()]
+
+
 def step_losses(
     model: Scorer,
     data: PairData,
@@ -556,6 +582,14 @@ def step_losses(
                 e.S[:B], b_item, data.b_pos_row[ent], data.b_neg_row[ent] + n_tok, data.b_cells[ent], temperature
             )
             per["binding"] = (bind, fam[b_item])
+
+    if on["null"] != 0:  # words that name no object go to the null patch
+        words = torch.zeros(e.r[:B].shape, dtype=torch.bool)
+        for x, ids in enumerate((text_a.ids[:B], text_b.ids[:B])):
+            content = ids[:, 1 : 1 + n_tok]  # plan row i of a caption <-> token position i + 1
+            k = content.shape[1]
+            words[:, x * n_tok : x * n_tok + k] = ~naming_tokens(content) & e.token_mask[:B, x, :k]
+        per["null"] = (null_grounding(e.plan[:B], e.r[:B], words), fam)
 
     total = s0.new_zeros(())
     logged = {}

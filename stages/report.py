@@ -248,7 +248,7 @@ RELATION_SUITES = {"shapes-sugarcrepe": ("swap-att",), "shapes-aro": ("relation"
 def diagnostics_section(store, scorer, out: Path) -> list[str]:
     """BindCLIP's score taken apart per slice, and its grounding precision on shapes-dev
     (:mod:`pipeline.diagnostics`); the numbers also go to ``<out>/diagnostics.json``."""
-    from pipeline.diagnostics import attribute_binding, energy_breakdowns, grounding_precision
+    from pipeline.diagnostics import argument_swaps, attribute_binding, energy_breakdowns, grounding_precision
     from pipeline.training import load_pairs
     from pipeline.world.families import edit_kind_order
     from stages.score import suite_inputs
@@ -258,6 +258,7 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
     binding: dict[str, Any] = {}
     if "shapes-sugarcrepe" in store.suites():
         binding = attribute_binding(scorer, store, *suite_inputs(store, "shapes-sugarcrepe"))
+    swaps = argument_swaps(scorer, store, *suite_inputs(store, "shapes-aro")) if "shapes-aro" in store.suites() else []
     for suite in DIAGNOSED_SUITES:
         if suite in store.suites():
             manifest, index = suite_inputs(store, suite)
@@ -274,7 +275,7 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
                 by_kind += energy_breakdowns(scorer, store, manifest, index, suite, ("edit_kind",))["edit_kind"]
     by_kind.sort(key=lambda r: (edit_kind_order(r["category"]), r["suite"] != "shapes-train"))
     ground = grounding_precision(scorer, load_pairs(store, "shapes-dev", grounding=True)) if "shapes-dev" in store.suites() else pd.DataFrame()
-    (out / "diagnostics.json").write_text(json.dumps({"energy_breakdown": rows, "by_relation": by_relation, "by_edit_kind": by_kind, "grounding": ground.reset_index().to_dict("records"), "attribute_binding": binding}, indent=1) + "\n")
+    (out / "diagnostics.json").write_text(json.dumps({"energy_breakdown": rows, "by_relation": by_relation, "by_edit_kind": by_kind, "grounding": ground.reset_index().to_dict("records"), "attribute_binding": binding, "argument_swaps": swaps}, indent=1) + "\n")
     if not rows:
         return []
     parts = [
@@ -310,6 +311,13 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
             "A linear probe of the patch grids reads the same items from the *true* visible masks: `reports/bench/probes.json` (`pipeline bench probes`).",
             "| " + " | ".join(k for k in binding if k not in ("category", "items")) + " |\n|" + "---|" * (len(binding) - 2) + "\n| "
             + " | ".join(f"{v:.3f}" for k, v in binding.items() if k not in ("category", "items")) + " |",
+        ]
+    if swaps:
+        parts += [
+            "Argument swaps on shapes-aro relation, the planar relations (`pipeline.diagnostics.argument_swaps`): how often the true caption is picked by the plan centroids of its two shape words "
+            "(subject against object along the relation's axis, in both captions: what a relation reader with this plan could get), by the centroids of the tokens before and after the relation word "
+            "(each weighted by its mass off the null patch: what the spatial energy's relative term reads for that word), by the learned part s − g, and by s.",
+            _df_markdown(pd.DataFrame(swaps).map(lambda x: f"{x:.3f}" if isinstance(x, float) else x)),
         ]
     return parts
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pipeline.diagnostics import (
+    argument_swaps,
     attribute_binding,
     coupling_maps,
     edited_words,
@@ -213,6 +214,47 @@ def test_attribute_binding_hand_values():
     assert out["acc_S_referent"] == 1.0
     S[0, n + 6, 1, 3] = 4.0  # the negative's "circle" reads 2.0 on the circle: now it wins
     assert attribute_binding(Stub(), _RowStore(), manifest, index)["acc_S_referent"] == 0.0
+
+
+def test_argument_swaps_hand_values():
+    """2x2 grid; a star on the left column, a circle on the right. Item 0 ("the star is
+    left of the circle", true): every plan row of both captions sits on its shape, so the
+    shape words pick the true caption; the negative's other rows make it look true as well
+    ("the", "is" before its relation word on the left, "of", "the" after it on the right:
+    span centroids 5/12 and 7/12), so the spans do not. Item 1 (above, answered as
+    true by s but not by s - g) has only one shape word per caption: neither reading picks
+    it. A relation that is not planar is left out."""
+    left, right = [0.5, 0, 0.5, 0], [0, 0.5, 0, 0.5]  # patches (0,0) (0,1) (1,0) (1,1)
+    manifest = pd.DataFrame({
+        "correct": [0, 1, 0], "category": ["relation"] * 3,
+        "relation_name": ["left of", "above", "behind"],
+        "captions": [
+            ["the star is left of the circle", "the circle is left of the star"],
+            ["a red thing is above the circle", "the circle is above a red thing"],
+            ["the star is behind the circle", "the circle is behind the star"],
+        ],
+    })  # fmt: skip
+    index = {"image": np.array([[0], [1], [2]]), "captions": np.array([[10, 11], [12, 13], [14, 15]])}
+    n, L, R = 7, 2, 4  # one BPE token per word: word w of a caption is row w of its block
+    plan = torch.zeros(2, 2 * n + 1, L * R + 1)
+    true0 = {0: left, 1: left, 2: left, 3: right, 4: right, 5: right, 6: right}  # star ... | circle
+    neg0 = {0: left, 1: right, 2: left, 3: right, 4: right, 5: right, 6: left}  # circle on the right, star left
+    for block, rows in ((0, true0), (n, neg0)):
+        for w, dist in rows.items():
+            plan[0, block + w, :-1] = torch.tensor(dist * L) / (2 * L)
+    plan[1, : 2 * n, :-1] = 1.0 / (L * R)  # item 1: uniform rows
+
+    class Stub:
+        def explain(self, image, a, b):
+            assert len(image) == 2  # the "behind" item is not read
+            return SimpleNamespace(plan=plan, token_mask=torch.ones(2, 2, n, dtype=torch.bool), grid=(2, 2),
+                                   score=torch.tensor([1.0, 2.0]), margin=torch.tensor([0.5, 3.0]))
+
+    rows = {r["relation"]: r for r in argument_swaps(Stub(), _RowStore(), manifest, index)}
+    assert set(rows) == {"left of", "above", "all"}
+    assert rows["left of"] == {"relation": "left of", "items": 1, "shapes": 1.0, "spans": 0.0, "learned": 1.0, "s": 1.0}
+    assert rows["above"] == {"relation": "above", "items": 1, "shapes": 0.0, "spans": 0.0, "learned": 0.0, "s": 1.0}
+    assert rows["all"]["items"] == 2 and rows["all"]["shapes"] == 0.5 and rows["all"]["s"] == 1.0
 
 
 def test_edited_words():

@@ -556,6 +556,48 @@ def test_binding_contrast_and_its_objective(tiny_store):
     assert on["binding"] == pytest.approx(float(worst_group(value, data.family[batch], math.inf)), rel=1e-5)
 
 
+def test_null_grounding_hand_cases_and_its_objective(tiny_store):
+    """-log(share of the row on the null patch), averaged over the item's flagged rows; the
+    "null" objective flags the content tokens of words that name no object, in both
+    captions, and is off unless its weight is set."""
+    from open_clip.tokenizer import _tokenizer
+
+    from pipeline.objectives import null_grounding
+    from pipeline.training import naming_tokens, step_losses
+
+    plan = torch.zeros(2, 4, 5)  # rows [tok0, tok1, tok2, null], 4 cells + null patch
+    plan[0, 0] = torch.tensor([0.1, 0.0, 0.0, 0.0, 0.1])  # half on the null patch
+    plan[0, 1] = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.2])  # all of it
+    plan[0, 2] = torch.tensor([0.3, 0.0, 0.0, 0.0, 0.0])  # none: not flagged, so ignored
+    words = torch.tensor([[True, True, False, False], [False, False, False, False]])
+    loss = null_grounding(plan, plan.sum(-1), words)
+    torch.testing.assert_close(loss, torch.tensor([math.log(2.0) / 2, 0.0]))
+
+    ids = torch.tensor([_tokenizer.encode("the large red circle is left of a square")])
+    assert naming_tokens(ids).tolist() == [[False, True, True, True, False, False, False, False, True]]
+
+    data, batch, weights, model = _probe(tiny_store, ("preference",))
+    with torch.no_grad():
+        off = step_losses(model, data, batch, weights, math.inf, None)[1]
+        on = step_losses(model, data, batch, {**weights, "null": 1.0}, math.inf, None)[1]
+        a, b = data.texts.index(data.pos[batch]), data.texts.index(data.neg[batch])
+        e = model.explain(data.images.index(data.image[batch]), a, b)
+        n_tok = (e.plan.shape[1] - 1) // 2
+        flags = torch.zeros(e.r.shape, dtype=torch.bool)
+        for j in range(len(batch)):  # word by word, from the decoded tokens
+            for x, text in enumerate((a, b)):
+                for i in range(n_tok):
+                    tok = int(text.ids[j, i + 1])
+                    word = _tokenizer.decoder[tok].removesuffix("</w>")
+                    named = word in ("red", "green", "blue", "yellow", "purple", "orange", "white", "circle",
+                                     "square", "triangle", "star", "cross", "diamond", "small", "large")
+                    flags[j, x * n_tok + i] = bool(e.token_mask[j, x, i]) and not named
+        value = null_grounding(e.plan, e.r, flags)
+    assert flags[:, :n_tok].any() and flags[:, n_tok : 2 * n_tok].any() and not flags[:, -1].any()
+    assert "null" not in off
+    assert on["null"] == pytest.approx(float(worst_group(value, data.family[batch], math.inf)), rel=1e-5)
+
+
 def test_learning_rate_schedules():
     from pipeline.config import TrainConfig
     from pipeline.schedule import warmup_cosine
