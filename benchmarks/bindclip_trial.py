@@ -90,9 +90,10 @@ BREAKDOWN_SLICES = [("shapes-sugarcrepe", "swap-att"), ("shapes-aro", "attributi
 
 def diagnostics(score, extract) -> dict:
     """The trial's (seed 0) :func:`pipeline.diagnostics.attribute_binding` on swap-att,
-    :func:`pipeline.diagnostics.argument_swaps` on ARO relation, and the score taken apart (:func:`pipeline.diagnostics.energy_breakdowns`: accuracy of s, g,
-    s - g; each energy's share pointing to the true caption / mean size in logits) on the
-    non-spatial ``BREAKDOWN_SLICES``."""
+    :func:`pipeline.diagnostics.argument_swaps` on ARO relation, and the score taken apart
+    (:func:`pipeline.diagnostics.energy_breakdowns`: accuracy of s, g, s - g; each energy's
+    share pointing to the true caption / mean size in logits) on the non-spatial
+    ``BREAKDOWN_SLICES``."""
     from pipeline.diagnostics import argument_swaps, attribute_binding, energy_breakdowns
     from stages.score import load_scorer, open_store, suite_inputs
 
