@@ -355,6 +355,12 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
 PLANAR = {"left of": (0, -1), "right of": (0, 1), "above": (1, -1), "below": (1, 1)}  # axis (x, y down), sign of subject - object
 
 
+def _centroid(rows: list[torch.Tensor], coords: torch.Tensor) -> torch.Tensor:
+    """[2] centroid of the summed plan rows ([R] each) over the patch centres [R, 2]."""
+    mass = torch.stack(rows).sum(0)
+    return (mass / mass.sum().clamp_min(1e-12)) @ coords
+
+
 @torch.no_grad()
 def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.ndarray], category: str = "relation") -> list[dict[str, Any]]:
     """Where planar argument swaps ("A left of B" vs "B left of A") are won or lost: in the
@@ -400,14 +406,16 @@ def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nd
                 if row is not None:
                     cells[w] = ex.plan[j, row, :-1].reshape(2, -1).sum(0).double()  # [R] depths summed
 
-            def centroid(ws) -> torch.Tensor:
-                mass = sum(cells[w] for w in ws if w in cells)
-                return (mass / mass.sum().clamp_min(1e-12)) @ coords
-
             shapes = [w for w, word in enumerate(words) if word_kind(word) == "shape" and w in cells]
             k = words.index(relation[i].split()[0])
-            by_shapes = len(shapes) == 2 and bool(sign * (centroid(shapes[:1]) - centroid(shapes[1:]))[axis] > 0)
-            by_spans = bool(sign * (centroid(range(k)) - centroid(range(k + 1, len(words))))[axis] > 0)
+            by_shapes = len(shapes) == 2 and bool(
+                sign * (_centroid([cells[shapes[0]]], coords) - _centroid([cells[shapes[1]]], coords))[axis] > 0
+            )
+            before = [cells[w] for w in range(k) if w in cells]
+            after = [cells[w] for w in range(k + 1, len(words)) if w in cells]
+            by_spans = bool(before and after) and bool(
+                sign * (_centroid(before, coords) - _centroid(after, coords))[axis] > 0
+            )
             says[which] = (by_shapes, by_spans)
         rows.append({
             "relation": relation[i],

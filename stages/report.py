@@ -248,7 +248,12 @@ RELATION_SUITES = {"shapes-sugarcrepe": ("swap-att",), "shapes-aro": ("relation"
 def diagnostics_section(store, scorer, out: Path) -> list[str]:
     """BindCLIP's score taken apart per slice, and its grounding precision on shapes-dev
     (:mod:`pipeline.diagnostics`); the numbers also go to ``<out>/diagnostics.json``."""
-    from pipeline.diagnostics import argument_swaps, attribute_binding, energy_breakdowns, grounding_precision
+    from pipeline.diagnostics import (
+        argument_swaps,
+        attribute_binding,
+        energy_breakdowns,
+        grounding_precision,
+    )
     from pipeline.training import load_pairs
     from pipeline.world.families import edit_kind_order
     from stages.score import suite_inputs
@@ -317,7 +322,7 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
             "Argument swaps on shapes-aro relation, the planar relations (`pipeline.diagnostics.argument_swaps`): how often the true caption is picked by the plan centroids of its two shape words "
             "(subject against object along the relation's axis, in both captions: what a relation reader with this plan could get), by the centroids of the tokens before and after the relation word "
             "(each weighted by its mass off the null patch: what the spatial energy's relative term reads for that word), by the learned part s − g, and by s.",
-            _df_markdown(pd.DataFrame(swaps).map(lambda x: f"{x:.3f}" if isinstance(x, float) else x)),
+            _df_markdown(pd.DataFrame(swaps).set_index("relation").map(lambda x: f"{x:.3f}" if isinstance(x, float) else x)),
         ]
     return parts
 
