@@ -367,7 +367,7 @@ def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nd
     plan, or in the energies read from it.
 
     For each item of ``category`` whose ``relation_name`` is left of / right of / above /
-    below (an ARO-style suite), each caption is read in the item's (I, true, negative) plan
+    below (shapes-aro: the shape words are the shapes world's), each caption is read in the item's (I, true, negative) plan
     (rows over the non-null cells, depths summed); a reading *picks the true caption* when
     it agrees with the true caption's claim and disagrees with the negative's:
 
@@ -400,6 +400,8 @@ def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nd
         for which, opt, block in (("true", correct[j], 0), ("negative", 1 - correct[j], n)):
             cap = manifest["captions"].iloc[i][opt]
             words = cap.split()
+            if relation[i].split()[0] not in words:  # a caption that words the relation otherwise
+                break
             cells = {}
             for w in range(len(words)):
                 row = _word_row(ex, j, block, cap, w)
@@ -417,6 +419,8 @@ def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nd
                 sign * (_centroid(before, coords) - _centroid(after, coords))[axis] > 0
             )
             says[which] = (by_shapes, by_spans)
+        if len(says) < 2:
+            continue
         rows.append({
             "relation": relation[i],
             "shapes": says["true"][0] and not says["negative"][0],
@@ -424,6 +428,8 @@ def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nd
             "learned": bool(ex.score[j] - ex.margin[j] > 0),
             "s": bool(ex.score[j] > 0),
         })  # fmt: skip
+    if not rows:
+        return []
     df = pd.DataFrame(rows)
     rates = ["shapes", "spans", "learned", "s"]
     out = [{"relation": rel, "items": len(g), **{c: float(g[c].mean()) for c in rates}} for rel, g in df.groupby("relation", sort=False)]

@@ -223,20 +223,22 @@ def test_argument_swaps_hand_values():
     ("the", "is" before its relation word on the left, "of", "the" after it on the right:
     span centroids 5/12 and 7/12), so the spans do not. Item 1 (above, answered as
     true by s but not by s - g) has only one shape word per caption: neither reading picks
-    it. A relation that is not planar is left out."""
+    it. A relation that is not planar is left out, and so is an item whose captions word
+    the relation otherwise ("under" for below)."""
     left, right = [0.5, 0, 0.5, 0], [0, 0.5, 0, 0.5]  # patches (0,0) (0,1) (1,0) (1,1)
     manifest = pd.DataFrame({
-        "correct": [0, 1, 0], "category": ["relation"] * 3,
-        "relation_name": ["left of", "above", "behind"],
+        "correct": [0, 1, 0, 0], "category": ["relation"] * 4,
+        "relation_name": ["left of", "above", "behind", "below"],
         "captions": [
             ["the star is left of the circle", "the circle is left of the star"],
             ["a red thing is above the circle", "the circle is above a red thing"],
             ["the star is behind the circle", "the circle is behind the star"],
+            ["the star is under the circle", "the circle is under the star"],
         ],
     })  # fmt: skip
-    index = {"image": np.array([[0], [1], [2]]), "captions": np.array([[10, 11], [12, 13], [14, 15]])}
+    index = {"image": np.array([[0], [1], [2], [3]]), "captions": np.array([[10, 11], [12, 13], [14, 15], [16, 17]])}
     n, L, R = 7, 2, 4  # one BPE token per word: word w of a caption is row w of its block
-    plan = torch.zeros(2, 2 * n + 1, L * R + 1)
+    plan = torch.zeros(3, 2 * n + 1, L * R + 1)
     true0 = {0: left, 1: left, 2: left, 3: right, 4: right, 5: right, 6: right}  # star ... | circle
     neg0 = {0: left, 1: right, 2: left, 3: right, 4: right, 5: right, 6: left}  # circle on the right, star left
     for block, rows in ((0, true0), (n, neg0)):
@@ -246,9 +248,9 @@ def test_argument_swaps_hand_values():
 
     class Stub:
         def explain(self, image, a, b):
-            assert len(image) == 2  # the "behind" item is not read
-            return SimpleNamespace(plan=plan, token_mask=torch.ones(2, 2, n, dtype=torch.bool), grid=(2, 2),
-                                   score=torch.tensor([1.0, 2.0]), margin=torch.tensor([0.5, 3.0]))
+            assert len(image) == 3  # the "behind" item is not read
+            return SimpleNamespace(plan=plan, token_mask=torch.ones(3, 2, n, dtype=torch.bool), grid=(2, 2),
+                                   score=torch.tensor([1.0, 2.0, 1.0]), margin=torch.tensor([0.5, 3.0, 0.0]))
 
     rows = {r["relation"]: r for r in argument_swaps(Stub(), _RowStore(), manifest, index)}
     assert set(rows) == {"left of", "above", "all"}
