@@ -849,6 +849,11 @@ def train_scorer(
     unknown = sorted(set(cfg.weights) - set(OBJECTIVES))
     if unknown:
         raise ValueError(f"unknown objective weight(s) {unknown}; valid: {', '.join(OBJECTIVES)}")
+    if objective_weight(cfg.weights, "null") != 0 and not cfg.train_suite.startswith("shapes-"):
+        raise ValueError(
+            f"the null objective knows the shapes world's object words only; {cfg.train_suite} "
+            "is not a shapes suite: set train.weights.null to 0"
+        )
     learning_rate(0, cfg)  # an unknown schedule fails here
     if cfg.lr_schedule == "cosine" and not 0 <= cfg.warmup < cfg.steps:
         raise ValueError(f"train.warmup must be in [0, steps) = [0, {cfg.steps}), got {cfg.warmup}")

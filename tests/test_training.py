@@ -364,6 +364,8 @@ def test_ablation_variants_are_not_trained_separately(tmp_path, tiny_store):
         train_scorer(_cfg(tmp_path, variant="bindclip-lesion"), tiny_store, progress=False)
     with pytest.raises(ValueError, match="unknown objective"):
         train_scorer(_cfg(tmp_path, weights={"bogus": 1.0}), tiny_store, progress=False)
+    with pytest.raises(ValueError, match="not a shapes suite"):  # its object words are the shapes world's
+        train_scorer(_cfg(tmp_path, weights={"null": 1.0}, train_suite="coco-families"), tiny_store, progress=False)
 
 
 def test_curriculum_pools_and_phases(tiny_store):
