@@ -99,14 +99,16 @@ def diagnostics(score, extract) -> dict:
 
     store = open_store(extract)
     scorer = load_scorer("bindclip", store, score)
+    wanted = {"shapes-sugarcrepe", "shapes-aro"} | {suite for suite, _ in BREAKDOWN_SLICES}
+    inputs = {suite: suite_inputs(store, suite) for suite in sorted(wanted) if suite in store.suites()}  # read once
     out: dict = {"attribute_binding": {}, "argument_swaps": [], "energy_breakdown": {}}
-    if "shapes-sugarcrepe" in store.suites():
-        out["attribute_binding"] = attribute_binding(scorer, store, *suite_inputs(store, "shapes-sugarcrepe"))
-    if "shapes-aro" in store.suites():
-        out["argument_swaps"] = argument_swaps(scorer, store, *suite_inputs(store, "shapes-aro"))
+    if "shapes-sugarcrepe" in inputs:
+        out["attribute_binding"] = attribute_binding(scorer, store, *inputs["shapes-sugarcrepe"])
+    if "shapes-aro" in inputs:
+        out["argument_swaps"] = argument_swaps(scorer, store, *inputs["shapes-aro"])
     for suite, category in BREAKDOWN_SLICES:
-        if suite in store.suites():
-            rows = energy_breakdowns(scorer, store, *suite_inputs(store, suite), suite)["category"]
+        if suite in inputs:
+            rows = energy_breakdowns(scorer, store, *inputs[suite], suite)["category"]
             row = next((r for r in rows if r["category"] == category), None)
             if row is not None:
                 keep = {k: round(v, 3) for k, v in row.items() if isinstance(v, float) and not k.endswith("_gamma")}

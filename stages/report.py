@@ -261,12 +261,14 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
     rows = []
     by_relation = []
     binding: dict[str, Any] = {}
-    if "shapes-sugarcrepe" in store.suites():
-        binding = attribute_binding(scorer, store, *suite_inputs(store, "shapes-sugarcrepe"))
-    swaps = argument_swaps(scorer, store, *suite_inputs(store, "shapes-aro")) if "shapes-aro" in store.suites() else []
+    swaps: list[dict[str, Any]] = []
     for suite in DIAGNOSED_SUITES:
         if suite in store.suites():
-            manifest, index = suite_inputs(store, suite)
+            manifest, index = suite_inputs(store, suite)  # each suite read once for every diagnostic
+            if suite == "shapes-sugarcrepe":
+                binding = attribute_binding(scorer, store, manifest, index)
+            if suite == "shapes-aro":
+                swaps = argument_swaps(scorer, store, manifest, index)
             keys = ("category", "relation") if suite in RELATION_SUITES else ("category",)
             groups = energy_breakdowns(scorer, store, manifest, index, suite, keys)
             rows += groups["category"]
