@@ -275,13 +275,15 @@ def bindclip_speed(params: Path, suite: str = "shapes-sugarcrepe", vit_items: in
     sections), every pair of ``suite``; the toy backbone's images per second on the same
     suite's images. ViT-L-14-336 (``vit_items`` > 0): a BindCLIP with the trained scorer's
     options but random weights (speed does not depend on them) on a temporary cache of
-    random images extracted by a random-init ViT-L-14-336, and that backbone's images per
-    second. Each scoring time is the median of ``repeats`` passes over the items, store
+    random images extracted by a random-init ViT-L-14-336, that backbone's images per
+    second, and the scorer's trainable parameters at its dimensions, per component
+    (:func:`pipeline.scorers.bindclip.parameter_breakdown`). Each scoring time is the median of ``repeats`` passes over the items, store
     reads included; ``store_read_s`` times the reads alone (toy).
     """
     from pipeline.cache import FeatureStore
     from pipeline.config import ExtractConfig, ScoreConfig, TrainConfig, load_config
     from pipeline.scorers import create_scorer
+    from pipeline.scorers.bindclip import parameter_breakdown
     from stages import extract as extract_stage
     from stages.score import load_scorer, open_store, suite_inputs
 
@@ -340,5 +342,6 @@ def bindclip_speed(params: Path, suite: str = "shapes-sugarcrepe", vit_items: in
             "backbone_images": vit_items,
             "backbone_images_per_s": round(vit_images_s, 2),
             "pairs_per_backbone_image": round(vit_pairs / vit_score_s / vit_images_s, 1),
+            "parameters": parameter_breakdown(vit_store.dims, **train_cfg.scorer),  # the paper's total: 521,475
         }
     return results

@@ -289,6 +289,9 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
       the true caption than for the negative -- the same words read on the same objects,
       so only their context in the caption (a noun's state carries its adjective) differs:
       what a reader with perfect grounding would get from S.
+    * ``order_gate colour-shape`` / ``order_gate other`` (a scorer with ``order_gate``):
+      the true captions' mean pair gate of their adjacent ``colour shape`` words (each word
+      one BPE piece) and of every other adjacent content-token pair.
     """
     from pipeline.objectives import visible_cover
     from pipeline.scorers.bindclip import ENERGIES
@@ -303,6 +306,7 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
     s_own = {"colour": [], "shape": []}
     bc = {"true": [], "negative": []}
     right_bc, right_order, right_referent = [], [], []
+    pair_gates: dict[str, list[float]] = {"colour-shape": [], "other": []}
     for j, i in enumerate(items):
         objects = json.loads(manifest["scene"].iloc[i])["objects"]
         cover_frac = visible_cover(objects, grid)  # [n_obj, R]
@@ -335,6 +339,14 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
             ]
             bc[which] += pairs
             totals[which] = sum(pairs)
+            if which == "true" and ex.order_gate is not None:  # pair k joins rows k and k + 1
+                rows = [(_word_row(ex, j, block, cap, w), _word_row(ex, j, block, cap, w + 1)) for w in range(len(words) - 1)
+                        if words[w] in COLOURS and words[w + 1] in SHAPES]
+                bound = {a for a, b in rows if a is not None and b == a + 1}
+                valid = ex.token_mask[j, 0]
+                for k in range(len(valid) - 1):
+                    if valid[k] and valid[k + 1]:
+                        pair_gates["colour-shape" if k in bound else "other"].append(float(ex.order_gate[j, 0, k]))
         right_bc.append(totals["true"] > totals["negative"])
         right_referent.append(on_referent["true"] > on_referent["negative"])
         order = ex.energies[j, :, ENERGIES.index("order")]
@@ -349,6 +361,9 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
     out["acc_bc"] = float(np.mean(right_bc))
     out["acc_order"] = float(np.mean(right_order))
     out["acc_S_referent"] = float(np.mean(right_referent))
+    if ex.order_gate is not None:
+        for kind, v in pair_gates.items():
+            out[f"order_gate {kind}"] = float(np.mean(v)) if v else float("nan")
     return out
 
 
@@ -374,13 +389,16 @@ def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nd
     * ``shapes``: the plan centroids of the caption's two shape words (subject, then
       object) along the relation's axis -- what a relation reader with this plan could get;
     * ``spans``: the centroids of the tokens before and after the relation word, each
-      token weighted by its mass off the null patch -- what the spatial energy's relative
-      term reads for the relation word (every other token's term reads its own spans);
+      token weighted by its mass off the null patch (times its span gate, where the scorer
+      has one) -- what the spatial energy's relative term reads for the relation word
+      (every other token's term reads its own spans);
     * ``learned`` and ``s``: the learned part ``s - g`` and the score ``s`` prefer the true
       caption.
 
     Returns one row per relation and one ``"all"`` row: ``relation``, ``items`` and the
-    four rates.
+    four rates; for a scorer with ``span_gate`` also ``gate <kind>``, the mean span gate of
+    the true caption's colour, shape and size words, its relation word and its other words
+    (what the spans weight: see ``BindClipConfig.span_gate``).
     """
     from pipeline.scorers.bindclip import patch_coords
 
@@ -393,23 +411,30 @@ def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nd
     correct, ex = _explain_true_vs_negative(scorer, store, manifest, index, items)
     coords = patch_coords(tuple(ex.grid)).double()  # [R, 2]
     n = ex.token_mask.shape[2]
+    gates = None if ex.span_gate is None else ex.span_gate.reshape(len(items), 2 * n)  # [B, 2N] by plan row
     rows = []
     for j, i in enumerate(items):
         axis, sign = PLANAR[relation[i]]
         says: dict[str, tuple[bool, bool]] = {}
+        gate_by_kind: dict[str, list[float]] = {}
         for which, opt, block in (("true", correct[j], 0), ("negative", 1 - correct[j], n)):
             cap = manifest["captions"].iloc[i][opt]
             words = cap.split()
             if relation[i].split()[0] not in words:  # a caption that words the relation otherwise
                 break
             cells = {}
+            k = words.index(relation[i].split()[0])
             for w in range(len(words)):
                 row = _word_row(ex, j, block, cap, w)
                 if row is not None:
                     cells[w] = ex.plan[j, row, :-1].reshape(2, -1).sum(0).double()  # [R] depths summed
+                    if gates is not None:  # the span weight is the mass times the gate
+                        cells[w] = cells[w] * float(gates[j, row])
+                        if which == "true":
+                            kind = "relation" if w == k else word_kind(words[w])
+                            gate_by_kind.setdefault(kind, []).append(float(gates[j, row]))
 
             shapes = [w for w, word in enumerate(words) if word_kind(word) == "shape" and w in cells]
-            k = words.index(relation[i].split()[0])
             by_shapes = len(shapes) == 2 and bool(
                 sign * (_centroid([cells[shapes[0]]], coords) - _centroid([cells[shapes[1]]], coords))[axis] > 0
             )
@@ -427,13 +452,18 @@ def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nd
             "spans": says["true"][1] and not says["negative"][1],
             "learned": bool(ex.score[j] - ex.margin[j] > 0),
             "s": bool(ex.score[j] > 0),
+            **{f"gate {kind}": float(np.mean(g)) for kind, g in gate_by_kind.items()},
         })  # fmt: skip
     if not rows:
         return []
     df = pd.DataFrame(rows)
-    rates = ["shapes", "spans", "learned", "s"]
-    out = [{"relation": rel, "items": len(g), **{c: float(g[c].mean()) for c in rates}} for rel, g in df.groupby("relation", sort=False)]
-    return out + [{"relation": "all", "items": len(df), **{c: float(df[c].mean()) for c in rates}}]
+    rates = ["shapes", "spans", "learned", "s"] + [f"gate {kind}" for kind in (*WORD_KINDS[:3], "relation", "other") if f"gate {kind}" in df]
+
+    def means(g: pd.DataFrame) -> dict[str, float | None]:  # None where no item has the word kind (valid JSON)
+        return {c: None if pd.isna(v := g[c].mean()) else float(v) for c in rates}
+
+    out = [{"relation": rel, "items": len(g), **means(g)} for rel, g in df.groupby("relation", sort=False)]
+    return out + [{"relation": "all", "items": len(df), **means(df)}]
 
 
 GRAMMAR_WORDS = frozenset({"a", "an", "the", "there", "is", "are", "of", "in", "to", "and", "with", "by", "than"})  # never "edited"

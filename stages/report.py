@@ -323,8 +323,9 @@ def diagnostics_section(store, scorer, out: Path) -> list[str]:
         parts += [
             "Argument swaps on shapes-aro relation, the planar relations (`pipeline.diagnostics.argument_swaps`): how often the true caption is picked by the plan centroids of its two shape words "
             "(subject against object along the relation's axis, in both captions: what a relation reader with this plan could get), by the centroids of the tokens before and after the relation word "
-            "(each weighted by its mass off the null patch: what the spatial energy's relative term reads for that word), by the learned part s − g, and by s.",
-            _df_markdown(pd.DataFrame(swaps).set_index("relation").map(lambda x: f"{x:.3f}" if isinstance(x, float) else x)),
+            "(each weighted by its mass off the null patch, times its span gate: what the spatial energy's relative term reads for that word), by the learned part s − g, and by s. "
+            "The gate columns are the true captions' mean span gate (`span_gate`, ours: each token's learned weight in the span means) of their colour, shape and size words, their relation word and their other words.",
+            _df_markdown(pd.DataFrame(swaps).set_index("relation").map(lambda x: "–" if pd.isna(x) else f"{x:.3f}" if isinstance(x, float) else x)),
         ]
     return parts
 

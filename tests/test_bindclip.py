@@ -189,6 +189,70 @@ def test_spatial_readout_on_a_hand_made_plan():
     torch.testing.assert_close(e_ord[0, 0, 0], torch.tensor(0.5**0.5))
 
 
+
+def test_span_gate_weights_the_span_means():
+    """'cube left-of the ball' with "the" grounded on the cube's patch: ungated, the object
+    span's centroid is halfway (x = 0.5); with "the" gated out it is the ball's (x = 0.75)."""
+    coords = patch_coords((1, 2))  # x = 0.25, 0.75
+    Q = torch.zeros(1, 1, 4, 1, 2)  # [B, X, N, V, R]: one caption
+    Q[0, 0, 0, 0, 0] = Q[0, 0, 2, 0, 0] = Q[0, 0, 3, 0, 1] = 0.1  # cube, the: left; ball: right
+    Q[0, 0, 1, 0] = 0.05  # relation word spread over both patches
+    r, mask = torch.full((1, 1, 4), 0.1), torch.ones(1, 1, 4, dtype=torch.bool)
+    d = torch.zeros(1, 1, 4, 5)
+    d[..., 1, 0] = 1.0  # only the relation word reads (+x)
+    _, plain = readouts(Q, r, mask, d, coords, var_floor=1e-4)
+    _, gated = readouts(Q, r, mask, d, coords, var_floor=1e-4, gate=torch.tensor([[[1.0, 1.0, 0.0, 1.0]]]))
+    torch.testing.assert_close(plain[0, 0, 0], torch.tensor(0.25 / 4))  # r_1 (0.5 - 0.25) / (4 r)
+    torch.testing.assert_close(gated[0, 0, 0], torch.tensor(0.5 / 4))  # r_1 (0.75 - 0.25) / (4 r)
+
+
+def test_span_gate_starts_neutral_and_keeps_antisymmetry():
+    gated = _model(span_gate=True)
+    image, a, b = _batch()
+    with torch.no_grad():
+        torch.testing.assert_close(gated.score_pair(image, a, b), -gated.score_pair(image, b, a), atol=1e-5, rtol=1e-5)
+        plain = _model()  # same seed: the same parameters, no gate
+        plain.load_state_dict({k: v for k, v in gated.state_dict().items() if not k.startswith("span_gate")})
+        before = gated.score_pair(image, a, b)
+        gated.span_gate.weight.zero_()
+        gated.span_gate.bias.zero_()  # a constant gate rescales every span weight alike
+        torch.testing.assert_close(gated.score_pair(image, a, b), plain.score_pair(image, a, b), atol=1e-5, rtol=1e-5)
+        assert (before - plain.score_pair(image, a, b)).abs().max() > 1e-4  # a learned gate does change it
+    assert parameter_breakdown(DIMS, span_gate=True)["span_gate"] == gated.config.h + 1
+    assert "span_gate" not in parameter_breakdown(DIMS)
+    with pytest.raises(ValueError, match="span_gate_floor"):
+        _model(span_gate=True, span_gate_floor=0.0)
+
+def test_order_gate_weights_the_adjacent_pairs():
+    """Three tokens, pairs (0, 1) overlapping fully and (1, 2) not at all: ungated the order
+    energy is their mean 1/2; gating the second pair down to 1/4 gives (1 + 0) / (1 + 1/4)."""
+    coords = patch_coords((1, 2))
+    Q = torch.zeros(1, 1, 3, 1, 2)
+    Q[0, 0, 0, 0, 0] = Q[0, 0, 1, 0, 0] = Q[0, 0, 2, 0, 1] = 0.1  # tokens 0, 1 left; 2 right
+    r, mask, d = torch.full((1, 1, 3), 0.1), torch.ones(1, 1, 3, dtype=torch.bool), torch.zeros(1, 1, 3, 5)
+    plain, _ = readouts(Q, r, mask, d, coords, var_floor=1e-4)
+    gated, _ = readouts(Q, r, mask, d, coords, var_floor=1e-4, pair_gate=torch.tensor([[[1.0, 0.25]]]))
+    torch.testing.assert_close(plain[0, 0, 0], torch.tensor(0.5))
+    torch.testing.assert_close(gated[0, 0, 0], torch.tensor(1.0 / 1.25))
+
+
+def test_order_gate_starts_neutral_and_keeps_antisymmetry():
+    gated = _model(order_gate=True)
+    image, a, b = _batch()
+    with torch.no_grad():
+        torch.testing.assert_close(gated.score_pair(image, a, b), -gated.score_pair(image, b, a), atol=1e-5, rtol=1e-5)
+        plain = _model()
+        plain.load_state_dict({k: v for k, v in gated.state_dict().items() if not k.startswith("order_gate")})
+        before = gated.score_pair(image, a, b)
+        gated.order_gate.weight.zero_()
+        gated.order_gate.bias.fill_(2.0)  # a constant gate rescales every pair weight alike
+        torch.testing.assert_close(gated.score_pair(image, a, b), plain.score_pair(image, a, b), atol=1e-5, rtol=1e-5)
+        assert (before - plain.score_pair(image, a, b)).abs().max() > 1e-4  # a learned gate does change it
+        e = gated.explain(image, a, b)
+        assert e.order_gate.shape == (5, 2, e.token_mask.shape[2] - 1)
+    assert parameter_breakdown(DIMS, order_gate=True)["order_gate"] == 2 * gated.config.h + 1
+
+
 def test_cross_order_reads_each_tokens_compatibility_where_its_neighbour_is():
     """order="cross": pair (i, i+1) scores (rho_{i+1} . S_i + rho_i . S_{i+1}) / 2."""
     coords = patch_coords((1, 2))

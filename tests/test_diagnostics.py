@@ -196,11 +196,14 @@ def test_attribute_binding_hand_values():
     energies[0, 1, 2] = 1.0  # the order energy prefers the negative
 
     class Stub:
+        order_gate = None
+
         def explain(self, image, a, b):
             mask = torch.ones(1, 2, n, dtype=torch.bool)
-            return SimpleNamespace(plan=plan, S=S, token_mask=mask, grid=(2, 2), energies=energies)
+            return SimpleNamespace(plan=plan, S=S, token_mask=mask, grid=(2, 2), energies=energies, order_gate=self.order_gate)
 
     out = attribute_binding(Stub(), _RowStore(), manifest, index)
+    assert "order_gate other" not in out
     assert out["items"] == 1
     assert out["in_mask colour (true)"] == pytest.approx(1.0)
     assert out["in_mask shape (true)"] == pytest.approx(1.0)
@@ -214,6 +217,13 @@ def test_attribute_binding_hand_values():
     assert out["acc_S_referent"] == 1.0
     S[0, n + 6, 1, 3] = 4.0  # the negative's "circle" reads 2.0 on the circle: now it wins
     assert attribute_binding(Stub(), _RowStore(), manifest, index)["acc_S_referent"] == 0.0
+    # pair gates of the true caption (a red | red square | square and | and a | a blue | blue circle)
+    gated = Stub()
+    gated.order_gate = torch.zeros(1, 2, n - 1)
+    gated.order_gate[0, 0] = torch.tensor([0.1, 0.9, 0.2, 0.3, 0.4, 0.7])
+    gated.order_gate[0, 1] = 1.0  # the negative's gates are not read
+    out = attribute_binding(gated, _RowStore(), manifest, index)
+    assert out["order_gate colour-shape"] == pytest.approx(0.8) and out["order_gate other"] == pytest.approx(0.25)
 
 
 def test_argument_swaps_hand_values():
@@ -247,16 +257,31 @@ def test_argument_swaps_hand_values():
     plan[1, : 2 * n, :-1] = 1.0 / (L * R)  # item 1: uniform rows
 
     class Stub:
+        span_gate = None
+
         def explain(self, image, a, b):
             assert len(image) == 3  # the "behind" item is not read
             return SimpleNamespace(plan=plan, token_mask=torch.ones(3, 2, n, dtype=torch.bool), grid=(2, 2),
-                                   score=torch.tensor([1.0, 2.0, 1.0]), margin=torch.tensor([0.5, 3.0, 0.0]))
+                                   score=torch.tensor([1.0, 2.0, 1.0]), margin=torch.tensor([0.5, 3.0, 0.0]),
+                                   span_gate=self.span_gate)
 
     rows = {r["relation"]: r for r in argument_swaps(Stub(), _RowStore(), manifest, index)}
     assert set(rows) == {"left of", "above", "all"}
     assert rows["left of"] == {"relation": "left of", "items": 1, "shapes": 1.0, "spans": 0.0, "learned": 1.0, "s": 1.0}
     assert rows["above"] == {"relation": "above", "items": 1, "shapes": 0.0, "spans": 0.0, "learned": 0.0, "s": 1.0}
     assert rows["all"]["items"] == 2 and rows["all"]["shapes"] == 0.5 and rows["all"]["s"] == 1.0
+
+    # a span gate that all but drops "the", "is", "of": item 0's spans now hold the shapes only
+    gated = Stub()
+    gated.span_gate = torch.full((3, 2, n), 0.5)  # item 1 (and 2): every gate 1/2
+    gated.span_gate[0] = torch.tensor([0.01, 1.0, 0.01, 0.5, 0.01, 0.01, 1.0])  # both captions of item 0
+    rows = {r["relation"]: r for r in argument_swaps(gated, _RowStore(), manifest, index)}
+    assert rows["left of"]["spans"] == 1.0 and rows["left of"]["shapes"] == 1.0
+    assert rows["above"]["spans"] == 0.0  # uniform rows stay uninformative
+    assert rows["left of"]["gate shape"] == pytest.approx(1.0) and rows["left of"]["gate other"] == pytest.approx(0.01)
+    assert rows["left of"]["gate colour"] is None  # no colour word in item 0's true caption
+    assert rows["all"]["gate shape"] == pytest.approx(0.75) and rows["all"]["gate colour"] == pytest.approx(0.5)
+    assert rows["all"]["gate relation"] == pytest.approx(0.5) and rows["all"]["gate other"] == pytest.approx(0.255)
 
 
 def test_edited_words():
