@@ -233,10 +233,10 @@ def bindclip_sections(results: dict[str, Any], cfg: ReportConfig, score: ScoreCo
     if sinkhorn_bench.exists():
         checks.append(analysis.sinkhorn_goal(json.loads(sinkhorn_bench.read_text())["results"]))
     if checks:
-        lines = ["| goal | measured | met |", "|---|---|---|"]
+        lines = ["| goal | measured | met | short of the goal by |", "|---|---|---|---|"]
         for c in checks:
             frozen = f" (frozen {_pct(c['frozen'])} → {_pct(c['value'])})" if c["frozen"] is not None else ""
-            lines.append(f"| {c['goal']} | {c['measured']}{frozen} | {'yes' if c['met'] else '**no**'} |")
+            lines.append(f"| {c['goal']} | {c['measured']}{frozen} | {'yes' if c['met'] else '**no**'} | {c['shortfall'] or '–'} |")
         parts += ["### The issue's goals, as measured", "\n".join(lines)]
     return parts
 

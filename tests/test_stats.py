@@ -262,6 +262,31 @@ def test_goal_checks_bounds_are_inclusive():
         results = {"shapes-sugarcrepe": {"manifest": manifest, "scores": {"clip": scores(96), "bindclip": scores(n_right)}}}
         (check,) = [c for c in goal_checks(results) if c["goal"].startswith("replace-obj")]
         assert check["met"] is met, check
+        assert check["shortfall"] == ("" if met else "1.0 points")  # 93.0 loses 3: one over the bound
+
+
+def test_goal_checks_say_by_how_much_a_goal_is_missed():
+    """swap-att frozen 40 -> 65 of 100: half the errors removed needs 70.0, so 5.0 points
+    short; 75 meets it; 40 (no change) is 30.0 short and its CI does not exclude 0."""
+    import pandas as pd
+
+    from pipeline.analysis import goal_checks
+
+    n = 100
+
+    def scores(n_right: int) -> np.ndarray:
+        s = np.zeros((n, 2))
+        s[:n_right, 0] = 1.0
+        return s
+
+    swap = pd.DataFrame({"category": ["swap-att"] * n, "correct": [0] * n})
+    for n_right, short in ((65, "5.0 points (needs 70.0)"), (75, "")):
+        results = {"shapes-sugarcrepe": {"manifest": swap, "scores": {"clip": scores(40), "bindclip": scores(n_right)}}}
+        (check,) = [c for c in goal_checks(results) if c["goal"].startswith("shapes-sugarcrepe swap-att")]
+        assert check["shortfall"] == short and check["met"] is (not short)
+    results = {"shapes-sugarcrepe": {"manifest": swap, "scores": {"clip": scores(40), "bindclip": scores(40)}}}
+    (check,) = [c for c in goal_checks(results) if c["goal"].startswith("shapes-sugarcrepe swap-att")]
+    assert check["shortfall"] == "30.0 points (needs 70.0); the CI includes 0"
 
 
 def test_lesion_costs_per_family_with_ci_and_seeds():
@@ -299,6 +324,7 @@ def test_lesion_costs_per_family_with_ci_and_seeds():
     assert cost.loc["entity", "seed mean"] == pytest.approx(0.1)
     (check,) = [c for c in goal_checks(results) if c["goal"].startswith("lesion loses <= 3")]
     assert check["met"] is False  # attribute +30
+    assert check["shortfall"] == "attribute 27.0 points over"
     assert "attribute +30.0" in check["measured"] and "mean of 2 training seeds" in check["measured"]
     del runs["bindclip-lesion"]
     assert lesion_costs(results).empty
@@ -361,6 +387,8 @@ def test_sinkhorn_goal_needs_the_size_the_speed_and_equal_plans():
     check = sinkhorn_goal(bench)
     assert check["met"] is True and check["measured"].startswith("36.0x") and "256 of 256" in check["measured"]
     assert sinkhorn_goal({**bench, "speedup": 29.9})["met"] is False
+    assert sinkhorn_goal({**bench, "speedup": 29.9})["shortfall"] == "0.1x short of 30x"
+    assert check["shortfall"] == ""
     assert sinkhorn_goal({**bench, "max_abs_diff": 1e-3})["met"] is False  # not the same plans
     assert sinkhorn_goal({**bench, "n_problems": 32})["met"] is False  # not the issue's size
     assert "extrapolated" in sinkhorn_goal({**bench, "pot_problems_timed": 32, "pot_extrapolated": True})["measured"]

@@ -373,6 +373,21 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
   +0.9] (ARO relation 0.703 / 0.734 / 0.719); with the ``null`` objective at 1 0.752 /
   0.771 / 0.762, -0.5 [-1.6, +0.6] (with it the gates sit at the floor for every word but
   the shape words, 0.21). None adopted.
+* *The order gate (tried, not adopted; ``order_gate``, ours).* The same idea for the
+  order energy, whose mean runs over every adjacent pair ("a red", "circle and") while
+  only the colour-shape pairs bind. On top of the span gate, seed 0 (What'sUp individual
+  / pair / ARO relation / swap-att / swap-obj / replace-obj, dev; the setting's seed 0:
+  0.825 / 0.69 / 0.709 / 0.62 / 0.80 / 0.95, dev 0.768): 0.808 / 0.655 / 0.724 / 0.64 /
+  0.79 / 0.95, dev 0.771. The gate learns nothing: the true swap-att captions' pair gates
+  end at 0.997 on colour-shape pairs and 0.992 on the others (every pair saturated;
+  ``attribute_binding``'s ``order_gate`` columns), so the figures are a re-draw of the
+  setting, and the order energy still adds 0.02 logits on swap-att. With the order
+  energy's scale starting at 10 (``scale_init`` [1, 1, 10, 1]) the gate does select
+  (colour-shape pairs 0.99, others 0.64) and the order energy reaches 0.17 logits, but it
+  picks the true swap-att caption on only 58% of items (the colour-shape overlaps alone
+  62%): 0.795 / 0.645 / 0.699 / 0.59 / 0.83 / 0.96, dev 0.766. Weighting the pairs cannot
+  make up for rows that sit close to the column marginal (overlaps 0.86 true vs 0.82
+  negative), so the option stays off.
 
 * Limits measured with probes (``pipeline bench probes`` -> ``reports/bench/probes.json``,
   :mod:`pipeline.probes`) and the attribute-binding table
