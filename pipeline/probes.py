@@ -228,8 +228,10 @@ def text_probe(store: FeatureStore, max_captions: int = 6000, seed: int = 0) -> 
 
     colour_of, shape_of = one_piece(COLOURS), one_piece(SHAPES)
     _, index = _suite(store, "shapes-train")
-    rows = np.unique(np.asarray(index["captions"]).reshape(-1))
-    rows = np.sort(np.random.default_rng(seed).permutation(rows[rows >= 0])[:max_captions])
+    flat = np.asarray(index["captions"]).reshape(-1)
+    flat = flat[flat >= 0]
+    rows = flat[np.sort(np.unique(flat, return_index=True)[1])]  # manifest order, not the store's row layout
+    rows = np.random.default_rng(seed).permutation(rows)[:max_captions]  # held out: the last 20%
     texts = store.texts(rows)
     ids, states = texts.ids.numpy(), texts.tokens.float().numpy()
     prev, cur = ids[:, :-1], ids[:, 1:]

@@ -38,3 +38,29 @@ def test_text_probe_finds_every_colour_shape_bigram(tiny_store):
     assert 0 < out["heldout_nouns"] < out["train_nouns"]
     for name in ("preceding_colour", "own_shape"):
         assert 0.0 <= out[name]["accuracy"] <= 1.0 and 0.0 < out[name]["chance"] <= 1.0
+
+
+def test_text_probe_does_not_depend_on_the_stores_row_layout(tiny_store):
+    """A store grown suite by suite and a fresh one hold the same captions in other rows:
+    the probe samples and splits captions in the manifest's order, so relabelling every
+    text row gives the same figures."""
+    from pipeline.probes import text_probe
+
+    n = int(np.asarray(tiny_store.suite_index("shapes-train")["captions"]).max()) + 1
+    perm = np.random.default_rng(3).permutation(n)  # new row k holds old row perm[k]
+    inv = np.argsort(perm)
+
+    class Relabelled:
+        def __getattr__(self, name):
+            return getattr(tiny_store, name)
+
+        def suite_index(self, suite):
+            index = dict(tiny_store.suite_index(suite))
+            caps = np.asarray(index["captions"])
+            index["captions"] = np.where(caps >= 0, inv[np.clip(caps, 0, n - 1)], caps)
+            return index
+
+        def texts(self, rows, grids=True):
+            return tiny_store.texts(perm[np.asarray(rows)], grids=grids)
+
+    assert text_probe(Relabelled(), max_captions=10) == text_probe(tiny_store, max_captions=10)
