@@ -388,6 +388,15 @@ cores, seed 0 scored, frozen CLIP -> BindCLIP):
   62%): 0.795 / 0.645 / 0.699 / 0.59 / 0.83 / 0.96, dev 0.766. Weighting the pairs cannot
   make up for rows that sit close to the column marginal (overlaps 0.86 true vs 0.82
   negative), so the option stays off.
+* *Batch size and worst-group temperature on the span-gate setting* (2026-12-01; What'sUp
+  individual / pair / ARO relation / swap-att / swap-obj / replace-obj, dev). Batch 128,
+  seeds 0 / 1 / 2: 0.812 / 0.69 / 0.744 / 0.63 / 0.74 / 0.95, dev 0.777; 0.797 / 0.645 /
+  0.734 / 0.53 / 0.77 / 0.95, dev 0.769; 0.787 / 0.635 / 0.704 / 0.56 / 0.75 / 0.94, dev
+  0.770: dev mean 0.772 against 0.767, paired bootstrap +0.5 points [-0.4, +1.4], a tie;
+  ARO relation higher on every seed (mean 0.727 against 0.706, still 3 points short of
+  0.757), swap-att lower (0.573 against 0.610) and swap-obj below its goal on two seeds.
+  ``group_tau`` 1 (a harder worst-group), seed 0: 0.810 / 0.655 / 0.689 / 0.58 / 0.83 /
+  0.96, dev 0.755. Neither adopted.
 
 * Limits measured with probes (``pipeline bench probes`` -> ``reports/bench/probes.json``,
   :mod:`pipeline.probes`) and the attribute-binding table
