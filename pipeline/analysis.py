@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -259,6 +260,28 @@ def goal_checks(results: dict, variant: str = "bindclip", lesion: str = "bindcli
             short = ", ".join(f"{f} {100 * (drop[f] - 0.03):.1f} points over" for f in over)
             checks.append({"goal": "lesion loses <= 3 points on entity/attribute families (each)", "frozen": None, "value": None, "measured": f"BindCLIP − lesion [95% CI]: {listed(en)}", "met": not over, "shortfall": short})
     return checks
+
+
+PAPER_PARAMETERS = 521_475  # BindCLIP's total at ViT-L-14-336 dimensions, h = 192 (the seed gives no breakdown)
+
+
+def parameter_comparison(parameters: dict[str, int]) -> dict[str, Any]:
+    """The scorer's trainable parameters at ViT-L-14-336 dimensions against the paper's total.
+
+    ``parameters``: per component and ``total``, as ``pipeline bench bindclip`` writes them
+    (:func:`pipeline.scorers.bindclip.parameter_breakdown`). Returns the ``components``,
+    ``total``, ``paper``, ``share`` (total / paper), ``gap`` (paper - total) and
+    ``text_projection`` (phi_t's LayerNorm + Linear: the size of one more h-wide block).
+    """
+    total = int(parameters["total"])
+    return {
+        "components": {k: int(v) for k, v in parameters.items() if k != "total"},
+        "total": total,
+        "paper": PAPER_PARAMETERS,
+        "share": total / PAPER_PARAMETERS,
+        "gap": PAPER_PARAMETERS - total,
+        "text_projection": int(parameters["phi_t.layernorm"]) + int(parameters["phi_t.linear"]),
+    }
 
 
 SINKHORN_GOAL = {"speedup": 30.0, "max_abs_diff": 1e-6, "shape": (256, 64, 1153)}  # the issue's

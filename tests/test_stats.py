@@ -399,3 +399,14 @@ def test_bench_counts_the_pairs_a_pairwise_scorer_evaluates():
 
     captions = np.array([[0, 1, -1, -1], [2, 3, 4, -1], [5, 6, 7, 8]])  # K = 2, 3, 4 (-1 = pad)
     assert _pairs({"captions": captions}) == 1 + 3 + 6
+
+
+def test_parameter_comparison_against_the_papers_total():
+    from pipeline.analysis import PAPER_PARAMETERS, parameter_comparison
+
+    parts = {"phi_t.layernorm": 1536, "phi_t.linear": 147648, "phi_v.linear": 196800, "scale_logits": 4}
+    pc = parameter_comparison({**parts, "total": 345988})
+    assert PAPER_PARAMETERS == 521475
+    assert pc["components"] == parts and pc["total"] == 345988
+    assert pc["gap"] == 521475 - 345988 and pc["share"] == pytest.approx(345988 / 521475)
+    assert pc["text_projection"] == 1536 + 147648
