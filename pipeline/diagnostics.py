@@ -316,12 +316,13 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
         for which, opt, block in (("true", correct[j], 0), ("negative", 1 - correct[j], n)):
             cap = manifest["captions"].iloc[i][opt]
             words = cap.split()
-            row_dist = {}
+            row_dist, word_row = {}, {}
             for w, word in enumerate(words):
                 kind = word_kind(word)
                 row = _word_row(ex, j, block, cap, w)
                 if kind not in ("colour", "shape") or row is None:
                     continue
+                word_row[w] = row
                 row_dist[w] = _patch_distribution(ex, j, row)  # [R] depths summed
                 ref = unique_referent(objects, word)
                 if ref is not None:
@@ -340,9 +341,8 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
             bc[which] += pairs
             totals[which] = sum(pairs)
             if which == "true" and ex.order_gate is not None:  # pair k joins rows k and k + 1
-                rows = [(_word_row(ex, j, block, cap, w), _word_row(ex, j, block, cap, w + 1)) for w in range(len(words) - 1)
-                        if words[w] in COLOURS and words[w + 1] in SHAPES]
-                bound = {a for a, b in rows if a is not None and b == a + 1}
+                bound = {word_row[w] for w in range(len(words) - 1)
+                         if words[w] in COLOURS and words[w + 1] in SHAPES and w in word_row and word_row.get(w + 1) == word_row[w] + 1}
                 valid = ex.token_mask[j, 0]
                 for k in range(len(valid) - 1):
                     if valid[k] and valid[k + 1]:
