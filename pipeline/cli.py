@@ -134,20 +134,24 @@ def score(
 @app.command()
 def train(
     params: Params = DEFAULT_PARAMS,
-    variant: Annotated[str | None, typer.Option(help="trainable scorer variant")] = None,
+    variant: Annotated[str | None, typer.Option(help="trainable scorer variant (default: every one in train.variants)")] = None,
     steps: Annotated[int | None, typer.Option(help="optimisation steps")] = None,
     seed: Annotated[list[int] | None, typer.Option(help="training seed(s) (repeatable)")] = None,
     quiet: Quiet = False,
 ) -> None:
-    """Train a scorer from the feature cache (objectives, worst-group, dev selection)."""
-    from pipeline.config import ExtractConfig, TrainConfig, load_config
+    """Train a scorer from the feature cache (the family's objectives, dev selection)."""
+    from pipeline.config import ExtractConfig, load_config, load_train_config, train_variants
     from pipeline.registry import UnknownNameError
     from stages import train as stage
 
     try:
-        cfg = load_config(TrainConfig, params, "train", {"variant": variant, "steps": steps, "seeds": seed})
-        ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
-        _echo_json(stage.run(cfg, ext, progress=not quiet))
+        variants = [variant] if variant else train_variants(params)
+        if not variants:
+            raise ValueError(f"{params} lists no train.variants; pass --variant")
+        for name in variants:
+            cfg = load_train_config(params, name, {"steps": steps, "seeds": seed})
+            ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
+            _echo_json(stage.run(cfg, ext, progress=not quiet))
     except (UnknownNameError, ValueError, FileNotFoundError, RuntimeError) as e:
         _fail(e)
 
@@ -220,8 +224,8 @@ def encoders() -> None:
         typer.echo(f"{name:14s} open_clip {spec.open_clip_model}, early layer {spec.early_layer}, weights {spec.default_pretrained}")
 
 
-def _write_bench(name: str, command: str, results: dict) -> None:
-    out = Path("reports/bench") / f"{name}.json"
+def _write_bench(name: str, command: str, results: dict, folder: str = "reports/bench") -> None:
+    out = Path(folder) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": command, "results": results}, indent=2) + "\n")
     _echo_json(results)
@@ -234,11 +238,11 @@ def bench_extract(
     vit_images: Annotated[int, typer.Option(help="images for ViT-L-14-336 (0 = skip)")] = 8,
 ) -> None:
     """Extract wall time vs a bare forward pass (toy and ViT-L-14-336, random init)."""
-    from pipeline import bench
+    from pipeline.perf.extract import extract_overhead
 
-    results = {"toy": bench.extract_overhead("toy", toy_images, batch_size=64)}
+    results = {"toy": extract_overhead("toy", toy_images, batch_size=64)}
     if vit_images:
-        results["ViT-L-14-336"] = bench.extract_overhead("ViT-L-14-336", vit_images, batch_size=4, repeats=1)
+        results["ViT-L-14-336"] = extract_overhead("ViT-L-14-336", vit_images, batch_size=4, repeats=1)
     _write_bench("extract", f"pipeline bench extract --toy-images {toy_images} --vit-images {vit_images}", results)
 
 
@@ -248,11 +252,11 @@ def bench_score(
     vit_items: Annotated[int, typer.Option(help="items for ViT-L-14-336 (0 = skip)")] = 8,
 ) -> None:
     """Scoring `clip` from the cache vs re-encoding every image per caption pair."""
-    from pipeline import bench
+    from pipeline.perf.score import score_speedup
 
-    results = {"toy": bench.score_speedup(items, "toy")}
+    results = {"toy": score_speedup(items, "toy")}
     if vit_items:
-        results["ViT-L-14-336"] = bench.score_speedup(vit_items, "ViT-L-14-336")
+        results["ViT-L-14-336"] = score_speedup(vit_items, "ViT-L-14-336")
     _write_bench("score", f"pipeline bench score --items {items} --vit-items {vit_items}", results)
 
 
@@ -263,10 +267,10 @@ def bench_bindclip(
     vit_items: Annotated[int, typer.Option(help="items for ViT-L-14-336 at random init (0 = skip)")] = 16,
 ) -> None:
     """BindCLIP pairs per second from the cache against the backbone's images per second."""
-    from pipeline import bench
+    from pipeline.perf.bindclip import bindclip_speed
 
     cmd = f"pipeline bench bindclip --params {params} --suite {suite} --vit-items {vit_items}"
-    _write_bench("bindclip", cmd, bench.bindclip_speed(params, suite, vit_items))
+    _write_bench("bindclip", cmd, bindclip_speed(params, suite, vit_items))
 
 
 @bench_app.command("memory")
@@ -274,11 +278,11 @@ def bench_memory(
     sizes: Annotated[list[int] | None, typer.Option(help="image counts (repeatable)")] = None,
 ) -> None:
     """Peak memory of extract as the number of images grows."""
-    from pipeline import bench
+    from pipeline.perf.extract import extract_memory
 
     sizes = sizes or [256, 1024, 4096]
     flags = " ".join(f"--sizes {n}" for n in sizes)
-    _write_bench("memory", f"pipeline bench memory {flags}", bench.extract_memory(sizes))
+    _write_bench("memory", f"pipeline bench memory {flags}", extract_memory(sizes))
 
 
 @bench_app.command("sinkhorn")
@@ -290,7 +294,7 @@ def bench_sinkhorn(
     batch_block: Annotated[int, typer.Option(help="our solver's problems per block (-1 = automatic: cache-sized on CPU; 0 = one block)")] = -1,
 ) -> None:
     """Batched log-domain Sinkhorn vs POT's per-problem loop, equal work and results."""
-    from pipeline.bench_ot import bench_sinkhorn as run_bench
+    from pipeline.perf.sinkhorn import bench_sinkhorn as run_bench
 
     kwargs = {"n_problems": problems, "n": rows, "m": cols, "batch_block": None if batch_block < 0 else batch_block}
     if pot_subset:
@@ -299,17 +303,18 @@ def bench_sinkhorn(
     _write_bench("sinkhorn", cmd, run_bench(**kwargs))
 
 
-@bench_app.command("probes")
-def bench_probes(
+@app.command("probes")
+def probes_command(
     params: Annotated[Path, typer.Option(help="params.yaml (its extract section names the store)")] = Path("params.yaml"),
 ) -> None:
-    """Probes of the cached patch grids: colour and front/behind, with their ceilings."""
+    """Linear probes of the cached features (colour, front/behind, the text's colour) ->
+    reports/probes.json: what the features hold, the ceiling of what a scorer can read."""
+    from pipeline.cache import open_store
     from pipeline.config import ExtractConfig, load_config
-    from pipeline.probes import probes
-    from stages.score import open_store
+    from pipeline.scorers.bindclip.probes import probes
 
     store = open_store(load_config(ExtractConfig, params, "extract"))
-    _write_bench("probes", f"pipeline bench probes --params {params}", probes(store))
+    _write_bench("probes", f"pipeline probes --params {params}", probes(store), folder="reports")
 
 
 if __name__ == "__main__":  # pragma: no cover

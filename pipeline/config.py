@@ -98,43 +98,33 @@ class ScoreConfig:
     checkpoints: str = "cache/checkpoints"  # trained scorers: <checkpoints>/<variant>/
     scores_out: str = "cache/scores"  # per-item scores: <scores_out>/<variant>/<suite>.parquet
     metrics_out: str = "reports/metrics"  # <metrics_out>/<variant>/<suite>.json
+    replacements: list[str] = field(default_factory=list)  # image replacements also scored on choice suites ("shuffle", "fixed", "true"): <variant>@<mode>
+    replacement_seed: int = 0  # seed of the shuffle permutation and of the fixed image
 
 
 @dataclass
 class TrainConfig:
-    """Training a scorer from the cache (``pipeline train --variant bindclip``)."""
+    """Training one scorer variant from the cache (``pipeline train --variant bindclip``).
 
-    variant: str = "bindclip"  # trainable scorer registry key
+    ``params.yaml`` has one ``train.<variant>`` section per trainable variant (listed in
+    ``train.variants``); what is the family's own lives in ``scorer`` (its factory's
+    options) and ``objective`` (its training hook's options), so the loop knows no family.
+    """
+
+    variant: str = "bindclip"  # trainable scorer registry key (the section's name)
     encoder: str = "toy"  # which store under extract.out to read
     train_suite: str = "shapes-train"  # training pairs (with cf/flip images and paraphrases)
-    dev_suite: str = "shapes-dev"  # checkpoint selection and q0 choice (never a test suite)
+    dev_suite: str = "shapes-dev"  # checkpoint selection and the family's dev choices (never a test suite)
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one model per seed; the first is the one scored as `variant`
-    steps: int = 300  # optimisation steps (paper: 3 epochs x 100 steps)
-    batch_size: int = 64  # pairs per step (paper: 64)
-    lr: float = 1e-4  # AdamW learning rate on the scorer's parameters (paper: 1e-4)
+    steps: int = 300  # optimisation steps (BindCLIP paper: 3 epochs x 100 steps)
+    batch_size: int = 64  # items per step (BindCLIP paper: 64)
+    lr: float = 1e-4  # AdamW peak learning rate on the scorer's parameters (BindCLIP paper: 1e-4)
     lr_schedule: str = "constant"  # "constant" (lr throughout) or "cosine": linear warm-up over `warmup` steps, cosine decay to 0 at `steps`
     warmup: int = 0  # warm-up steps of the cosine schedule
-    weight_decay: float = 1e-3  # AdamW weight decay (paper: 1e-3)
+    weight_decay: float = 1e-3  # AdamW weight decay (BindCLIP paper: 1e-3)
     eval_every: int = 50  # dev evaluation / checkpoint-selection period in steps
-    group_tau: float = 1.0  # smooth worst-group temperature: tau * log mean_f exp(L_f / tau)
-    group_by: str = "family"  # the worst-group's groups: the eight "family"s or each pair's "edit_kind" (finer)
-    weights: dict[str, float] = field(default_factory=dict)  # per-objective loss weights (default 1 each; "binding" and "null", ours, 0)
     scorer: dict = field(default_factory=dict)  # kwargs of the scorer factory (e.g. BindClipConfig fields)
-    q0_grid: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0])  # consensus q0 candidates, chosen on dev
-    consistency_items: int | None = 16  # items per batch that also get the mirrored / paraphrased forward (None = all)
-    curriculum: list = field(default_factory=list)  # [[end_fraction, [families]], ...]; [] = all families throughout
-    consistency_from: float = 0.0  # fraction of steps before which reflection/paraphrase are off
-    relation_l1: float = 0.0  # weight of mean |d| over content tokens (BindCLIP relation head; 0 = off)
-    reflection_per_caption: bool = False  # reflection consistency on each caption's scaled energies, not only on s
-    paraphrase_positives: bool = False  # also apply caption preference to (I, paraphrase, neg): a paraphrase is a true caption
-    flip_positives: bool = False  # also apply caption preference to the mirrored copies (flip I, flip pos, flip neg)
-    ground_negatives: bool = False  # region grounding also on neg's words that alone name one object
-    ground_region: str = "box"  # grounding target: the object's "box" or its visible "mask" (patches)
-    ground_contrast: bool = False  # grounding also -log(m_own / (m_own + m_other objects))
-    ground_compat: bool = False  # grounding also softplus((margin - (mean S on own object - on other objects)) / eps)
-    ground_compat_margin: float = 0.0  # the margin of ground_compat
-    image_per_caption: bool = False  # image objective also on each caption's learned part (I vs I')
-    consistency_target: str = "both"  # "both": s' and s pulled together; "original": s detached, only s' follows it
+    objective: dict = field(default_factory=dict)  # options of the family's training hook (e.g. BindClipObjective fields)
     out: str = "cache/checkpoints"  # <out>/<variant>/model.safetensors (+ seed<k>/)
     threads: int = 2  # torch intra-op threads
 
@@ -154,10 +144,18 @@ def load_config(cls: type[C], params: str | Path | None, section: str, overrides
 
     Unknown keys raise with the valid field names.
     """
-    values: dict[str, Any] = {}
-    if params is not None and Path(params).exists():
-        values.update((yaml.safe_load(Path(params).read_text()) or {}).get(section) or {})
+    values = dict(_section(params, section))
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return _build(cls, values, section)
+
+
+def _section(params: str | Path | None, section: str) -> dict[str, Any]:
+    if params is None or not Path(params).exists():
+        return {}
+    return (yaml.safe_load(Path(params).read_text()) or {}).get(section) or {}
+
+
+def _build(cls: type[C], values: dict[str, Any], section: str) -> C:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
@@ -165,3 +163,19 @@ def load_config(cls: type[C], params: str | Path | None, section: str, overrides
             f"unknown {section} parameter(s) {unknown}; valid: {', '.join(sorted(names))}"
         )
     return cls(**values)
+
+
+def train_variants(params: str | Path | None) -> list[str]:
+    """The trainable variants ``params.yaml`` lists under ``train.variants``."""
+    return list(_section(params, "train").get("variants") or [])
+
+
+def load_train_config(params: str | Path | None, variant: str, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """``TrainConfig`` of ``variant`` from ``params["train"][variant]`` plus overrides."""
+    train = _section(params, "train")
+    values = dict(train.get(variant) or {})
+    if params is not None and Path(params).exists() and variant not in train:
+        listed = ", ".join(k for k in train if k != "variants") or "none"
+        raise ValueError(f"{params} has no train.{variant} section; trainable sections: {listed}")
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None}, variant=variant)
+    return _build(TrainConfig, values, f"train.{variant}")

@@ -1,9 +1,9 @@
-"""Stage `train`: fit a trainable scorer (BindCLIP) on the cached shapes-train features.
+"""Stage `train`: fit one trainable scorer variant on the cached training suite.
 
-Reads the configured encoder's store (checked like `score` does), trains every seed of
-``cfg.seeds`` with `pipeline.training.train_scorer` and writes the checkpoints under
-``<cfg.out>/<variant>/`` (the first seed's selected model is the one `pipeline score`
-loads).
+I/O and orchestration only: opens the configured encoder's store (checked like `score`
+does) and runs :func:`pipeline.training.loop.train_variant`, which writes the checkpoints
+under ``<cfg.out>/<variant>/`` (the first seed's selected model is the one `pipeline score`
+loads). DVC runs one `train@<variant>` stage per entry of ``train.variants``.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from pipeline.config import ExtractConfig, TrainConfig
 
 def run(cfg: TrainConfig, extract: ExtractConfig, progress: bool = True) -> dict[str, Any]:
     """Train ``cfg.variant`` from the store of ``extract``; returns the training summary."""
-    from pipeline.training import train_scorer
-    from stages.score import open_store
+    from pipeline.cache import open_store
+    from pipeline.training.loop import train_variant
 
     if cfg.encoder != extract.model:
         extract = dataclasses.replace(extract, model=cfg.encoder)
-    store = open_store(extract)
-    return train_scorer(cfg, store, progress=progress)
+    return train_variant(cfg, open_store(extract), progress=progress)

@@ -15,6 +15,40 @@ from pipeline.benchmarks.coco_families import FAMILIES
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
+# ---------------------------------------------------------------- official files in ../shared
+
+# The read-only folder beside the repository with the official benchmark annotation files.
+SHARED_BENCHMARKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
+
+
+def running_in_ci() -> bool:
+    """``CI`` is set to a true value (``true``/``1``/``yes``, any case), as CI runners do."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def require_shared(*parts: str, root: Path | None = None) -> Path:
+    """``shared/benchmarks/<parts>``, checked to exist: the one place tests decide what a
+    missing ``../shared`` means.
+
+    Under CI (``CI=true``; CI always has ``../shared``) a missing path fails the test;
+    only locally is it skipped. ``root`` replaces ``SHARED_BENCHMARKS`` (for testing this).
+    """
+    path = (SHARED_BENCHMARKS if root is None else Path(root)).joinpath(*parts)
+    if not path.exists():
+        msg = f"official benchmark files not found at {path}"
+        if running_in_ci():
+            pytest.fail(f"{msg}; CI=true and CI always has ../shared", pytrace=False)
+        pytest.skip(f"{msg} (not under CI: skipped)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_benchmarks() -> Path:
+    """The ``shared/benchmarks`` folder (see :func:`require_shared`: fails under CI if
+    absent, skips locally). Subfolders: ``shared_benchmarks / "sugarcrepe"`` etc."""
+    return require_shared()
+
+
 TINY = {
     "embed_dim": 32,
     "quick_gelu": True,
@@ -140,7 +174,7 @@ def tiny_store(tmp_path_factory, tiny_encoder):
     import dataclasses
 
     from pipeline.benchmarks import SUITES
-    from pipeline.cache import FeatureStore
+    from pipeline.cache import FeatureStore, store_path
     from pipeline.config import ExtractConfig
     from stages import extract as extract_stage
     from tests.conftest import make_images
@@ -173,4 +207,4 @@ def tiny_store(tmp_path_factory, tiny_encoder):
         extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
     finally:
         SUITES._entries.update(saved)
-    return FeatureStore.open(extract_stage.store_path(cfg))
+    return FeatureStore.open(store_path(cfg))

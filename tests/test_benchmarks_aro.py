@@ -25,14 +25,7 @@ from pipeline.benchmarks.aro import (
     resolve_tagger,
 )
 from pipeline.benchmarks.base import bucket_split, hash_bucket
-
-SHARED_LIST = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "benchmarks"
-    / "aro"
-    / "vgr_excluded_relations.json"
-)
+from tests.conftest import require_shared
 
 
 def _vg(i, **kw):
@@ -55,8 +48,7 @@ def test_excluded_relations_is_the_official_list():
     packaged = Path(aro.__file__).parent / "data" / "vgr_excluded_relations.json"
     digest = "b2b161cc9a999c5b490ae26cc62f00eec1f5c475201c1be5d6b493e757c81eff"  # shared/SOURCES.md
     assert hashlib.sha256(packaged.read_bytes()).hexdigest() == digest
-    if SHARED_LIST.is_file():
-        assert packaged.read_bytes() == SHARED_LIST.read_bytes()
+    assert packaged.read_bytes() == require_shared("aro", "vgr_excluded_relations.json").read_bytes()
 
 
 def test_relation_loader_and_macro_without_excluded(tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,19 +11,13 @@ import pytest
 from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.sugarcrepe import CATEGORIES, bpe_length, build_manifest, sugarcrepe_units
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "sugarcrepe"
-needs_shared = pytest.mark.skipif(
-    not SHARED.is_dir(), reason=f"official files not found at {SHARED}"
-)
-
 
 @pytest.fixture(scope="module")
-def official() -> pd.DataFrame:
+def official(shared_benchmarks) -> pd.DataFrame:
     with pytest.warns(UserWarning, match="add_obj.json"):
-        return build_manifest(SHARED)
+        return build_manifest(shared_benchmarks / "sugarcrepe")
 
 
-@needs_shared
 def test_official_files_counts_fields_and_length_matched(official):
     counts = official["category"].value_counts().to_dict()
     assert counts == {"add-att": 692, "replace-rel": 1406, "swap-att": 666}  # published counts

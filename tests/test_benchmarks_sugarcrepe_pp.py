@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -17,16 +16,10 @@ from pipeline.benchmarks.sugarcrepe_pp import (
     tot_correct,
 )
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
-needs_shared = pytest.mark.skipif(
-    not (SHARED / "sugarcrepe_pp").is_dir(), reason="official files not in shared/"
-)
 
-
-@needs_shared
-def test_official_files_counts_fields_and_alignment():
+def test_official_files_counts_fields_and_alignment(shared_benchmarks):
     with pytest.warns(UserWarning, match="replace_obj.json"):
-        m = build_manifest(SHARED / "sugarcrepe_pp")
+        m = build_manifest(shared_benchmarks / "sugarcrepe_pp")
     assert m["category"].value_counts().to_dict() == {"replace-rel": 1406, "swap-att": 666}
     assert m["captions"].map(len).eq(3).all() and (m["correct"] == 0).all()
     assert m["item_id"].is_unique
@@ -38,7 +31,7 @@ def test_official_files_counts_fields_and_alignment():
     ]
     # index-wise aligned with SugarCrepe: same image at every index (benchmarks.md §4.2)
     for cat in ("swap_att", "replace_rel"):
-        sc = json.loads((SHARED / "sugarcrepe" / f"{cat}.json").read_text())
+        sc = json.loads((shared_benchmarks / "sugarcrepe" / f"{cat}.json").read_text())
         ours = m[m["category"] == cat.replace("_", "-")]["image"].tolist()
         assert ours == [sc[k]["filename"] for k in sorted(sc, key=int)]
 

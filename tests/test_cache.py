@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.cache import FeatureStore, ForeignCacheError, StaleCacheError
+from pipeline.cache import FeatureStore, ForeignCacheError, StaleCacheError, store_path
 from pipeline.cache.schema import SCHEMA_VERSION
 from pipeline.config import ExtractConfig
 from pipeline.manifests import decode_image
@@ -37,7 +37,7 @@ def test_round_trip_equals_direct_forward(tmp_path, tiny_encoder, tiny_suite):
     cfg = _cfg(tmp_path, {"shapes-sugarcrepe": path})
     summary = extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
     assert summary["images"]["encoded"] == 10
-    store = FeatureStore.open(extract_stage.store_path(cfg))
+    store = FeatureStore.open(store_path(cfg))
     index = store.suite_index("shapes-sugarcrepe")
     assert index["image"].shape == (10, 1) and index["captions"].shape == (10, 2)
 
@@ -85,7 +85,7 @@ def test_dedup_across_suites_and_rerun_encodes_only_new(tmp_path, tiny_encoder, 
     cfg2 = _cfg(tmp_path, {"shapes-sugarcrepe": path, "shapes-aro": tmp_path / "m" / "aro.parquet"})
     summary = extract_stage.run(cfg2, progress=False, encoder=tiny_encoder)
     assert summary["images"] == {"total": 13, "encoded": 3}
-    store = FeatureStore.open(extract_stage.store_path(cfg))
+    store = FeatureStore.open(store_path(cfg))
     a = store.suite_index("shapes-sugarcrepe")["image"][:5, 0]
     b = store.suite_index("shapes-aro")["image"][:5, 0]
     assert np.array_equal(a, b)  # same image -> same row
@@ -112,19 +112,19 @@ def test_resume_after_crash(tmp_path, tiny_encoder, tiny_suite, monkeypatch):
     monkeypatch.setattr(tiny_encoder, "encode_images", crashing)
     with pytest.raises(KeyboardInterrupt):
         extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
-    store = FeatureStore.open(extract_stage.store_path(cfg))
+    store = FeatureStore.open(store_path(cfg))
     done = store.root["image/done"][:]
     assert done.sum() == 64  # the first shard survived whole, nothing else is flagged
     monkeypatch.setattr(tiny_encoder, "encode_images", real)
     summary = extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
     assert summary["images"]["encoded"] == 150 - 64
-    store = FeatureStore.open(extract_stage.store_path(cfg))
+    store = FeatureStore.open(store_path(cfg))
     assert store.root["image/done"][:].all()
     # resumed rows equal a clean extraction
     clean = _cfg(tmp_path / "clean", {"shapes-aro": tmp_path / "m" / "big.parquet"}, batch_size=16)
     clean.image_roots = cfg.image_roots
     extract_stage.run(clean, progress=False, encoder=tiny_encoder)
-    other = FeatureStore.open(extract_stage.store_path(clean))
+    other = FeatureStore.open(store_path(clean))
     rows = store.suite_index("shapes-aro")["image"][:, 0]
     rows2 = other.suite_index("shapes-aro")["image"][:, 0]
     assert torch.equal(store.images(rows).final, other.images(rows2).final)
@@ -134,11 +134,11 @@ def test_refuses_foreign_and_stale_stores(tmp_path, tiny_encoder, tiny_suite):
     path, _ = tiny_suite
     cfg = _cfg(tmp_path, {"shapes-sugarcrepe": path})
     extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
-    store_path = extract_stage.store_path(cfg)
-    fp = FeatureStore.open(store_path).fingerprint
+    spath = store_path(cfg)
+    fp = FeatureStore.open(spath).fingerprint
     with pytest.raises(ForeignCacheError, match="pipeline extract"):
-        FeatureStore.open(store_path, expect={**fp, "pretrained": "openai"})
-    FeatureStore.open(store_path, expect=fp)  # the right encoder is accepted
+        FeatureStore.open(spath, expect={**fp, "pretrained": "openai"})
+    FeatureStore.open(spath, expect=fp)  # the right encoder is accepted
     # a manifest edited after extraction is refused
     import pandas as pd
 
@@ -148,14 +148,14 @@ def test_refuses_foreign_and_stale_stores(tmp_path, tiny_encoder, tiny_suite):
     from pipeline.manifests import file_sha256
 
     with pytest.raises(StaleCacheError, match="rerun `pipeline extract`"):
-        FeatureStore.open(store_path).suite_index("shapes-sugarcrepe", file_sha256(path))
+        FeatureStore.open(spath).suite_index("shapes-sugarcrepe", file_sha256(path))
     # another schema version is refused
     import zarr
 
-    root = zarr.open_group(store_path, mode="r+")
+    root = zarr.open_group(spath, mode="r+")
     root.attrs["schema_version"] = SCHEMA_VERSION + 1
     with pytest.raises(StaleCacheError, match="schema"):
-        FeatureStore.open(store_path)
+        FeatureStore.open(spath)
 
 
 def test_bad_inputs_fail_clearly(tmp_path, tiny_encoder, tiny_suite):
@@ -170,9 +170,9 @@ def test_bad_inputs_fail_clearly(tmp_path, tiny_encoder, tiny_suite):
     skip = _cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "bad.parquet"})
     skip.skip_missing = True
     extract_stage.run(skip, progress=False, encoder=tiny_encoder)
-    store = FeatureStore.open(extract_stage.store_path(skip))
+    store = FeatureStore.open(store_path(skip))
     assert store.suite_attrs("shapes-aro")["missing_images"] == ["nope.png"]
-    from stages.score import drop_missing
+    from pipeline.scoring import drop_missing
 
     index = store.suite_index("shapes-aro")
     assert index["image"][3, 0] == -1

@@ -1,4 +1,4 @@
-"""pipeline.diagnostics: the per-energy breakdown against hand-computed values, and the
+"""pipeline.scorers.bindclip.diagnostics: the per-energy breakdown against hand-computed values, and the
 grounding precision on a tiny store (uniform plan -> box share; plan inside the box -> 1)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.diagnostics import (
+from pipeline.scorers.bindclip.diagnostics import (
     argument_swaps,
     attribute_binding,
     coupling_maps,
@@ -77,12 +77,13 @@ def test_word_kind():
 @pytest.mark.parametrize("plan_kind", ["real", "uniform", "inside"])
 def test_grounding_precision(tiny_store, plan_kind):
     from pipeline.scorers import create_scorer
-    from pipeline.training import load_pairs
+    from pipeline.scorers.bindclip.training import load_grounded
 
-    data = load_pairs(tiny_store, "shapes-train", grounding=True)
+    data = load_grounded(tiny_store, "shapes-train")
+    gmap = data.pos
     torch.manual_seed(0)
     scorer = create_scorer("bindclip", tiny_store.dims, tiny_store.projections(), h=16, n_iters=16)
-    cells = data.g_cells  # [E, R]
+    cells = gmap.cells  # [E, R]
     if plan_kind != "real":
         real = scorer.explain
 
@@ -93,8 +94,8 @@ def test_grounding_precision(tiny_store, plan_kind):
             if plan_kind == "inside":  # every grounded row inside its box only (both depths)
                 item = torch.arange(len(image))
                 for i in item.tolist():
-                    for e in range(data.g_offsets[i], data.g_offsets[i + 1]):
-                        P[i, data.g_row[e], :-1] = cells[e].repeat(2).float()
+                    for e in range(gmap.offsets[i], gmap.offsets[i + 1]):
+                        P[i, gmap.row[e], :-1] = cells[e].repeat(2).float()
             ex.plan = P
             return ex
 
@@ -196,14 +197,11 @@ def test_attribute_binding_hand_values():
     energies[0, 1, 2] = 1.0  # the order energy prefers the negative
 
     class Stub:
-        order_gate = None
-
         def explain(self, image, a, b):
             mask = torch.ones(1, 2, n, dtype=torch.bool)
-            return SimpleNamespace(plan=plan, S=S, token_mask=mask, grid=(2, 2), energies=energies, order_gate=self.order_gate)
+            return SimpleNamespace(plan=plan, S=S, token_mask=mask, grid=(2, 2), energies=energies)
 
     out = attribute_binding(Stub(), _RowStore(), manifest, index)
-    assert "order_gate other" not in out
     assert out["items"] == 1
     assert out["in_mask colour (true)"] == pytest.approx(1.0)
     assert out["in_mask shape (true)"] == pytest.approx(1.0)
@@ -217,13 +215,6 @@ def test_attribute_binding_hand_values():
     assert out["acc_S_referent"] == 1.0
     S[0, n + 6, 1, 3] = 4.0  # the negative's "circle" reads 2.0 on the circle: now it wins
     assert attribute_binding(Stub(), _RowStore(), manifest, index)["acc_S_referent"] == 0.0
-    # pair gates of the true caption (a red | red square | square and | and a | a blue | blue circle)
-    gated = Stub()
-    gated.order_gate = torch.zeros(1, 2, n - 1)
-    gated.order_gate[0, 0] = torch.tensor([0.1, 0.9, 0.2, 0.3, 0.4, 0.7])
-    gated.order_gate[0, 1] = 1.0  # the negative's gates are not read
-    out = attribute_binding(gated, _RowStore(), manifest, index)
-    assert out["order_gate colour-shape"] == pytest.approx(0.8) and out["order_gate other"] == pytest.approx(0.25)
 
 
 def test_argument_swaps_hand_values():

@@ -326,7 +326,7 @@ def test_fgw_alpha_zero_is_wasserstein():
 
 
 def test_bench_sinkhorn_reports_parity_and_extrapolation():
-    from pipeline.bench_ot import bench_sinkhorn
+    from pipeline.perf.sinkhorn import bench_sinkhorn
 
     r = bench_sinkhorn(n_problems=6, n=5, m=7, n_iters=10, pot_subset=2, dtype="float64")
     assert r["pot_extrapolated"] and r["pot_problems_timed"] == 2

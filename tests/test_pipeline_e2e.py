@@ -108,15 +108,203 @@ def test_scores_from_cache_match_a_direct_forward(tiny_run):
     np.testing.assert_allclose(np.asarray(scores["scores"].iloc[0]), direct, atol=1e-5)
 
 
+class BackboneLoaded(AssertionError):
+    """Raised by every backbone entry point while :func:`forbid_backbone` is active."""
+
+
+def _backbone_entry_points() -> list[tuple[object, str]]:
+    """(owner, attribute) of every function or constructor through which a CLIP backbone
+    gets built or its weights loaded: open_clip's factory (package and ``factory`` module
+    names), the OpenAI loader, checkpoint loading, the model classes' and towers' own
+    constructors (so a route that calls none of the factories is caught too), and the
+    project's loaders at their definition site (``pipeline.encoders.load_encoder`` /
+    ``create_model``, ``pipeline.encoders.toyclip.build_model``)."""
+    import open_clip
+    import open_clip.coca_model
+    import open_clip.factory
+    import open_clip.model
+    import open_clip.openai
+    import open_clip.transformer
+
+    import pipeline.encoders as encoders
+    import pipeline.encoders.toyclip as toyclip
+
+    functions = [
+        (module, name)
+        for module in (open_clip, open_clip.factory)
+        for name in (
+            "create_model",
+            "create_model_and_transforms",
+            "create_model_from_pretrained",
+            "load_checkpoint",
+        )
+    ] + [
+        (open_clip, "load_openai_model"),
+        (open_clip.openai, "load_openai_model"),
+        (encoders, "load_encoder"),
+        (encoders, "create_model"),
+        (toyclip, "build_model"),
+    ]
+    classes = (
+        open_clip.model.CLIP,
+        open_clip.model.CustomTextCLIP,
+        open_clip.coca_model.CoCa,
+        open_clip.transformer.VisionTransformer,
+        open_clip.transformer.TextTransformer,
+    )
+    return functions + [(cls, "__init__") for cls in classes]
+
+
+def _rebindings(originals: dict[int, str]) -> list[tuple[object, str]]:
+    """(module, attribute) of every imported module's global bound to one of ``originals``
+    (by identity): ``from pipeline.encoders import load_encoder`` in a stage, ``from
+    open_clip import create_model`` ..."""
+    import sys
+
+    found = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            found += [(module, k) for k, v in list(namespace.items()) if id(v) in originals]
+    return found
+
+
+def forbid_backbone(monkeypatch) -> list[str]:
+    """Make every backbone entry point raise :class:`BackboneLoaded` and record its name in
+    the returned list (so a caller that swallows the error is still caught). The entry
+    points are patched where they are defined and wherever an imported module holds its
+    own reference to them, so the guard does not depend on which module the score stage
+    imports its helpers from."""
+    calls: list[str] = []
+
+    def guard(name: str):
+        def forbidden(*args, **kwargs):
+            calls.append(name)
+            raise BackboneLoaded(f"score must not load the backbone: {name} called")
+
+        return forbidden
+
+    originals: dict[int, str] = {}  # id(function) -> a name for it
+    for owner, attr in _backbone_entry_points():
+        originals.setdefault(id(getattr(owner, attr)), f"{owner.__name__}.{attr}")
+    guards = {fid: guard(name) for fid, name in originals.items()}
+    targets = _rebindings(originals) + _backbone_entry_points()
+    for owner, attr in targets:
+        original = getattr(owner, attr)
+        if id(original) in guards:
+            monkeypatch.setattr(owner, attr, guards[id(original)])
+    return calls
+
+
 def test_rescoring_reads_the_cache_not_the_backbone(tiny_run, monkeypatch):
+    """Score with every route to a backbone forbidden: it succeeds from the cache alone and
+    gives the metrics the pipeline run wrote."""
+    monkeypatch.chdir(tiny_run)
+    metrics = tiny_run / "reports" / "metrics" / "clip" / "shapes-aro.json"
+    before = json.loads(metrics.read_text())
+    metrics.unlink()  # so the file checked below is this run's
+    calls = forbid_backbone(monkeypatch)
+    result = invoke("score", "--params", "params.yaml", "--quiet", "--suite", "shapes-aro")
+    assert calls == []
+    records = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    assert [(r["suite"], r["variant"]) for r in records] == [("shapes-aro", "clip")]
+    assert {"relation", "attribution", "order"} <= set(records[0]["metrics"])
+    assert records[0]["n_items"] > 0
+    assert json.loads(metrics.read_text())["metrics"] == records[0]["metrics"] == before["metrics"]
+
+
+def _routes(ckpt: str, plain_weights: str) -> dict:
+    """Ways of building the toy CLIP; ``plain_weights``: an open_clip ``toy-vit`` state
+    dict without the project's stem (what open_clip's own loaders accept)."""
+    import open_clip
+
+    import pipeline.encoders as encoders
+    import pipeline.encoders.toyclip as toyclip
+    from pipeline.config import ToyClipConfig
+
+    encoders.register_toy_configs()
+    config = open_clip.get_model_config("toy-vit")
+    return {
+        "load_encoder": lambda: encoders.load_encoder("toy", checkpoint=ckpt),
+        "create_model": lambda: encoders.create_model("toy-vit"),
+        "toyclip.build_model": lambda: toyclip.build_model(ToyClipConfig()),
+        "open_clip.create_model": lambda: open_clip.create_model("toy-vit"),
+        "open_clip.create_model_and_transforms": lambda: open_clip.create_model_and_transforms(
+            "toy-vit"
+        ),
+        "open_clip.create_model_from_pretrained": lambda: open_clip.create_model_from_pretrained(
+            "toy-vit", pretrained=plain_weights
+        ),
+        "open_clip.CLIP": lambda: open_clip.CLIP(**config),
+        "open_clip VisionTransformer": lambda: open_clip.transformer.VisionTransformer(
+            image_size=32, patch_size=16, width=64, layers=1, heads=2, mlp_ratio=4.0
+        ),
+    }
+
+
+ROUTES = [
+    "load_encoder",
+    "create_model",
+    "toyclip.build_model",
+    "open_clip.create_model",
+    "open_clip.create_model_and_transforms",
+    "open_clip.create_model_from_pretrained",
+    "open_clip.CLIP",
+    "open_clip VisionTransformer",
+]
+
+
+@pytest.fixture(scope="module")
+def plain_toy_weights(tmp_path_factory) -> str:
+    import open_clip
+    import torch
+
+    from pipeline.encoders import register_toy_configs
+
+    register_toy_configs()
+    path = tmp_path_factory.mktemp("plain") / "toy-vit.pt"
+    torch.save(open_clip.create_model("toy-vit").state_dict(), path)
+    return str(path)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_the_backbone_guard_raises_on_every_route(tiny_run, plain_toy_weights, monkeypatch, route):
+    """The guard of the test above can fail: under the same patches, building the toy CLIP
+    by each route raises and is recorded (and without the patches the same call builds it)."""
+    routes = _routes(str(tiny_run / "cache/toyclip/model.safetensors"), plain_toy_weights)
+    assert list(routes) == ROUTES
+    build = routes[route]
+    with monkeypatch.context() as m:
+        calls = forbid_backbone(m)
+        with pytest.raises(BackboneLoaded, match="must not load the backbone"):
+            build()
+        assert len(calls) == 1
+    assert build() is not None  # patches undone: the route really builds a model
+
+
+def test_the_backbone_guard_covers_names_bound_elsewhere(tiny_run, monkeypatch):
+    """Modules that hold their own reference to a loader (``from pipeline.encoders import
+    load_encoder``, as extract does) get the guard too, so a backbone load through them
+    raises: a stand-in module with such references, and every real one (``tiny_run`` has
+    imported every module the pipeline's commands use)."""
+    import sys
+    import types
+
+    import open_clip
+
     import pipeline.encoders as encoders
 
-    def forbidden(*a, **k):
-        raise AssertionError("score must not load the backbone")
-
-    monkeypatch.setattr(encoders, "load_encoder", forbidden)
-    monkeypatch.chdir(tiny_run)
-    invoke("score", "--params", "params.yaml", "--quiet", "--suite", "shapes-aro")
+    stand_in = types.ModuleType("stand_in_stage")
+    stand_in.load_encoder, stand_in.build = encoders.load_encoder, open_clip.create_model
+    monkeypatch.setitem(sys.modules, stand_in.__name__, stand_in)
+    originals = {id(getattr(o, a)): a for o, a in _backbone_entry_points()}
+    bound = _rebindings(originals)
+    assert {(stand_in, "load_encoder"), (stand_in, "build")} <= set(bound)
+    calls = forbid_backbone(monkeypatch)
+    for module, attr in bound:
+        with pytest.raises(BackboneLoaded):
+            getattr(module, attr)()
+    assert len(calls) == len(bound)
 
 
 def test_score_refuses_a_store_from_other_weights(tiny_run, monkeypatch):
@@ -150,10 +338,8 @@ def test_listings():
     assert "ViT-L-14-336" in invoke("encoders").output
 
 
-def test_manifest_command_on_official_files(tmp_path):
-    shared = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "sugarcrepe"
-    if not shared.is_dir():
-        pytest.skip("shared benchmark files not present")
+def test_manifest_command_on_official_files(tmp_path, shared_benchmarks):
+    shared = shared_benchmarks / "sugarcrepe"  # absent: fails under CI, skipped locally
     out = tmp_path / "sc.parquet"
     result = invoke("manifest", "--suite", "sugarcrepe", "--root", str(shared), "--out", str(out))
     assert "items" in result.output
@@ -166,3 +352,20 @@ def test_manifest_command_on_official_files(tmp_path):
     sources = manifest_sources(out)
     assert sources["swap_att.json"] == file_sha256(shared / "swap_att.json")
 
+
+@pytest.mark.parametrize("ci", ["true", "TRUE", "1", "", "false", None])
+def test_missing_shared_fails_under_ci_and_skips_locally(tmp_path, monkeypatch, ci):
+    """The conftest guard behind ``shared_benchmarks``: a missing ``../shared`` is a failure
+    under CI (``CI=true``), a skip only locally."""
+    from tests.conftest import require_shared
+
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    missing = tmp_path / "no-shared" / "benchmarks"
+    expected = pytest.fail.Exception if ci in ("true", "TRUE", "1") else pytest.skip.Exception
+    with pytest.raises(expected, match="official benchmark files not found"):
+        require_shared("sugarcrepe", root=missing)
+    (missing / "sugarcrepe").mkdir(parents=True)
+    assert require_shared("sugarcrepe", root=missing) == missing / "sugarcrepe"

@@ -1,10 +1,10 @@
-"""The linear probe behind `pipeline bench probes` on synthetic data."""
+"""The linear probe behind `pipeline probes` on synthetic data."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from pipeline.probes import LinearProbe
+from pipeline.scorers.bindclip.probes import LinearProbe
 
 
 def test_linear_probe_separates_a_linear_rule_and_gives_log_probabilities():
@@ -29,7 +29,7 @@ def test_text_probe_finds_every_colour_shape_bigram(tiny_store):
     words right after a colour word; the probe reads all of them, holds out the last 20%
     of captions, and names its labels' chance level. The tiny encoder is random: its
     accuracies are only bounded, not judged."""
-    from pipeline.probes import text_probe
+    from pipeline.scorers.bindclip.probes import text_probe
 
     index = tiny_store.suite_index("shapes-train")
     rows = np.unique(np.asarray(index["captions"]).reshape(-1))
@@ -44,7 +44,7 @@ def test_text_probe_does_not_depend_on_the_stores_row_layout(tiny_store):
     """A store grown suite by suite and a fresh one hold the same captions in other rows:
     the probe samples and splits captions in the manifest's order, so relabelling every
     text row gives the same figures."""
-    from pipeline.probes import text_probe
+    from pipeline.scorers.bindclip.probes import text_probe
 
     n = int(np.asarray(tiny_store.suite_index("shapes-train")["captions"]).max()) + 1
     perm = np.random.default_rng(3).permutation(n)  # new row k holds old row perm[k]

@@ -18,8 +18,6 @@ from stages import extract as extract_stage
 from stages import score as score_stage
 from tests.conftest import make_images
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
-
 
 def _stand_in_images(root: Path, names: list[str]) -> None:
     """Random images saved under the official file names."""
@@ -33,10 +31,8 @@ def _stand_in_images(root: Path, names: list[str]) -> None:
 
 
 @pytest.fixture
-def sc_pp(tmp_path):
-    if not (SHARED / "sugarcrepe_pp").is_dir():
-        pytest.skip("shared benchmark files not present")
-    df = SUITES.get("sugarcrepe-pp").build_manifest(SHARED / "sugarcrepe_pp")
+def sc_pp(tmp_path, shared_benchmarks):
+    df = SUITES.get("sugarcrepe-pp").build_manifest(shared_benchmarks / "sugarcrepe_pp")
     df = df.groupby("category").head(4).reset_index(drop=True)  # a few items per category
     manifest = write_manifest(df, tmp_path / "sc-pp.parquet", {})
     _stand_in_images(tmp_path / "coco", sorted(set(df["image"])))
@@ -72,10 +68,8 @@ def test_sugarcrepe_pp_itt_and_tot_from_the_cache(tmp_path, tiny_encoder, sc_pp)
     assert saved["metrics"] == record["metrics"]
 
 
-def test_real_suite_without_images_fails_clearly(tmp_path, tiny_encoder):
-    if not (SHARED / "sugarcrepe").is_dir():
-        pytest.skip("shared benchmark files not present")
-    df = SUITES.get("sugarcrepe").build_manifest(SHARED / "sugarcrepe").head(30)
+def test_real_suite_without_images_fails_clearly(tmp_path, tiny_encoder, shared_benchmarks):
+    df = SUITES.get("sugarcrepe").build_manifest(shared_benchmarks / "sugarcrepe").head(30)
     manifest = write_manifest(df, tmp_path / "sc.parquet", {})
     make_images(tmp_path / "coco", 1)
     ext = ExtractConfig(

@@ -248,7 +248,7 @@ def test_goal_checks_bounds_are_inclusive():
     -0.0200000000000000018); 93.0 is not."""
     import pandas as pd
 
-    from pipeline.analysis import goal_checks
+    from pipeline.scorers.bindclip.analysis import goal_checks
 
     n = 100
     manifest = pd.DataFrame({"category": ["replace-obj"] * n, "correct": [0] * n})
@@ -270,7 +270,7 @@ def test_goal_checks_say_by_how_much_a_goal_is_missed():
     short; 75 meets it; 40 (no change) is 30.0 short and its CI does not exclude 0."""
     import pandas as pd
 
-    from pipeline.analysis import goal_checks
+    from pipeline.scorers.bindclip.analysis import goal_checks
 
     n = 100
 
@@ -295,7 +295,7 @@ def test_lesion_costs_per_family_with_ci_and_seeds():
     Seeds: seed0 the same, seed1 attribute 6 vs 6 and entity 9 vs 7."""
     import pandas as pd
 
-    from pipeline.analysis import goal_checks, lesion_costs
+    from pipeline.scorers.bindclip.analysis import goal_checks, lesion_costs
 
     manifest = pd.DataFrame({"family": ["attribute"] * 10 + ["entity"] * 10, "correct": [0] * 20})
 
@@ -338,7 +338,7 @@ def test_lesion_costs_by_edit_kind_hand_counted():
 
     import pandas as pd
 
-    from pipeline.analysis import lesion_costs_by_kind
+    from pipeline.scorers.bindclip.analysis import lesion_costs_by_kind
 
     scene = json.dumps({"objects": []})
     captions = [["a star above a cross", "a cross above a star"]] * 4 + [
@@ -378,7 +378,7 @@ def test_lesion_costs_by_edit_kind_hand_counted():
 
 
 def test_sinkhorn_goal_needs_the_size_the_speed_and_equal_plans():
-    from pipeline.analysis import sinkhorn_goal
+    from pipeline.scorers.bindclip.analysis import sinkhorn_goal
 
     bench = {
         "n_problems": 256, "n": 64, "m": 1153, "dtype": "float32", "device": "cpu", "ours_s": 0.25,
@@ -395,14 +395,14 @@ def test_sinkhorn_goal_needs_the_size_the_speed_and_equal_plans():
 
 
 def test_bench_counts_the_pairs_a_pairwise_scorer_evaluates():
-    from pipeline.bench import _pairs
+    from pipeline.perf.bindclip import _pairs
 
     captions = np.array([[0, 1, -1, -1], [2, 3, 4, -1], [5, 6, 7, 8]])  # K = 2, 3, 4 (-1 = pad)
     assert _pairs({"captions": captions}) == 1 + 3 + 6
 
 
 def test_parameter_comparison_against_the_papers_total():
-    from pipeline.analysis import PAPER_PARAMETERS, parameter_comparison
+    from pipeline.scorers.bindclip.analysis import PAPER_PARAMETERS, parameter_comparison
 
     parts = {"phi_t.layernorm": 1536, "phi_t.linear": 147648, "phi_v.linear": 196800, "scale_logits": 4}
     pc = parameter_comparison({**parts, "total": 345988})

@@ -1,5 +1,5 @@
-"""benchmarks/bindclip_trial.py: a trial's params redirect every output and apply overrides;
-benchmarks/compare_trials.py: seed means and the paired bootstrap against a base."""
+"""scripts/bindclip_trial.py: a trial's params redirect every output and apply overrides;
+scripts/compare_trials.py: seed means and the paired bootstrap against a base."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module(name: str = "bindclip_trial"):
-    """The script ``benchmarks/<name>.py`` as a module."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    """The script ``scripts/<name>.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -23,13 +23,16 @@ def _module(name: str = "bindclip_trial"):
 def test_trial_params_redirect_outputs_and_apply_overrides(tmp_path):
     mod = _module()
     base = yaml.safe_load((ROOT / "params.yaml").read_text())
-    p = mod.trial_params(base, "t1", tmp_path, ["train.steps=900", "train.scorer={relation_center: pair}", "train.weights.grounding=10"])
-    assert p["train"]["out"] == str(tmp_path / "t1" / "checkpoints") and p["train"]["seeds"] == [0]
-    assert p["score"]["checkpoints"] == p["train"]["out"]
+    overrides = ["train.steps=900", "train.scorer={tau_x: 0.03}", "train.objective.weights.grounding=10"]
+    p = mod.trial_params(base, "t1", tmp_path, overrides)
+    t, b = p["train"]["bindclip"], base["train"]["bindclip"]
+    assert t["out"] == str(tmp_path / "t1" / "checkpoints") and t["seeds"] == [0]
+    assert p["score"]["checkpoints"] == t["out"]
     assert all(str(tmp_path) in p["score"][k] for k in ("scores_out", "metrics_out"))
-    assert p["train"]["steps"] == 900 and p["train"]["scorer"] == {"relation_center": "pair"}
-    assert p["train"]["weights"]["grounding"] == 10 and p["train"]["weights"]["reflection"] == base["train"]["weights"]["reflection"]
-    assert p["extract"] == base["extract"] and base["train"]["out"] == "cache/checkpoints"  # base untouched
+    assert t["steps"] == 900 and t["scorer"] == {"tau_x": 0.03}
+    weights = t["objective"]["weights"]
+    assert weights["grounding"] == 10 and weights["reflection"] == b["objective"]["weights"]["reflection"]
+    assert p["extract"] == base["extract"] and b["out"] == "cache/checkpoints"  # base untouched
     with pytest.raises(SystemExit, match="section.key=YAML"):
         mod.trial_params(base, "t2", tmp_path, ["steps=3"])
 
@@ -69,3 +72,14 @@ def test_compare_trials_averages_seeds_and_bootstraps_the_family_macro_mean(tmp_
         mod.system_values(tmp_path, "base:2", "shapes-dev", "mean", manifest)
     with pytest.raises(SystemExit, match="no metric"):
         mod.system_values(tmp_path, "new", "shapes-dev", "accuracy", manifest)
+
+
+def test_compare_trials_row_is_a_trials_md_row():
+    """--row prints the docs/trials.md row: seven cells, the dev seed mean and the CI in points."""
+    mod = _module("compare_trials")
+    row = mod.trials_row("gate", {"new": "bs128:0,bs128:1,bs128:2", "seeds": 3, "diff": 0.005, "lo": -0.004, "hi": 0.014, "dev": 0.7721})
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 7 and cells[1] == "gate" and cells[3] == "0.772; 3"
+    assert cells[4] == "+0.5 [-0.4, +1.4]"
+    header = next(line for line in (ROOT / "docs" / "trials.md").read_text().splitlines() if line.startswith("| date"))
+    assert len([c for c in header.strip("|").split("|")]) == 7

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,7 +38,6 @@ from pipeline.world.captions import (
     equivalents,
     flip_claim,
     flip_text,
-    grounding,
     pos_tag,
     say,
     shuffle_all_but_nouns_and_adj,
@@ -47,15 +45,15 @@ from pipeline.world.captions import (
     shuffle_trigrams,
     shuffle_within_trigrams,
 )
+from pipeline.world.grounding import grounding
 from pipeline.world.render import mirror, png_bytes
+from pipeline.world.sampling import make_obj, random_scene
 from pipeline.world.scenes import (
     COLOURS,
     SPLITS,
     Obj,
     Scene,
     bucket_of,
-    make_obj,
-    random_scene,
     relation_value,
     scene_rng,
     side_value,
@@ -417,7 +415,6 @@ def test_pairs_counterfactual_flip_paraphrase(world, items, suite):
 
 
 def test_word_grounding_reads_each_word_alone():
-    from pipeline.world.families import word_grounding
 
     rng = np.random.default_rng(0)
     red_circle = make_obj(rng, "circle", "red", "large", 0.25, 0.5)
@@ -426,7 +423,7 @@ def test_word_grounding_reads_each_word_alone():
     scene = Scene("w", (red_circle, blue_square, blue_star), None)
     claim = Has((Ref("circle", "blue"), Ref("square", "red")))  # both colours swapped: false
     cap = say(claim)
-    words, boxes, positions = word_grounding(claim, cap, scene)
+    words, boxes, positions = grounding(claim, cap, scene, by_word=True)
     # "blue" names two objects (skipped); "circle", "red" and "square" one each
     assert words == ["circle", "red", "square"]
     assert [cap.words[k] for k in positions] == words
@@ -600,12 +597,12 @@ def test_colourless_batch_is_the_same_scenes_in_white_named_by_shape():
     assert sum(COLOURLESS not in c.split() for c in caps) >= 10  # 15 of these 30
 
 
-def test_training_batch_speed():
-    training_batch(0, np.arange(5), 64)
-    t = time.perf_counter()
-    training_batch(0, np.arange(100, 300), 64)
-    per_image = (time.perf_counter() - t) / 200
-    assert per_image < 0.006  # ~1.2 ms measured; a loose bound for loaded CI machines
+def test_training_batch_shapes_and_types():
+    """What ``training_batch`` returns for a 200-image batch (its speed is measured, not
+    asserted, by ``scripts/bench_world.py``)."""
+    images, caps = training_batch(0, np.arange(100, 300), 64)
+    assert images.shape == (200, 64, 64, 3) and images.dtype == np.uint8
+    assert len(caps) == 200 and all(isinstance(c, str) and c for c in caps)
 
 
 def test_random_scenes_have_2_to_4_objects_with_exact_boxes():

@@ -1,5 +1,6 @@
-"""The feature store: schema (the contract), writer, and lazy reader."""
+"""The feature store: schema (the contract), writer, reader, and opening a configured store."""
 
+from pipeline.cache.open import expected_fingerprint, open_store, store_path
 from pipeline.cache.reader import FeatureStore
 from pipeline.cache.schema import (
     SCHEMA_VERSION,
@@ -8,4 +9,13 @@ from pipeline.cache.schema import (
     StaleCacheError,
 )
 
-__all__ = ["SCHEMA_VERSION", "CacheError", "FeatureStore", "ForeignCacheError", "StaleCacheError"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "CacheError",
+    "FeatureStore",
+    "ForeignCacheError",
+    "StaleCacheError",
+    "expected_fingerprint",
+    "open_store",
+    "store_path",
+]

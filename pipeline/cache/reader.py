@@ -1,11 +1,20 @@
-"""Reading a feature store lazily (dask over zarr), refusing stale or foreign stores.
+"""Reading a feature store: row gathers into float32 features, refusing stale or foreign stores.
 
     store = FeatureStore.open("cache/features/toy.zarr", expect=fingerprint)
     store.dims, store.projections()             # FeatureDims, Projections
-    store.array("image/final")                  # dask array [N, 1+R, d_v], nothing read yet
     img = store.images(rows)                    # ImageFeatures for those rows (float32 torch)
-    txt = store.texts(rows)                     # TextFeatures
+    txt = store.texts(rows, grids=False)        # TextFeatures, pooled embeddings only
     idx = store.suite_index("shapes-aro", manifest_path)   # {column: rows}, checks the hash
+
+Every reader (score batches, training's one-shot load, probes, diagnostics) asks for a set
+of rows, in any order and with repeats. ``_gather`` reads each run of nearby rows (gaps up
+to ``GAP_BYTES`` are read through) as one slice and picks the rows in memory. zarr's integer
+(orthogonal) selection on these sharded arrays is the slow path: on the stages' patterns at
+toy dims it was 10-12x slower than slices for contiguous rows, and 20-40x slower at
+ViT-L-14-336 dims. Reads go straight to zarr, without dask. Dask views with one task per
+shard were 1.5-2.2x slower than these slices, and its threaded scheduler with 2 workers was
+no faster than 1 worker, so there is no parallel reading to gain. ``scripts/bench_reads.py``
+measures this.
 """
 
 from __future__ import annotations
@@ -14,20 +23,20 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import dask.array as da
 import numpy as np
 import torch
 import zarr
 
 from pipeline.cache.schema import (
     SCHEMA_VERSION,
-    SHARD_ROWS,
     CacheError,
     ForeignCacheError,
     StaleCacheError,
     fingerprint_id,
 )
 from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
+
+GAP_BYTES = 1 << 20  # a gap between wanted rows up to this size is read through, not skipped
 
 
 class FeatureStore:
@@ -93,18 +102,23 @@ class FeatureStore:
             logit_scale=torch.tensor(float(p["logit_scale"][...])),
         )
 
-    def array(self, name: str) -> da.Array:
-        """A lazy dask view of ``name`` (e.g. ``image/final``), one task per shard."""
-        arr = self.root[name]
-        rows = SHARD_ROWS if arr.shards is not None else arr.chunks[0]
-        return da.from_zarr(arr, chunks=(rows, *arr.shape[1:]))
-
     def _gather(self, name: str, rows: np.ndarray) -> np.ndarray:
-        """Rows of one array, in the given order (duplicates allowed)."""
+        """Rows of one array, in the given order (duplicates allowed; negative rows count
+        from the end, as in zarr)."""
+        arr = self.root[name]
+        n = arr.shape[0]
         rows = np.asarray(rows, dtype=np.int64)
-        uniq, inverse = np.unique(rows, return_inverse=True)
-        block = self.root[name].get_orthogonal_selection((uniq,))
-        return block[inverse]
+        if rows.size and (rows.min() < -n or rows.max() >= n):
+            bad = rows[(rows < -n) | (rows >= n)][0]
+            raise IndexError(f"{self.path}/{name}: row {bad} is out of range for {n} rows")
+        uniq, inverse = np.unique(np.where(rows < 0, rows + n, rows), return_inverse=True)
+        if len(uniq) == 0:
+            return np.empty((0, *arr.shape[1:]), dtype=arr.dtype)
+        row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
+        max_gap = max(1, GAP_BYTES // max(row_bytes, 1))  # rows
+        runs = np.split(uniq, np.flatnonzero(np.diff(uniq) > max_gap) + 1)
+        parts = [arr[int(r[0]) : int(r[-1]) + 1][r - r[0]] for r in runs]
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts))[inverse]
 
     def _check_done(self, modality: str, rows: np.ndarray) -> None:
         if modality not in self._done:
@@ -153,14 +167,6 @@ class FeatureStore:
             tokens=tokens,
             embed=torch.from_numpy(self._gather("text/embed", rows).astype(np.float32)),
         )
-
-    def image_embeds(self) -> np.ndarray:
-        """[N, D] all pooled image embeddings (small; read eagerly through dask)."""
-        return self.array("image/embed").compute()
-
-    def text_embeds(self) -> np.ndarray:
-        """[M, D] all pooled text embeddings."""
-        return self.array("text/embed").compute()
 
     def suites(self) -> list[str]:
         return sorted(self.root["suites"].group_keys()) if "suites" in self.root else []

@@ -6,80 +6,38 @@ cosine-similarity matrix scaled by a learnable temperature ``exp(t)`` (clamped a
 
     L = 1/2 [CE(s * I T^T, diag) + CE(s * T I^T, diag)],   s = exp(t).
 
-Positive captions only, in-batch negatives only (no hard negatives), like CLIP itself: the
-model should learn what is present and stay weak on what binds to what.
+Positive captions and in-batch negatives only (no hard negatives), like CLIP itself: the model
+learns what is present and stays weak on what binds to what, real CLIP's failure profile.
 
-Seed: ``seed`` fixes the initialisation (``torch.manual_seed``), the pool of training scenes
-(``pipeline.world.training_batch(seed, arange(pool_size), image_size)``, train hash buckets
-only, one positive caption each) and the batch order (epoch ``e`` visits the pool in the
-order ``default_rng([seed, e]).permutation``), so the same config gives the same weights and
-a resumed run equals an uninterrupted one.
+Seed: ``seed`` fixes the initialisation, the pool of training scenes (train hash buckets only,
+one positive caption each) and the batch order (epoch ``e`` visits the pool in the order
+``default_rng([seed, e]).permutation``), so one config gives one set of weights and a resumed
+run equals an uninterrupted one.
 
-Where we depart from CLIP, and why:
+Where it departs from CLIP, and why:
 
-* Text tower: CLIP's causal transformer (config ``toy-vit``), with the positional embedding
-  frozen at a small random init (``text_position_std``). The config used to set
-  ``no_causal_mask`` (a near bag of words), because in an early trial (linear patch
-  embedding, before the stem and the colourless warm-up below) a causal tower bound colour
-  to shape (swap-att 0.83; real ViT-L/14 ~0.62). With the stem and the warm-up the causal
-  tower keeps the failure profile (frozen, through extract -> score: swap-att 0.43,
-  swap-obj 0.54, ARO relation 0.514, What'sUp individual 0.247; bag of words: 0.45 / 0.57
-  / 0.479 / 0.27), and its token states localise words as real CLIP's do, which the
-  token-level scorers need: with the bag of words every token state carried the whole
-  caption and BindCLIP could not tell which word was edited (``pipeline/scorers/
-  bindclip.py``); on the causal features the same BindCLIP setting took What'sUp
-  individual from 0.247 to 0.6425 (seed 0) instead of 0.27 -> 0.495. A *zero* positional
-  embedding would make a swap caption's embedding equal its positive's up to float
-  rounding in a bag-of-words tower; the small jitter is kept.
-* Convolutional patch stem (``pipeline/encoders/stem.py``) instead of the linear patch
-  embedding, and a colourless warm-up: the first ``colourless_steps`` steps draw from the
-  same scenes with every object white and shapes named bare. Without both the tower never
-  learnt shape (see Calibration). The stem leaves the 8x8 grid and everything extract
-  reads unchanged; the warm-up is still positives + in-batch negatives.
-* The 49k-row token embedding (6.3 M of the text parameters, ~60 rows ever used) is frozen
-  at its seeded N(0, 0.02) init by default (``train_token_embedding=False``): it spares
-  AdamW the dense update. ``True`` trains it with SparseAdam on the rows a batch uses.
-* Images are already rendered at the model resolution, so preprocessing is the exact tensor
-  equivalent of open_clip's eval transform (identity resize/crop, /255, mean/std
-  normalisation): :func:`pixels_from_uint8` (tested against ``load_encoder().preprocess``).
+* Text tower: CLIP's causal transformer (config ``toy-vit``), its positional embedding frozen
+  at a small random init (``text_position_std``); its token states localise words as real
+  CLIP's do, which the token-level scorers need.
+* Vision tower: a convolutional patch stem (``pipeline/encoders/stem.py``) instead of the
+  linear patch embedding, and a colourless warm-up: the first ``colourless_steps`` steps draw
+  the same scenes with every object white and shapes named bare. The linear embedding of
+  objects that straddle patch borders does not learn shape, and since colour alone separates
+  most of a batch, neither tower gets a gradient for shape without the warm-up. The stem keeps
+  the 8x8 grid and everything extract reads; the warm-up keeps in-batch negatives only.
+* The 49k-row token embedding (6.3 M of the text parameters, ~60 rows ever used) is frozen at
+  its seeded N(0, 0.02) init by default (``train_token_embedding=False``), sparing AdamW the
+  dense update; ``True`` trains it with SparseAdam on the rows a batch uses.
+* Images are rendered at the model resolution, so :func:`pixels_from_uint8` is the exact tensor
+  equivalent of open_clip's eval transform (identity resize/crop, /255, mean/std).
 
-Calibration (met; the ``ToyClipConfig`` defaults on the default world: 1000 steps, the
-first 400 on the colourless pool, 8000 scenes, 2 free cores, ~9 min). Causal text tower,
-frozen CLIP through extract -> score (official metrics):
+:func:`evaluate_toyclip` gives quick in-memory accuracies for calibration only (ties earn 1/k);
+the official figures come from extract -> score and are in the report.
 
-    SugarCrepe  replace-obj 0.96  replace-att 0.64  replace-rel 0.49  add-obj 0.99
-                add-att 0.65      swap-obj 0.54     swap-att 0.43
-    ARO         relation 0.514  attribution 0.535  order 0.11 (5 options)
-    What'sUp    individual 0.247 (4 options)
-    (real ViT-L/14: replace-obj 0.94, replace-att 0.79, swap-att 0.62, swap-obj 0.60)
-
-The bag-of-words tower it replaced, measured with :func:`evaluate_toyclip` (ties get 1/k
-credit): replace-obj 0.95, replace-att 0.68, replace-rel 0.57, add-obj 0.98, add-att
-0.54, swap-obj 0.57, swap-att 0.45; ARO relation 0.48, attribution 0.52, order 0.11;
-What'sUp individual 0.27.
-
-The official figures come from ``dvc repro`` (extract -> score) and are in the report.
-How it got there (each line a measured trial on this world):
-
-* Plain mixture, linear patch embedding (open_clip's ViT): replace-obj 0.44-0.61 at every
-  checkpoint up to 1500 steps and every setting tried (lr 1e-3/2e-3, trained sparse token
-  embedding, logit-scale init 50, causal text tower, bigger objects, six distinct shapes,
-  attribute-free / single-colour captions), while replace-att reached 0.93.
-* Two causes, both needed. (1) The linear 8x8 patch embedding: supervised on shape presence
-  it stayed at 0.64 per-label accuracy (majority 0.58) after 200 steps; with the
-  convolutional stem of ``pipeline/encoders/stem.py`` it reached 0.87. (2) Colour: with the
-  stem but the plain mixture, replace-obj was still 0.48 at 300 steps and 0.51 at 400, and
-  the caption embeddings of "a star", "a circle" and "the star is on the left side of the
-  picture" were at cosine 1.00 -- colour alone separates most of a batch, so neither tower
-  got a gradient for shape (a saddle). 300 steps on the colourless pool
-  (``pipeline.world.colourless_training_batch``: all objects white, shapes named bare)
-  took "a star" vs "a circle" to cosine 0.73; 400 colourless steps then 300 on the full
-  mixture gave replace-obj 0.92, and 600 gave the figures above.
-
-Outputs in ``cfg.out``: ``model.safetensors`` (the state dict ``load_encoder("toy",
-checkpoint=...)`` loads), ``config.json`` (resolved config + open_clip model config),
-``train_log.json`` (loss per logged step, wall time) and, while running, ``resume.pt``
-(model + optimiser + step, every ``checkpoint_every`` steps; deleted at the end).
+Outputs in ``cfg.out``: ``model.safetensors`` (what ``load_encoder("toy", checkpoint=...)``
+loads), ``config.json`` (resolved config + open_clip model config), ``train_log.json`` (loss per
+logged step, wall time) and, while running, ``resume.pt`` (model + optimiser + step, every
+``checkpoint_every`` steps; deleted at the end). Trial history: ``docs/trials.md``.
 """
 
 from __future__ import annotations
@@ -99,7 +57,7 @@ import torch.nn.functional as F
 
 from pipeline.config import ToyClipConfig
 from pipeline.encoders.stem import VISION_STEMS
-from pipeline.schedule import warmup_cosine
+from pipeline.training.schedule import warmup_cosine
 
 BatchFn = Callable[[int, np.ndarray, int], tuple[np.ndarray, list[str]]]
 

@@ -1,11 +1,17 @@
 """The scorer contract and its registry.
 
 A scorer reads cached features only (`pipeline.features`), never the backbone.
-Two kinds exist:
+Three kinds exist:
 
 * per-caption scorers (``pairwise = False``) implement ``score(image, text) -> [B]``;
 * pairwise scorers (``pairwise = True``, e.g. BindCLIP) implement
-  ``score_pair(image, text_a, text_b) -> [B]`` with ``s(I, A, B) = -s(I, B, A)``.
+  ``score_pair(image, text_a, text_b) -> [B]`` with ``s(I, A, B) = -s(I, B, A)``;
+* retrieval rerankers (``reranker = True``, subclasses of :class:`Reranker`, the shape of
+  the geometry-aware rerankers, methods.md §3) implement
+  ``rerank(query, candidates, shortlist) -> [Q, K]``: a cheap registered ``base`` scorer
+  shortlists each query's top ``k`` gallery images and only those reach the reranker
+  (:func:`pipeline.scoring.score_retrieval`). On choice items a reranker scores each
+  caption against its own image as a one-image shortlist.
 
 ``option_scores`` turns either kind into one score per caption option for K-way items,
 so every benchmark is evaluated the same way. A factory is registered with
@@ -35,9 +41,11 @@ class Scorer(nn.Module):
         trainable: True if it has parameters that ``pipeline train`` fits.
         uses_grids: False if it reads the pooled embeddings only (the store then skips the
             patch grids and token states: ``FeatureStore.images(rows, grids=False)``).
+        reranker: True for retrieval rerankers (:class:`Reranker`).
     """
 
     pairwise: ClassVar[bool] = False
+    reranker: ClassVar[bool] = False
     trainable: ClassVar[bool] = False
     uses_grids: ClassVar[bool] = True
 
@@ -63,6 +71,54 @@ class Scorer(nn.Module):
             for i in range(len(image))
         ]
         return torch.stack(rows)
+
+
+class Reranker(Scorer):
+    """Base class of retrieval rerankers: shortlist with ``base``, rerank the shortlist.
+
+    Text -> image retrieval scores every gallery image with the registered per-caption
+    scorer ``base`` (``score_matrix``), keeps each query's ``k`` best (ties by gallery
+    order) and asks ``rerank`` to order only those, so an expensive structural score (FGW,
+    assignment) is evaluated on ``Q * k`` pairs, never on the whole gallery. How the two
+    are merged into one ``[n_queries, n_gallery]`` ranking is
+    :func:`pipeline.scoring.merge_reranked`.
+
+    Attributes:
+        base: registered per-caption scorer that shortlists (not pairwise, not a reranker).
+        k: shortlist length per query; a gallery of ``k`` images or fewer is reranked whole.
+    """
+
+    reranker: ClassVar[bool] = True
+    base: str = "clip"
+    k: int = 20
+
+    def rerank(
+        self,
+        query: TextFeatures,
+        candidates: ImageFeatures,
+        shortlist: torch.Tensor,
+        gallery: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[Q, K] score of query q against its k-th shortlisted image (higher = better).
+
+        Args:
+            query: Q query captions.
+            candidates: the U distinct images of this batch's shortlists (U <= Q * K),
+                each read once however many queries shortlisted it.
+            shortlist: [Q, K] int64 row of ``candidates`` holding query q's k-th
+                shortlisted image, best base score first; e.g.
+                ``candidates.index(shortlist.reshape(-1))`` gives the Q * K pairs flat.
+            gallery: [U] int64 gallery position of each candidate row (the order of
+                ``gallery_images(manifest)``), for rerankers that read per-image
+                annotations such as object boxes; None when scoring choice items.
+                Implementations accept it and may ignore it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement rerank")
+
+    def score(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
+        """[B] caption b against image b: each caption reranks a one-image shortlist."""
+        own = torch.arange(len(text))[:, None]  # [B, 1] caption b's only candidate is image b
+        return self.rerank(text, image, own)[:, 0]
 
 
 def create_scorer(name: str, dims: FeatureDims, proj: Projections, **kwargs) -> Scorer:

@@ -20,7 +20,8 @@ import numpy as np
 
 from pipeline.world.captions import N_STYLES, Claim, caption, describe
 from pipeline.world.render import render
-from pipeline.world.scenes import Scene, random_scene, scene_id_in_split, scene_rng
+from pipeline.world.sampling import random_scene
+from pipeline.world.scenes import Scene, scene_id_in_split, scene_rng
 
 P_OVERLAP = 0.3  # share of training scenes with an overlapping (depth) pair
 # Share of uniquely-shaped objects named by shape alone in training captions. With colours
@@ -78,11 +79,9 @@ def colourless_training_batch(
 ) -> tuple[np.ndarray, list[str]]:
     """``training_batch`` with colour taken out: every object white, shapes named bare.
 
-    The toy CLIP's warm-up pool. Trained on the full mixture from the start, the toy CLIP
-    read colour words only (caption embeddings of "a star", "a circle" and "the star is on
-    the left side of the picture" at cosine 1.00 after 400 steps, replace-obj 0.51): colour
-    alone separates most of a batch, and shape never got a gradient on either tower. With
-    colour gone, shape (and size, place) is all a batch offers; 300 steps on this pool took
-    "a star" vs "a circle" to cosine 0.73. Still positives + in-batch negatives only.
+    The toy CLIP's warm-up pool: colour alone separates most of a batch of the full
+    mixture, so without colour shape (and size, place) is all a batch offers and both
+    towers get a gradient for it (the measurement is in ``docs/trials.md``). Still
+    positives + in-batch negatives only.
     """
     return training_batch(seed, indices, image_size, colourless=True)

@@ -293,32 +293,6 @@ def paraphrase(claim: Claim, text: str, rng: np.random.Generator) -> str:
     return options[int(rng.integers(len(options)))]
 
 
-# ------------------------------------------------------------------------------ grounding
-
-
-def grounding(
-    claim: Claim, cap: Caption, scene: Scene
-) -> tuple[list[str], list[list[float]], list[int]]:
-    """``(words, boxes, positions)``: caption words that name exactly one scene object.
-
-    A word counts when its ref is asserted (not ``Has.absent``) and matches exactly one
-    object; its box is that object's normalised box and its position the word index in
-    ``cap.words``.
-    """
-    rs = refs(claim)
-    n_asserted = len(asserted(claim))
-    words, boxes, positions = [], [], []
-    for k, (w, t) in enumerate(zip(cap.words, cap.tags, strict=True)):
-        if t is None or t >= n_asserted:
-            continue
-        hits = [o for o in scene.objects if rs[t].matches(o)]
-        if len(hits) == 1:
-            words.append(w)
-            boxes.append([round(c, 6) for c in hits[0].box()])
-            positions.append(k)
-    return words, boxes, positions
-
-
 # ------------------------------------------------------------------------------ describing scenes
 
 

@@ -23,7 +23,7 @@ with left/right exchanged: still true / false of the mirror), a ``paraphrase`` o
 (another template or the converse relation) and ``ground_words``/``ground_boxes``
 (``ground_positions``: word indices in pos) for the words of pos that name exactly one
 object; ``neg_ground_boxes``/``neg_ground_positions`` the same for the words of neg that by
-themselves name exactly one object of the (true) scene (:func:`word_grounding`: in a false
+themselves name exactly one object of the (true) scene (:func:`pipeline.world.grounding.grounding` with ``by_word``: in a false
 caption, where each word's referent is); ``cf_scene`` is the counterfactual's scene graph
 (JSON, like ``scene``). Item
 ``k`` belongs to family ``FAMILIES[k % 8]`` (balanced); shapes-train draws from the
@@ -42,25 +42,23 @@ import pandas as pd
 from pipeline.benchmarks.coco_families import FAMILIES  # one list for real and shapes data
 from pipeline.world.captions import (
     N_STYLES,
-    Caption,
     Claim,
     Has,
     Ref,
     Rel,
     Side,
-    asserted,
     caption,
     clear_sides,
     flip_claim,
     flip_text,
-    grounding,
     paraphrase,
     ref_of,
-    refs,
     relation_of,
     say,
     truth,
 )
+from pipeline.world.grounding import grounding
+from pipeline.world.sampling import make_obj, place_free, random_scene
 from pipeline.world.scenes import (
     AXIS,
     COLOURS,
@@ -68,9 +66,6 @@ from pipeline.world.scenes import (
     SHAPES,
     SIZES,
     Scene,
-    make_obj,
-    place_free,
-    random_scene,
     scene_id_in_split,
     scene_ok,
     scene_rng,
@@ -85,39 +80,6 @@ Proposal = tuple[Scene, Claim, Claim, Scene]  # scene, pos, neg, counterfactual 
 # (when one can): "a red circle" -> "a blue circle" beside a blue square, a binding negative
 # whose words are all in the picture (ours; otherwise the new colour is any free colour)
 P_BOUND_COLOUR = 0.5
-
-
-# ------------------------------------------------------------------------------ grounding
-
-
-def word_grounding(
-    claim: Claim, cap: Caption, scene: Scene
-) -> tuple[list[str], list[list[float]], list[int]]:
-    """``(words, boxes, positions)``: caption words that *by themselves* name exactly one object.
-
-    Unlike :func:`captions.grounding`, each word is read alone, not with its noun phrase: a
-    shape word counts when exactly one object has that shape, a colour (size) word when
-    exactly one object has that colour (size), whether or not the phrase as a whole is true. On a false
-    caption this is where each word's referent is: in "a blue circle" said of a red circle
-    and a blue square, "circle" names the circle and "blue" the square. Words of
-    ``Has.absent`` refs are skipped, as there.
-    """
-    rs = refs(claim)
-    n_asserted = len(asserted(claim))
-    words, boxes, positions = [], [], []
-    for k, (w, t) in enumerate(zip(cap.words, cap.tags, strict=True)):
-        if t is None or t >= n_asserted:
-            continue
-        ref = rs[t]
-        attr = "shape" if w == ref.shape else "colour" if w == ref.colour else "size" if w == ref.size else None
-        if attr is None:
-            continue
-        hits = [o for o in scene.objects if getattr(o, attr) == w]
-        if len(hits) == 1:
-            words.append(w)
-            boxes.append([round(c, 6) for c in hits[0].box()])
-            positions.append(k)
-    return words, boxes, positions
 
 
 # ------------------------------------------------------------------------------ edits
@@ -288,7 +250,7 @@ def pair_item(seed: int, suite: str, index: int) -> Item:
         if flips != [caption(flip_claim(pos), style), caption(flip_claim(neg), style)]:
             continue  # never expected: flipping words must equal flipping the claim
         words, boxes, positions = grounding(pos, cap, scene)
-        _, neg_boxes, neg_positions = word_grounding(neg, say(neg, style), scene)
+        _, neg_boxes, neg_positions = grounding(neg, say(neg, style), scene, by_word=True)
         stem = f"{suite}/{family}/{sid}"
         image, cf_image, flip_image = f"{stem}.png", f"{stem}_cf.png", f"{stem}_flip.png"
         row = base_row(sid, image, texts, 0, family, scene)

@@ -47,6 +47,14 @@ from pipeline.world.captions import (
     ref_of,
     truth,
 )
+from pipeline.world.sampling import (
+    fill_scene,
+    make_obj,
+    place_pair,
+    random_scene,
+    sample_attributes,
+    sample_background,
+)
 from pipeline.world.scenes import (
     AXIS,
     CLEAR,
@@ -57,12 +65,6 @@ from pipeline.world.scenes import (
     SIZES,
     Obj,
     Scene,
-    fill_scene,
-    make_obj,
-    place_pair,
-    random_scene,
-    sample_attributes,
-    sample_background,
     scene_id_in_split,
     scene_ok,
     scene_rng,

@@ -7,7 +7,7 @@ marginal error every 10th iteration, as it always does). POT's loop can take min
 CPU, so ``pot_subset`` times it on the first k problems and extrapolates linearly to all of
 them; the result says so (``pot_extrapolated``).
 
-    from pipeline.bench_ot import bench_sinkhorn
+    from pipeline.perf.sinkhorn import bench_sinkhorn
     bench_sinkhorn(n_problems=256, n=64, m=1153, pot_subset=16)
 """
 

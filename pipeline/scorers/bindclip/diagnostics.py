@@ -1,6 +1,6 @@
 """Why BindCLIP wins or loses on a slice: its score taken apart, and how well it grounds words.
 
-    from pipeline.diagnostics import energy_breakdown, grounding_precision
+    from pipeline.scorers.bindclip.diagnostics import energy_breakdown, grounding_precision
     rows = energy_breakdown(scorer, store, manifest, index, suite="shapes-sugarcrepe")
     table = grounding_precision(scorer, pairs)        # pairs: training.load_pairs(..., grounding=True)
     stats = attribute_binding(scorer, store, manifest, index)   # shapes-sugarcrepe swap-att
@@ -171,16 +171,19 @@ def word_kind(word: str) -> str:
 
 
 @torch.no_grad()
-def grounding_precision(scorer, pairs, batch_size: int = 256) -> pd.DataFrame:
+def grounding_precision(scorer, data, batch_size: int = 256) -> pd.DataFrame:
     """In-box plan mass and S-argmax hit rate of grounded words, by word kind and depth.
 
-    ``pairs``: :class:`pipeline.training.PairData` loaded with ``grounding=True``; every
-    grounded word of each item's true caption is scored in its item's (I, pos, neg) plan.
+    ``data``: :func:`pipeline.scorers.bindclip.training.load_grounded`'s; every grounded
+    word of each item's true caption is scored in its item's (I, pos, neg) plan.
     """
     from open_clip.tokenizer import _tokenizer
 
+    pairs, gmap = data.pairs, data.pos
+    if gmap is None:
+        return pd.DataFrame()
     n_items = len(pairs)
-    counts = np.diff(pairs.g_offsets)
+    counts = np.diff(gmap.offsets)
     if counts.sum() == 0:
         return pd.DataFrame()
     L = 2
@@ -192,11 +195,11 @@ def grounding_precision(scorer, pairs, batch_size: int = 256) -> pd.DataFrame:
             pairs.texts.index(pairs.pos[items]),
             pairs.texts.index(pairs.neg[items]),
         )
-        lo, hi = pairs.g_offsets[start], pairs.g_offsets[items[-1] + 1]
+        lo, hi = gmap.offsets[start], gmap.offsets[items[-1] + 1]
         if hi == lo:
             continue
         item = torch.from_numpy(np.repeat(np.arange(len(items)), counts[items.numpy()]))  # [M]
-        row, cells = pairs.g_row[lo:hi], pairs.g_cells[lo:hi]  # [M], [M, R]
+        row, cells = gmap.row[lo:hi], gmap.cells[lo:hi]  # [M], [M, R]
         R = cells.shape[1]
         plan = ex.plan[item, row, :-1].reshape(-1, L, R)  # [M, L, R] non-null cells
         inside = cells[:, None].float()  # [M, 1, R]
@@ -207,7 +210,7 @@ def grounding_precision(scorer, pairs, batch_size: int = 256) -> pd.DataFrame:
         kinds += [word_kind(_tokenizer.decode([int(t)]).strip()) for t in ids]
     frac, top = torch.cat(in_box).numpy(), torch.cat(hit).numpy()
     kinds = np.array(kinds)
-    area = pairs.g_cells.float().mean(-1).numpy()
+    area = gmap.cells.float().mean(-1).numpy()
     out = []
     for kind in WORD_KINDS:
         m = kinds == kind
@@ -243,7 +246,7 @@ def _explain_true_vs_negative(scorer, store, manifest: pd.DataFrame, index: dict
 def _word_row(ex, j: int, block: int, caption: str, w: int) -> int | None:
     """Plan row of word ``w`` of ``caption`` (its first BPE piece) in item ``j`` of ``ex``,
     whose caption rows start at ``block`` (0 for A, N for B); None when truncated away."""
-    from pipeline.objectives import word_token_positions
+    from pipeline.world.grounding import word_token_positions
 
     pos = word_token_positions(caption, [w], max_tokens=ex.token_mask.shape[2])[0]
     return block + pos[0] - 1 if pos else None  # content rows start after sot
@@ -272,7 +275,7 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
 
     * ``in_mask``: share of a colour / shape word's plan mass (non-null cells, depths
       summed) on the patches its referent's *visible* part covers (>= 1/4 of the patch,
-      :func:`pipeline.objectives.visible_cover`) -- the referent being the one object of
+      :func:`pipeline.world.grounding.visible_cover`) -- the referent being the one object of
       the scene with that colour / shape, which for the negative's colour word is the
       *other* object;
     * ``bc``: mean Bhattacharyya overlap of the depth-summed plan rows of adjacent
@@ -289,11 +292,8 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
       the true caption than for the negative -- the same words read on the same objects,
       so only their context in the caption (a noun's state carries its adjective) differs:
       what a reader with perfect grounding would get from S.
-    * ``order_gate colour-shape`` / ``order_gate other`` (a scorer with ``order_gate``):
-      the true captions' mean pair gate of their adjacent ``colour shape`` words (each word
-      one BPE piece) and of every other adjacent content-token pair.
     """
-    from pipeline.objectives import visible_cover
+    from pipeline.world.grounding import visible_cover
     from pipeline.scorers.bindclip import ENERGIES
 
     items = np.flatnonzero(manifest["category"].to_numpy() == category)
@@ -306,7 +306,6 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
     s_own = {"colour": [], "shape": []}
     bc = {"true": [], "negative": []}
     right_bc, right_order, right_referent = [], [], []
-    pair_gates: dict[str, list[float]] = {"colour-shape": [], "other": []}
     for j, i in enumerate(items):
         objects = json.loads(manifest["scene"].iloc[i])["objects"]
         cover_frac = visible_cover(objects, grid)  # [n_obj, R]
@@ -316,13 +315,12 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
         for which, opt, block in (("true", correct[j], 0), ("negative", 1 - correct[j], n)):
             cap = manifest["captions"].iloc[i][opt]
             words = cap.split()
-            row_dist, word_row = {}, {}
+            row_dist = {}
             for w, word in enumerate(words):
                 kind = word_kind(word)
                 row = _word_row(ex, j, block, cap, w)
                 if kind not in ("colour", "shape") or row is None:
                     continue
-                word_row[w] = row
                 row_dist[w] = _patch_distribution(ex, j, row)  # [R] depths summed
                 ref = unique_referent(objects, word)
                 if ref is not None:
@@ -340,13 +338,6 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
             ]
             bc[which] += pairs
             totals[which] = sum(pairs)
-            if which == "true" and ex.order_gate is not None:  # pair k joins rows k and k + 1
-                bound = {word_row[w] for w in range(len(words) - 1)
-                         if words[w] in COLOURS and words[w + 1] in SHAPES and w in word_row and word_row.get(w + 1) == word_row[w] + 1}
-                valid = ex.token_mask[j, 0]
-                for k in range(len(valid) - 1):
-                    if valid[k] and valid[k + 1]:
-                        pair_gates["colour-shape" if k in bound else "other"].append(float(ex.order_gate[j, 0, k]))
         right_bc.append(totals["true"] > totals["negative"])
         right_referent.append(on_referent["true"] > on_referent["negative"])
         order = ex.energies[j, :, ENERGIES.index("order")]
@@ -361,9 +352,6 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
     out["acc_bc"] = float(np.mean(right_bc))
     out["acc_order"] = float(np.mean(right_order))
     out["acc_S_referent"] = float(np.mean(right_referent))
-    if ex.order_gate is not None:
-        for kind, v in pair_gates.items():
-            out[f"order_gate {kind}"] = float(np.mean(v)) if v else float("nan")
     return out
 
 
@@ -400,7 +388,7 @@ def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nd
     the true caption's colour, shape and size words, its relation word and its other words
     (what the spans weight: see ``BindClipConfig.span_gate``).
     """
-    from pipeline.scorers.bindclip import patch_coords
+    from pipeline.scorers.bindclip.model import patch_coords
 
     if "relation_name" not in manifest:
         return []

@@ -2,7 +2,7 @@
 
 A scorer over frozen features can only read what the features hold. These probes bound
 that from above with the shapes world's ground truth (each object's visible patches,
-:func:`pipeline.objectives.visible_cover`), independently of any scorer's grounding:
+:func:`pipeline.world.grounding.visible_cover`), independently of any scorer's grounding:
 
 * ``colour``: a linear probe (multinomial logistic regression) of the colour of the object
   that covers a patch, trained on patches of ``shapes-train`` images, accuracy on held-out
@@ -21,7 +21,7 @@ that from above with the shapes world's ground truth (each object's visible patc
   of the shape word itself as a reference: whether the text tower writes an adjective into
   its noun's state, the contextual signal an attribute-binding scorer can read from S.
 
-Run by ``pipeline bench probes`` (``reports/bench/probes.json``). Patches count for an
+Run by ``pipeline probes`` (``reports/probes.json``). Patches count for an
 object when its visible part covers more than half of them.
 """
 
@@ -36,7 +36,7 @@ import torch
 
 from pipeline.cache import FeatureStore
 from pipeline.manifests import read_manifest
-from pipeline.objectives import visible_cover
+from pipeline.world.grounding import visible_cover
 
 DEPTHS = ("early", "final")
 _OWN = 0.5  # a patch belongs to an object whose visible part covers more than this

@@ -1,25 +1,29 @@
-"""The seed papers' analyses on cached scores (pure functions; the report stage renders them).
+"""BindCLIP's analyses on cached scores (pure functions; its report section renders them).
 
 * ``binding_table``: the BindCLIP Table-1 layout — headline metric per suite, then the
-  binding slices — for a scorer against frozen CLIP, with paired-bootstrap CIs.
+  binding slices — for a scorer against frozen CLIP, with paired-bootstrap CIs
+  (:func:`pipeline.report.compare.compare` per row).
+* ``lesion_costs`` / ``lesion_costs_by_kind``: what the plan carries, BindCLIP − its
+  lesion per shapes-dev family or edit kind, for the scored checkpoint and every seed.
 * ``additive_grid``: global + w * local margins for each pooling over a grid of w, computed
   exactly from the cached per-option scores of ``clip`` and ``local-*`` (the additive
   scorer's decision is ``cos_global + w * local`` up to the positive logit scale).
 * ``goal_checks``: the issue's quantitative goals, each with the measured value and a
   verdict — nothing is asserted, everything is reported; ``sinkhorn_goal`` does the same
   for the solver-speed goal from ``pipeline bench sinkhorn``'s measurement.
+* ``parameter_comparison``: the scorer's parameters against the paper's total.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks import SUITES
-from pipeline.stats import mcnemar_exact, paired_bootstrap, units_bootstrap
+from pipeline.report.compare import Comparison, compare
+from pipeline.stats import paired_bootstrap
 from pipeline.world.families import edit_kind_order, edit_kinds
 
 # (suite, metric) rows of the Table-1 layout: headline per suite, then the binding slices.
@@ -44,33 +48,11 @@ SPATIAL_FAMILIES = ("relative-geometry", "absolute-position", "depth", "vertical
 ENTITY_FAMILIES = ("entity", "attribute", "role-swap", "negation")
 
 
-@dataclass
-class Comparison:
-    suite: str
-    metric: str
-    base: float
-    value: float
-    diff: float
-    lo: float
-    hi: float
-    p: float
-
-
-def compare(results: dict, suite: str, metric: str, variant: str, baseline: str = "clip", n_resamples: int = 10_000, seed: int = 0) -> Comparison | None:
-    """Paired bootstrap of ``variant`` vs ``baseline`` on one metric (None if unavailable)."""
-    entry = results.get(suite)
-    if not entry or variant not in entry["scores"] or baseline not in entry["scores"]:
-        return None
-    s = SUITES.get(suite)
-    ua = s.units(entry["manifest"], entry["scores"][variant]).get(metric)
-    ub = s.units(entry["manifest"], entry["scores"][baseline]).get(metric)
-    if ua is None or ub is None or len(ua.values) == 0:
-        return None
-    r = units_bootstrap(ua, ub, n_resamples=n_resamples, seed=seed)
-    return Comparison(suite, metric, ub.statistic(), ua.statistic(), r.diff, r.lo, r.hi, r.p)
-
-
-def binding_table(results: dict, variant: str, n_resamples: int = 10_000, seed: int = 0) -> list[Comparison]:
+def binding_table(
+    results: dict, variant: str, n_resamples: int = 10_000, seed: int = 0
+) -> list[Comparison]:
+    """``variant`` against frozen CLIP on :data:`HEADLINE_ROWS` then :data:`BINDING_ROWS`
+    (the rows some suite was scored on), each a paired bootstrap."""
     rows = []
     for suite, metric in HEADLINE_ROWS + BINDING_ROWS:
         c = compare(results, suite, metric, variant, n_resamples=n_resamples, seed=seed)
@@ -79,30 +61,14 @@ def binding_table(results: dict, variant: str, n_resamples: int = 10_000, seed: 
     return rows
 
 
-def whatsup_mcnemar(results: dict, variant: str, baseline: str = "clip") -> dict | None:
-    """Exact McNemar on What'sUp-style pair correctness (units = pairs)."""
-    entry = results.get("shapes-whatsup")
-    if not entry or variant not in entry["scores"] or baseline not in entry["scores"]:
-        return None
-    s = SUITES.get("shapes-whatsup")
-    a = s.units(entry["manifest"], entry["scores"][variant])["pair"].values.astype(bool)
-    b = s.units(entry["manifest"], entry["scores"][baseline])["pair"].values.astype(bool)
-    r = mcnemar_exact(b, a)
-    return {"pairs": len(a), "baseline_correct": int(b.sum()), "variant_correct": int(a.sum()), "b01": r.b01, "b10": r.b10, "p": r.p}
-
-
-def family_table(results: dict, variants: list[str], suite: str = "shapes-dev") -> pd.DataFrame:
-    """Per-family accuracy (rows: families, columns: variants)."""
-    entry = results.get(suite)
-    if not entry:
-        return pd.DataFrame()
-    s = SUITES.get(suite)
-    cols = {v: s.metrics(entry["manifest"], entry["scores"][v]) for v in variants if v in entry["scores"]}
-    return pd.DataFrame(cols)
-
-
-def lesion_costs(results: dict, variant: str = "bindclip", lesion: str = "bindclip-lesion", n_resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
-    """What the plan carries: ``variant`` − ``lesion`` accuracy per shapes-dev family and the mean.
+def lesion_costs(
+    results: dict,
+    variant: str = "bindclip",
+    lesion: str = "bindclip-lesion",
+    n_resamples: int = 10_000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """What the plan carries: ``variant`` − ``lesion`` accuracy per shapes-dev family and mean.
 
     Columns ``diff``, ``lo``, ``hi``, ``p``: the scored checkpoint, a paired bootstrap over
     items (95% CI; the mean row resamples within families); then one column per training
@@ -113,7 +79,11 @@ def lesion_costs(results: dict, variant: str = "bindclip", lesion: str = "bindcl
     if not entry or variant not in entry["scores"] or lesion not in entry["scores"]:
         return pd.DataFrame()
     suite = SUITES.get("shapes-dev")
-    names = [n for n in suite.metric_names if n in suite.metrics(entry["manifest"], entry["scores"][variant])]
+    names = [
+        n
+        for n in suite.metric_names
+        if n in suite.metrics(entry["manifest"], entry["scores"][variant])
+    ]
     rows = {}
     for name in names:
         c = compare(results, "shapes-dev", name, variant, lesion, n_resamples, seed)
@@ -135,7 +105,13 @@ def _seed_tags(entry: dict, variant: str, lesion: str) -> list[str]:
     return sorted(t for t in tags if f"{lesion}@{t}" in entry["scores"])
 
 
-def lesion_costs_by_kind(results: dict, variant: str = "bindclip", lesion: str = "bindclip-lesion", n_resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
+def lesion_costs_by_kind(
+    results: dict,
+    variant: str = "bindclip",
+    lesion: str = "bindclip-lesion",
+    n_resamples: int = 10_000,
+    seed: int = 0,
+) -> pd.DataFrame:
     """:func:`lesion_costs` per edit kind of shapes-dev (``pipeline.world.families.edit_kind``:
     the family, or the family split by what its edit asks: a role swap's relation axis, an
     attribute edit's size / colour of another object / new colour, a negation's direction).
@@ -174,7 +150,9 @@ def lesion_costs_by_kind(results: dict, variant: str = "bindclip", lesion: str =
     return table
 
 
-def additive_grid(results: dict, weights: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)) -> pd.DataFrame:
+def additive_grid(
+    results: dict, weights: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+) -> pd.DataFrame:
     """shapes-sugarcrepe accuracy of ``clip + w * local`` for each pooling and w.
 
     Columns: pooling, w, then ``total``, the length-matched add-* slices, ``replace-rel``
@@ -199,7 +177,9 @@ def additive_grid(results: dict, weights: tuple[float, ...] = (0.0, 0.05, 0.1, 0
 _AT_BOUND = 1e-9  # accuracies are ratios of counts: a value exactly at a goal's bound meets it
 
 
-def goal_checks(results: dict, variant: str = "bindclip", lesion: str = "bindclip-lesion") -> list[dict]:
+def goal_checks(
+    results: dict, variant: str = "bindclip", lesion: str = "bindclip-lesion"
+) -> list[dict]:
     """The BindCLIP issue's goals with measured values and verdicts (bounds inclusive).
 
     Each check has ``goal``, ``frozen`` / ``value`` (the slices' frozen and BindCLIP
@@ -228,17 +208,54 @@ def goal_checks(results: dict, variant: str = "bindclip", lesion: str = "bindcli
         c = compare(results, suite, name, variant)
         ok = removed >= 0.5 - eps and c is not None and c.lo > 0
         needed = base + 0.5 * (1 - base)  # half the frozen errors removed
-        short = [f"{100 * (needed - val):.1f} points (needs {100 * needed:.1f})"] if removed < 0.5 - eps else []
+        short = (
+            [f"{100 * (needed - val):.1f} points (needs {100 * needed:.1f})"]
+            if removed < 0.5 - eps
+            else []
+        )
         short += ["the CI includes 0"] if c is None or c.lo <= 0 else []
-        checks.append({"goal": f"{suite} {name}: remove >= half of frozen errors, CI excludes 0", "frozen": base, "value": val, "measured": f"{100 * removed:.0f}% of errors removed; Δ CI [{100 * c.lo:+.1f}, {100 * c.hi:+.1f}]" if c else "", "met": bool(ok), "shortfall": "; ".join(short)})
+        ci = f"Δ CI [{100 * c.lo:+.1f}, {100 * c.hi:+.1f}]" if c else ""
+        checks.append(
+            {
+                "goal": f"{suite} {name}: remove >= half of frozen errors, CI excludes 0",
+                "frozen": base,
+                "value": val,
+                "measured": f"{100 * removed:.0f}% of errors removed; {ci}" if c else "",
+                "met": bool(ok),
+                "shortfall": "; ".join(short),
+            }
+        )
     base, val = metric("shapes-whatsup", "clip", "pair"), metric("shapes-whatsup", variant, "pair")
     if base is not None and val is not None:
         met = bool(val >= 3 * base - eps)
-        checks.append({"goal": "shapes-whatsup pair >= 3x frozen", "frozen": base, "value": val, "measured": f"{val / base:.1f}x" if base > 0 else "frozen is 0", "met": met, "shortfall": "" if met else f"{100 * (3 * base - val):.1f} points (needs {100 * 3 * base:.1f})"})
-    base, val = metric("shapes-sugarcrepe", "clip", "replace-obj"), metric("shapes-sugarcrepe", variant, "replace-obj")
+        checks.append(
+            {
+                "goal": "shapes-whatsup pair >= 3x frozen",
+                "frozen": base,
+                "value": val,
+                "measured": f"{val / base:.1f}x" if base > 0 else "frozen is 0",
+                "met": met,
+                "shortfall": ""
+                if met
+                else f"{100 * (3 * base - val):.1f} points (needs {100 * 3 * base:.1f})",
+            }
+        )
+    base, val = (
+        metric("shapes-sugarcrepe", "clip", "replace-obj"),
+        metric("shapes-sugarcrepe", variant, "replace-obj"),
+    )
     if base is not None and val is not None:
         met = bool(val - base >= -0.02 - eps)
-        checks.append({"goal": "replace-obj loses <= 2 points", "frozen": base, "value": val, "measured": f"{100 * (val - base):+.1f} points", "met": met, "shortfall": "" if met else f"{100 * (base - val - 0.02):.1f} points"})
+        checks.append(
+            {
+                "goal": "replace-obj loses <= 2 points",
+                "frozen": base,
+                "value": val,
+                "measured": f"{100 * (val - base):+.1f} points",
+                "met": met,
+                "shortfall": "" if met else f"{100 * (base - val - 0.02):.1f} points",
+            }
+        )
     cost = lesion_costs(results, variant, lesion)
     if not cost.empty:
         drop = cost["diff"]
@@ -248,21 +265,49 @@ def goal_checks(results: dict, variant: str = "bindclip", lesion: str = "bindcli
         seeds = f"; mean of {n_seeds} training seeds: " if n_seeds else ""
 
         def listed(fams: list[str]) -> str:
-            out = ", ".join(f"{f} {100 * drop[f]:+.1f} [{100 * cost.lo[f]:+.1f}, {100 * cost.hi[f]:+.1f}]" for f in fams)
-            return out + (seeds + ", ".join(f"{f} {100 * cost['seed mean'][f]:+.1f}" for f in fams) if seeds else "")
+            out = ", ".join(
+                f"{f} {100 * drop[f]:+.1f} [{100 * cost.lo[f]:+.1f}, {100 * cost.hi[f]:+.1f}]"
+                for f in fams
+            )
+            return out + (
+                seeds + ", ".join(f"{f} {100 * cost['seed mean'][f]:+.1f}" for f in fams)
+                if seeds
+                else ""
+            )
 
         if sp:
             mean_seeds = f" (seeds {100 * cost['seed mean'][sp].mean():+.1f})" if seeds else ""
+            mean = f"mean {100 * drop[sp].mean():+.1f}{mean_seeds}"
             met = bool(drop[sp].mean() >= 0.10 - eps)
-            checks.append({"goal": "lesion loses >= 10 points on the spatial dev families (mean)", "frozen": None, "value": None, "measured": f"BindCLIP − lesion [95% CI]: {listed(sp)}; mean {100 * drop[sp].mean():+.1f}{mean_seeds}", "met": met, "shortfall": "" if met else f"{100 * (0.10 - drop[sp].mean()):.1f} points"})
+            checks.append(
+                {
+                    "goal": "lesion loses >= 10 points on the spatial dev families (mean)",
+                    "frozen": None,
+                    "value": None,
+                    "measured": f"BindCLIP − lesion [95% CI]: {listed(sp)}; {mean}",
+                    "met": met,
+                    "shortfall": "" if met else f"{100 * (0.10 - drop[sp].mean()):.1f} points",
+                }
+            )
         if en:
             over = [f for f in en if drop[f] > 0.03 + eps]
             short = ", ".join(f"{f} {100 * (drop[f] - 0.03):.1f} points over" for f in over)
-            checks.append({"goal": "lesion loses <= 3 points on entity/attribute families (each)", "frozen": None, "value": None, "measured": f"BindCLIP − lesion [95% CI]: {listed(en)}", "met": not over, "shortfall": short})
+            checks.append(
+                {
+                    "goal": "lesion loses <= 3 points on entity/attribute families (each)",
+                    "frozen": None,
+                    "value": None,
+                    "measured": f"BindCLIP − lesion [95% CI]: {listed(en)}",
+                    "met": not over,
+                    "shortfall": short,
+                }
+            )
     return checks
 
 
-PAPER_PARAMETERS = 521_475  # BindCLIP's total at ViT-L-14-336 dimensions, h = 192 (the seed gives no breakdown)
+PAPER_PARAMETERS = (
+    521_475  # BindCLIP's total at ViT-L-14-336 dimensions, h = 192 (the seed gives no breakdown)
+)
 
 
 def parameter_comparison(parameters: dict[str, int]) -> dict[str, Any]:
@@ -294,12 +339,27 @@ def sinkhorn_goal(bench: dict) -> dict:
     Met only at the issue's size, with every timed plan within ``max_abs_diff`` of POT's.
     """
     shape = (bench["n_problems"], bench["n"], bench["m"])
-    timed = f"POT timed on {bench['pot_problems_timed']} of {bench['n_problems']} problems" + (", extrapolated" if bench["pot_extrapolated"] else "")
+    timed = f"POT timed on {bench['pot_problems_timed']} of {bench['n_problems']} problems" + (
+        ", extrapolated" if bench["pot_extrapolated"] else ""
+    )
     measured = (
         f"{bench['speedup']:.1f}x ({bench['ours_s']:.3f} s vs {bench['pot_s']:.2f} s; {timed}; "
-        f"{' x '.join(map(str, shape))}, {bench['dtype']}, {bench['device']}; max abs ΔP {bench['max_abs_diff']:.0e})"
+        f"{' x '.join(map(str, shape))}, {bench['dtype']}, {bench['device']}; "
+        f"max abs ΔP {bench['max_abs_diff']:.0e})"
     )
-    short = [f"{SINKHORN_GOAL['speedup'] - bench['speedup']:.1f}x short of {SINKHORN_GOAL['speedup']:.0f}x"] if bench["speedup"] < SINKHORN_GOAL["speedup"] else []
-    short += ["plans differ from POT's"] if bench["max_abs_diff"] > SINKHORN_GOAL["max_abs_diff"] else []
+    goal = SINKHORN_GOAL["speedup"]
+    short = []
+    if bench["speedup"] < goal:
+        short.append(f"{goal - bench['speedup']:.1f}x short of {goal:.0f}x")
+    short += (
+        ["plans differ from POT's"] if bench["max_abs_diff"] > SINKHORN_GOAL["max_abs_diff"] else []
+    )
     short += ["not at the issue's size"] if shape != SINKHORN_GOAL["shape"] else []
-    return {"goal": "batched Sinkhorn >= 30x POT's per-problem loop at equal results (256 x 64 x 1153)", "frozen": None, "value": None, "measured": measured, "met": not short, "shortfall": "; ".join(short)}
+    return {
+        "goal": "batched Sinkhorn >= 30x POT's per-problem loop at equal results (256 x 64 x 1153)",
+        "frozen": None,
+        "value": None,
+        "measured": measured,
+        "met": not short,
+        "shortfall": "; ".join(short),
+    }

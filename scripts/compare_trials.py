@@ -1,10 +1,10 @@
 """Paired bootstrap of BindCLIP trials against a base trial, each averaged over its seeds.
 
-    .venv/bin/python benchmarks/compare_trials.py BASE NEW [NEW ...] [--suite shapes-dev]
+    .venv/bin/python scripts/compare_trials.py BASE NEW [NEW ...] [--suite shapes-dev]
         [--metric mean] [--dir /tmp/bindclip-trials] [--resamples 10000] [--seed 0]
 
 Each of BASE / NEW is a comma-separated list of ``RUN`` or ``RUN:SEED``: ``RUN`` is a
-trial written by ``benchmarks/bindclip_trial.py`` under ``--dir``, ``SEED`` picks its
+trial written by ``scripts/bindclip_trial.py`` under ``--dir``, ``SEED`` picks its
 ``scores/bindclip@seed<SEED>`` (a single-seed trial has only ``scores/bindclip``, which
 ``RUN:0`` and a bare ``RUN`` read). ``base:0,base:1,base:2`` is a three-seed setting;
 ``taux03:0,taux03s12:1,taux03s12:2`` joins a seed-0 trial to one that trained seeds 1-2.
@@ -12,9 +12,11 @@ A system's value on a unit is the mean over its seeds of that unit's value under
 suite's official metric (0/1 correct for accuracies; shapes-dev's ``mean`` is the macro
 mean over families, so resampling is stratified by family), and
 :func:`pipeline.stats.paired_bootstrap` gives NEW - BASE with its percentile interval.
-This is how the "paired bootstrap over the dev pairs" figures of the
-``pipeline/scorers/bindclip.py`` docstring were computed. It reads the trials' scores and
-the suite's manifest (through the cache's suite index, as ``pipeline score`` does).
+This is how the CI column of ``docs/trials.md`` is computed; ``--row`` also prints, for
+each NEW, the table row to add there (date, base, change, dev with seeds, CI, adopted?,
+rerun), with the change, the decision and the rerun command left for the author. It reads
+the trials' scores and the suite's manifest (through the cache's suite index, as
+``pipeline score`` does).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def scores_file(trials: Path, run: str, seed: int | None, suite: str) -> Path:
 def unit_values(suite_name: str, metric: str, manifest: pd.DataFrame, path: Path):
     """(values [n_units], groups or None) of ``metric`` for one scores file."""
     from pipeline.benchmarks import SUITES
-    from stages.score import scores_array
+    from pipeline.scoring import scores_array
 
     table = pd.read_parquet(path).set_index("item_id")
     missing = sorted(set(manifest["item_id"]) - set(table.index))
@@ -82,6 +84,16 @@ def system_values(trials: Path, spec: str, suite: str, metric: str, manifest: pd
     return np.mean(values, axis=0), groups, len(values)
 
 
+def trials_row(base: str, row: dict) -> str:
+    """One ``docs/trials.md`` row for a compared trial: ``date | setting (base) | change |
+    dev (seed mean; seeds) | paired-bootstrap CI vs base | adopted? | rerun``."""
+    import datetime
+
+    dev = f"{row['dev']:.3f}; {row['seeds']}" if row.get("dev") is not None else "—"
+    ci = f"{100 * row['diff']:+.1f} [{100 * row['lo']:+.1f}, {100 * row['hi']:+.1f}]"
+    return f"| {datetime.date.today()} | {base} | {row['new']}: CHANGE | {dev} | {ci} | ADOPTED? | `scripts/bindclip_trial.py ...` |"
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("base")
@@ -92,11 +104,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--params", default=str(ROOT / "params.yaml"), help="for the cache's location")
     ap.add_argument("--resamples", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--row", action="store_true", help="also print each NEW's docs/trials.md table row")
     args = ap.parse_args(argv)
 
+    from pipeline.cache import open_store
     from pipeline.config import ExtractConfig, load_config
+    from pipeline.scoring import drop_missing, suite_inputs
     from pipeline.stats import paired_bootstrap
-    from stages.score import drop_missing, open_store, suite_inputs
 
     store = open_store(load_config(ExtractConfig, args.params, "extract"))
     manifest, index = suite_inputs(store, args.suite)
@@ -107,8 +121,12 @@ def main(argv: list[str] | None = None) -> dict:
     for spec in args.new:
         new, _, n_new = system_values(trials, spec, args.suite, args.metric, manifest)
         r = paired_bootstrap(new, base, groups, n_resamples=args.resamples, seed=args.seed)
-        out["rows"].append({"new": spec, "seeds": n_new, "diff": r.diff, "lo": r.lo, "hi": r.hi, "p": r.p})
+        out["rows"].append({"new": spec, "seeds": n_new, "diff": r.diff, "lo": r.lo, "hi": r.hi, "p": r.p,
+                            "dev": float(np.mean(new)) if args.suite == "shapes-dev" else None})
     print(json.dumps(out, indent=1))
+    if args.row:
+        for row in out["rows"]:
+            print(trials_row(args.base, row))
     return out
 
 

@@ -1,19 +1,21 @@
 """One BindCLIP training trial on the pipeline's feature cache, away from the pipeline's outputs.
 
-    .venv/bin/python benchmarks/bindclip_trial.py NAME [section.key=YAML ...] [--out DIR]
+    .venv/bin/python scripts/bindclip_trial.py NAME [section.key=YAML ...] [--out DIR]
 
-e.g. ``benchmarks/bindclip_trial.py rc-pair 'train.scorer={text_center: true, scale_init: 1.0,
-grad_iters: 8, relation_center: pair}'``. Takes ``params.yaml``, applies the overrides, trains
-seed 0 only (``train.seeds`` can be overridden), writes checkpoints, scores and metrics under
+e.g. ``scripts/bindclip_trial.py tau-x 'train.scorer.tau_x=0.03'``. Takes ``params.yaml``,
+applies the overrides (``train.KEY`` is ``train.bindclip.KEY``, BindCLIP's training
+section), trains seed 0 only (``train.seeds`` can be overridden), writes checkpoints,
+scores and metrics under
 ``DIR/NAME/`` (default ``/tmp/bindclip-trials``), scores ``bindclip`` and ``bindclip-lesion``
 on shapes-whatsup, shapes-aro, shapes-sugarcrepe and shapes-dev, and prints (and saves as
 ``DIR/NAME/summary.json``) the goal slices, the dev families, the lesion's dev families,
-the first seed's attribute binding on swap-att (:func:`pipeline.diagnostics.attribute_binding`),
-where it wins and loses ARO's planar argument swaps (:func:`pipeline.diagnostics.argument_swaps`)
+the first seed's attribute binding on swap-att
+(:func:`pipeline.scorers.bindclip.diagnostics.attribute_binding`), where it wins and loses
+ARO's planar argument swaps (:func:`pipeline.scorers.bindclip.diagnostics.argument_swaps`)
 and its score taken apart on swap-att and ARO attribution (:func:`diagnostics`).
 It needs the cache that ``dvc repro`` (or ``pipeline extract``) leaves in ``cache/features``;
-it never writes there. This is how every trial in the ``pipeline/scorers/bindclip.py``
-docstring was run (2 CPU cores: about 2 minutes per 600-step trial).
+it never writes there. Every trial in ``docs/trials.md`` reruns this way (2 CPU cores:
+about 2 minutes per 600-step trial); ``scripts/compare_trials.py`` compares them.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def trial_params(base: dict, name: str, out: Path, overrides: list[str]) -> dict
     """``base`` with outputs under ``out/name`` and ``section.key=YAML`` overrides applied."""
     params = json.loads(json.dumps(base))  # deep copy
     root = out / name
-    params["train"].update(out=str(root / "checkpoints"), seeds=[0])
+    params["train"]["bindclip"].update(out=str(root / "checkpoints"), seeds=[0])
     params["score"].update(
         checkpoints=str(root / "checkpoints"),
         scores_out=str(root / "scores"),
@@ -61,6 +63,8 @@ def trial_params(base: dict, name: str, out: Path, overrides: list[str]) -> dict
         if not sep or "." not in key:
             raise SystemExit(f"override {item!r}: expected section.key=YAML")
         *path, last = key.split(".")
+        if path[0] == "train":  # BindCLIP's training section
+            path = ["train", "bindclip", *path[1:]]
         node = params
         for part in path:
             node = node.setdefault(part, {})
@@ -94,11 +98,13 @@ def diagnostics(score, extract) -> dict:
     (:func:`pipeline.diagnostics.energy_breakdowns`: accuracy of s, g, s - g; each energy's
     share pointing to the true caption / mean size in logits) on the non-spatial
     ``BREAKDOWN_SLICES``."""
-    from pipeline.diagnostics import argument_swaps, attribute_binding, energy_breakdowns
-    from stages.score import load_scorer, open_store, suite_inputs
+    from pipeline.cache import open_store
+    from pipeline.scorers.bindclip.diagnostics import argument_swaps, attribute_binding, energy_breakdowns
+    from pipeline.scorers.checkpoints import load_scorer
+    from pipeline.scoring import suite_inputs
 
     store = open_store(extract)
-    scorer = load_scorer("bindclip", store, score)
+    scorer = load_scorer("bindclip", store, score.checkpoints)
     wanted = {"shapes-sugarcrepe", "shapes-aro"} | {suite for suite, _ in BREAKDOWN_SLICES}
     inputs = {suite: suite_inputs(store, suite) for suite in sorted(wanted) if suite in store.suites()}  # read once
     out: dict = {"attribute_binding": {}, "argument_swaps": [], "energy_breakdown": {}}
@@ -124,7 +130,7 @@ def main() -> None:
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     args = ap.parse_args()
 
-    from pipeline.config import ExtractConfig, ScoreConfig, TrainConfig, load_config
+    from pipeline.config import ExtractConfig, ScoreConfig, load_config, load_train_config
     from stages import score as score_stage
     from stages import train as train_stage
 
@@ -137,7 +143,7 @@ def main() -> None:
     path.write_text(yaml.safe_dump(params))
     extract = load_config(ExtractConfig, path, "extract")
     start = time.time()
-    train_stage.run(load_config(TrainConfig, path, "train"), extract, progress=True)
+    train_stage.run(load_train_config(path, "bindclip"), extract, progress=True)
     score_stage.run(load_config(ScoreConfig, path, "score"), extract, progress=False)
     result = {"name": args.name, "overrides": args.overrides, "seconds": round(time.time() - start), **summary(root / "metrics")}
     result.update(diagnostics(load_config(ScoreConfig, path, "score"), extract))

@@ -1,0 +1,105 @@
+"""Shared fixtures of the measurements: random-init encoders and random-image suites.
+
+Speed does not depend on the weights, so every bench builds its backbone with random
+weights (:func:`random_encoder`) and its suite from random images (:func:`make_suite`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+
+def random_encoder(name: str):
+    """An encoder with random weights (speed does not depend on the weights)."""
+    import open_clip
+    from open_clip.transform import PreprocessCfg, image_transform_v2
+
+    from pipeline.encoders import ENCODERS, Encoder, create_model
+    from pipeline.features import FeatureDims
+
+    spec = ENCODERS.get(name)
+    torch.manual_seed(0)
+    model = create_model(spec.open_clip_model).eval().requires_grad_(False)
+    grid = tuple(model.visual.grid_size)
+    return Encoder(
+        spec=spec,
+        model=model,
+        preprocess=image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False),
+        tokenizer=open_clip.get_tokenizer(spec.open_clip_model),
+        pretrained="random",
+        dims=FeatureDims(
+            grid=(int(grid[0]), int(grid[1])),
+            d_v=int(model.visual.transformer.width),
+            d_t=int(model.transformer.width),
+            embed_dim=int(model.text_projection.shape[1]),
+            context_length=int(model.context_length),
+        ),
+        preprocess_cfg=dict(model.visual.preprocess_cfg),
+    )
+
+
+def make_suite(folder: Path, n: int, size: int, seed: int = 0) -> Path:
+    """``n`` random PNG images and a 2-caption manifest; returns the manifest path."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    rows = []
+    words = ["red", "blue", "green", "circle", "square", "star", "left", "of", "above", "a"]
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(folder / "images" / f"{i}.png")
+        caps = [" ".join(rng.choice(words, 8)) + f" {i}" for _ in range(2)]
+        rows.append({"item_id": str(i), "image": f"{i}.png", "captions": caps, "correct": 0, "category": "bench"})
+    path = folder / "manifest.parquet"
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    return path
+
+
+def extract_cfg(folder: Path, manifest: Path, model: str, batch_size: int):
+    from pipeline.config import ExtractConfig
+
+    return ExtractConfig(
+        model=model,
+        suites=["shapes-sugarcrepe"],
+        manifests={"shapes-sugarcrepe": str(manifest)},
+        image_roots={"shapes-sugarcrepe": str(folder / "images")},
+        out=str(folder / "features"),
+        batch_size=batch_size,
+        threads=torch.get_num_threads(),
+    )
+
+
+def bare_forward(enc, folder: Path, manifest: Path, batch_size: int) -> float:
+    """Seconds to load, preprocess and encode every image and caption, storing nothing."""
+    from pipeline.manifests import decode_image, read_manifest
+
+    df = read_manifest(manifest)
+    t0 = time.perf_counter()
+    names = df["image"].tolist()
+    for s in range(0, len(names), batch_size):
+        imgs = [decode_image((folder / "images" / n).read_bytes(), n) for n in names[s : s + batch_size]]
+        enc.encode_images(torch.stack([enc.preprocess(im) for im in imgs]))
+    caps = [c for cs in df["captions"] for c in cs]
+    for s in range(0, len(caps), batch_size * 4):
+        enc.encode_texts(enc.tokenizer(caps[s : s + batch_size * 4]))
+    return time.perf_counter() - t0
+
+
+def images_per_second(enc, paths: list[Path], batch_size: int) -> float:
+    """Decode, preprocess and encode ``paths`` in batches as extract does; images per second."""
+    from pipeline.manifests import decode_image
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        for s in range(0, len(paths), batch_size):
+            imgs = [decode_image(p.read_bytes(), p.name) for p in paths[s : s + batch_size]]
+            enc.encode_images(torch.stack([enc.preprocess(im) for im in imgs]))
+        return time.perf_counter() - t0
+
+    run()  # warm-up (allocator, page cache)
+    return len(paths) / run()

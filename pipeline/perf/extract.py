@@ -1,0 +1,92 @@
+"""Extract's cost: wall time against a bare forward pass, and peak memory as images grow.
+
+* :func:`extract_overhead`: extract wall time vs a bare forward pass (load + preprocess +
+  encode, no store) of the same encoder over the same images and captions.
+* :func:`extract_memory`: peak RSS of extract runs over growing numbers of images, each in
+  a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.perf.common import bare_forward, extract_cfg, make_suite, random_encoder
+
+
+def extract_overhead(model: str, n_images: int, batch_size: int, repeats: int = 2) -> dict[str, Any]:
+    """Extract vs bare forward on ``n_images`` random images (best of ``repeats``)."""
+    from pipeline.extraction import extract
+
+    enc = random_encoder(model)
+    size = enc.preprocess_cfg["size"][0]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        manifest = make_suite(folder, n_images, size)
+        bare_forward(enc, folder, manifest, batch_size)  # warm-up (allocator, page cache)
+        bare, ext = [], []
+        for r in range(repeats):
+            bare.append(bare_forward(enc, folder, manifest, batch_size))
+            cfg = extract_cfg(folder, manifest, model, batch_size)
+            cfg.out = str(folder / f"features{r}")
+            t0 = time.perf_counter()
+            extract(cfg, progress=False, encoder=enc)
+            ext.append(time.perf_counter() - t0)
+    return {
+        "model": model,
+        "weights": "random init",
+        "n_images": n_images,
+        "n_captions": 2 * n_images,
+        "batch_size": batch_size,
+        "threads": torch.get_num_threads(),
+        "bare_forward_s": round(min(bare), 3),
+        "extract_s": round(min(ext), 3),
+        "ratio": round(min(ext) / min(bare), 3),
+        "goal": "ratio <= 1.05",
+    }
+
+
+_MEMORY_CHILD = """
+import json, resource, sys, tempfile, torch
+from pathlib import Path
+from pipeline.extraction import extract
+from pipeline.perf import common
+torch.set_num_threads(2)
+n, model = int(sys.argv[1]), sys.argv[2]
+enc = common.random_encoder(model)
+with tempfile.TemporaryDirectory() as tmp:
+    folder = Path(tmp)
+    manifest = common.make_suite(folder, n, enc.preprocess_cfg["size"][0])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    extract(common.extract_cfg(folder, manifest, model, 64), progress=False, encoder=enc)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"n_images": n, "peak_rss_mib_before_extract": before / 1024, "peak_rss_mib": after / 1024}))
+"""
+
+
+def extract_memory(sizes: list[int], model: str = "toy") -> dict[str, Any]:
+    """Peak RSS of extract over growing image counts, each in a fresh process."""
+    rows = []
+    for n in sizes:
+        out = subprocess.run(
+            [sys.executable, "-c", _MEMORY_CHILD, str(n), model],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    peaks = [r["peak_rss_mib"] for r in rows]
+    return {
+        "model": model,
+        "runs": rows,
+        "growth_mib": round(peaks[-1] - peaks[0], 1),
+        "growth_ratio": round(peaks[-1] / peaks[0], 3),
+        "goal": "flat peak memory as images grow",
+    }

@@ -1,0 +1,42 @@
+"""The report's generic figures (matplotlib, Agg): returned, never saved (the stage saves)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def examples_figure(entry: dict[str, Any], n: int):
+    """``n`` random items of a suite (seed 0): image, caption options (✓ the true one) and
+    each variant's score per option; None when nothing was scored."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    manifest = entry["manifest"]
+    if not entry["scores"] or len(manifest) == 0:
+        return None
+    rng = np.random.default_rng(0)
+    picks = rng.choice(len(manifest), size=min(n, len(manifest)), replace=False)
+    fig, axes = plt.subplots(1, len(picks), figsize=(3.4 * len(picks), 4.2))
+    axes = np.atleast_1d(axes)
+    for ax, i in zip(axes, picks, strict=True):
+        row = manifest.iloc[int(i)]
+        ax.imshow(Image.open(Path(entry["image_root"]) / row["image"]).convert("RGB"))
+        ax.set_xticks([])
+        ax.set_yticks([])
+        text = []
+        for k, cap in enumerate(list(row["captions"])[:5]):
+            mark = "✓" if k == int(row["correct"]) else " "
+            scores = " ".join(
+                f"{v}:{s[i, k]:.3f}" for v, s in entry["scores"].items() if k < s.shape[1]
+            )
+            text.append(f"{mark} {cap[:38]}\n    {scores}")
+        ax.set_title(str(row["category"]), fontsize=9)
+        ax.set_xlabel("\n".join(text), fontsize=6.5, loc="left")
+    fig.tight_layout()
+    return fig

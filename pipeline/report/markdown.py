@@ -1,0 +1,32 @@
+"""Markdown building blocks of the report: percentages, tables, a DataFrame as a table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def pct(x: float | None) -> str:
+    """A rate in percent with one decimal ("–" for None, NaN or inf)."""
+    return "–" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
+
+
+def points_ci(diff: float, lo: float, hi: float) -> str:
+    """A difference of rates and its CI in signed points: ``+1.2 [-0.4, +2.8]``."""
+    return f"{100 * diff:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    """A pipe table: ``header`` cells, then one line per row of cells."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def df_markdown(df: pd.DataFrame) -> str:
+    """A DataFrame as a pipe table: an unnamed index column, then its columns as they print."""
+    cols = [str(c) for c in df.columns]
+    lines = ["| | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for idx, row in df.iterrows():
+        lines.append(f"| {idx} | " + " | ".join(str(v) for v in row.tolist()) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,258 @@
+"""BindCLIP's training hook: its data, its six objectives per step, q0 chosen on dev.
+
+The loop (:mod:`pipeline.training.loop`) calls :class:`BindClipTrainer`. A step scores, in
+one batched forward pass,
+
+* ``(I, pos, neg)``                -> caption preference, structural sufficiency, grounding;
+* ``(I', pos, neg)``               -> correct-vs-mismatched image (I' = counterfactual render);
+* ``(flip I, flip pos, flip neg)`` -> reflection consistency against ``(I, pos, neg)``;
+* ``(I, paraphrase, neg)``         -> paraphrase consistency against ``(I, pos, neg)``,
+
+and minimises ``sum_k w_k * worst_group_tau(L_k)`` over the eight families
+(:mod:`pipeline.scorers.bindclip.objectives`; ``w_k = weights.get(k, 1)``). The two
+consistency objectives score an extra copy of only the first ``consistency_items`` items
+of each batch, to bound the step's cost; an objective with weight 0 is not computed.
+
+Grounding reads the manifest's ``ground_positions`` / ``ground_boxes`` (words of the true
+caption that name exactly one object, :func:`pipeline.world.grounding.grounding`) and,
+with ``ground_negatives``, ``neg_ground_*`` (words of the negative that alone name one
+object: on a false caption each word is still pulled to its own referent).
+``image_per_caption`` adds to the image objective the same logistic loss on each
+caption's own learned part: the pairwise margin only constrains the difference of the
+two captions (e.g. d(left) - d(right)); this constrains each (the sign of d(left)).
+
+After checkpoint selection, consensus ``q0`` is chosen on dev only from ``q0_grid``
+(ties to the value listed first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.benchmarks import SUITES
+from pipeline.cache import FeatureStore
+from pipeline.scorers.bindclip.model import BindClip
+from pipeline.scorers.bindclip.objectives import (
+    caption_preference,
+    consistency,
+    image_contrast,
+    region_grounding,
+    structural_sufficiency,
+    worst_group,
+)
+from pipeline.training.pairs import PairData, load_pairs, pair_decisions
+from pipeline.training.trainer import FamilyTrainer
+from pipeline.world.grounding import box_cells, word_token_positions
+
+OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase")
+EVAL_BATCH = 256  # dev items per scoring forward pass
+
+
+@dataclass
+class BindClipObjective:
+    """BindCLIP's objective options (``train.bindclip.objective`` in ``params.yaml``)."""
+
+    weights: dict[str, float] = field(default_factory=dict)  # per-objective loss weight (1 each by default)
+    group_tau: float = 1.0  # smooth worst-group temperature: tau * log mean_f exp(L_f / tau)
+    ground_negatives: bool = False  # region grounding also on neg's words that alone name one object
+    image_per_caption: bool = False  # image objective also on each caption's learned part (I vs I')
+    consistency_items: int | None = 16  # items per batch that also get the mirrored / paraphrased forward (None = all)
+    q0_grid: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0])  # consensus q0 candidates, chosen on dev
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.weights) - set(OBJECTIVES))
+        if unknown:
+            raise ValueError(f"unknown objective weight(s) {unknown}; valid: {', '.join(OBJECTIVES)}")
+
+    def weight(self, name: str) -> float:
+        return float(self.weights.get(name, 1.0))
+
+
+@dataclass
+class GroundingMap:
+    """CSR map of each item's grounded tokens: plan rows and the patches of their box."""
+
+    offsets: np.ndarray  # [n+1] entries of item i: offsets[i]:offsets[i+1]
+    row: torch.Tensor  # [E] plan row of the token (content position - 1 in its caption)
+    cells: torch.Tensor  # [E, R] bool, patches of the token's object box
+
+
+@dataclass
+class BindClipData:
+    pairs: PairData
+    pos: GroundingMap | None = None  # words of the true caption
+    neg: GroundingMap | None = None  # words of the negative that alone name one object
+
+
+def grounding_map(
+    captions: list[str], positions: list, boxes: list, ids: torch.Tensor, grid: tuple[int, int]
+) -> GroundingMap:
+    """The grounding map of one caption per item.
+
+    ``positions[i]``: word indices in ``captions[i].split()``; ``boxes[i]``: one box per
+    word; ``ids``: [n, C] the stored BPE ids of the captions. A word of several BPE pieces
+    gives one row per piece; pieces beyond the stored caption are dropped.
+    """
+    from open_clip.tokenizer import _tokenizer
+
+    max_tok = ids.shape[1] - 2
+    offsets, rows, out_boxes = [0], [], []
+    for i, cap in enumerate(captions):
+        words = list(positions[i] if positions[i] is not None else [])
+        item_boxes = list(boxes[i] if boxes[i] is not None else [])
+        for toks, box in zip(word_token_positions(cap, words, _tokenizer.encode, max_tok), item_boxes, strict=True):
+            for p in toks:
+                if int(ids[i, p]) == 0:  # beyond the stored caption (truncated)
+                    continue
+                rows.append(p - 1)
+                out_boxes.append(list(box))
+        offsets.append(len(rows))
+    cells = box_cells(torch.tensor(out_boxes, dtype=torch.float32).reshape(-1, 4), grid)
+    return GroundingMap(np.asarray(offsets, dtype=np.int64), torch.tensor(rows, dtype=torch.long), cells)
+
+
+def load_grounded(store: FeatureStore, suite: str, negatives: bool = False) -> BindClipData:
+    """A pair suite with the grounding maps of its true captions (and, with ``negatives``,
+    of its negatives' words that alone name one object), where the manifest has them."""
+    pairs = load_pairs(store, suite)
+    data = BindClipData(pairs)
+    m = pairs.manifest
+    if "ground_positions" not in m:
+        return data
+    correct = m["correct"].to_numpy().astype(np.int64)
+
+    def caption_map(which: np.ndarray, rows: torch.Tensor, positions: str, boxes: str) -> GroundingMap:
+        captions = [c[which[i]] for i, c in enumerate(m["captions"])]
+        return grounding_map(captions, list(m[positions]), list(m[boxes]), pairs.texts.ids[rows], store.dims.grid)
+
+    data.pos = caption_map(correct, pairs.pos, "ground_positions", "ground_boxes")
+    if negatives and "neg_ground_positions" in m:
+        data.neg = caption_map(1 - correct, pairs.neg, "neg_ground_positions", "neg_ground_boxes")
+    return data
+
+
+def _batch_entries(offsets: np.ndarray, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CSR entries of the batch's items, in batch order: (entry indices [M], position
+    of each entry's item within the batch [M])."""
+    lo, hi = offsets[batch.numpy()], offsets[batch.numpy() + 1]
+    ent = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)] or [np.zeros(0, int)])
+    return torch.from_numpy(ent).long(), torch.from_numpy(np.repeat(np.arange(len(batch)), hi - lo))
+
+
+@torch.no_grad()
+def pair_scores(model: BindClip, data: PairData, batch_size: int = EVAL_BATCH) -> np.ndarray:
+    """[n] s(I, pos, neg) for every item."""
+    out = []
+    for start in range(0, len(data), batch_size):
+        sl = slice(start, start + batch_size)
+        img, a, b = data.images.index(data.image[sl]), data.texts.index(data.pos[sl]), data.texts.index(data.neg[sl])
+        out.append(model.score_pair(img, a, b).double())
+    return torch.cat(out).numpy()
+
+
+class BindClipTrainer(FamilyTrainer):
+    """The six objectives of methods.md §1.6 on a pair suite, and q0 chosen on dev."""
+
+    def __init__(self, objective: dict[str, Any]) -> None:
+        self.cfg = BindClipObjective(**objective)
+
+    def load(self, store: FeatureStore, suite: str, train: bool) -> BindClipData:
+        if train and self.cfg.weight("grounding") != 0:
+            return load_grounded(store, suite, negatives=self.cfg.ground_negatives)
+        return BindClipData(load_pairs(store, suite))
+
+    def n_items(self, data: BindClipData) -> int:
+        return len(data.pairs)
+
+    def loss(self, model: BindClip, data: BindClipData, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Total loss of the items ``batch`` [B] and each objective's aggregated value."""
+        cfg, d = self.cfg, data.pairs
+        on = {k: cfg.weight(k) for k in OBJECTIVES}
+        fam = d.family[batch]  # [B] group of each item
+        chunks = [(d.image[batch], d.pos[batch], d.neg[batch])]
+        sel: dict[str, torch.Tensor] = {}
+        copies = {"image": (d.cf, d.pos, d.neg), "reflection": (d.flip, d.flip_pos, d.flip_neg), "paraphrase": (d.image, d.para, d.neg)}
+        for name, (img, a, b) in copies.items():
+            if on[name] == 0:
+                continue
+            ok = (img[batch] >= 0) & (a[batch] >= 0) & (b[batch] >= 0)  # [B]
+            if name != "image" and cfg.consistency_items is not None:
+                ok[cfg.consistency_items :] = False
+            if ok.any():
+                sel[name] = torch.nonzero(ok).squeeze(1)
+                chunks.append((img[batch[ok]], a[batch[ok]], b[batch[ok]]))
+        image = d.images.index(torch.cat([c[0] for c in chunks]))
+        text_a = d.texts.index(torch.cat([c[1] for c in chunks]))
+        text_b = d.texts.index(torch.cat([c[2] for c in chunks]))
+        e = model.explain(image, text_a, text_b)  # one forward over every chunk
+        B = len(batch)
+        n_tok = (e.plan.shape[1] - 1) // 2  # plan rows [pos (N); neg (N); null]
+        s0, g0 = e.score[:B], e.margin[:B]
+
+        per: dict[str, tuple[torch.Tensor, torch.Tensor]] = {"sufficiency": (structural_sufficiency(s0, g0), fam)}
+        start = B
+        for name in ("image", "reflection", "paraphrase"):
+            if name not in sel:
+                continue
+            idx = sel[name]
+            rows = slice(start, start + len(idx))  # this copy's rows of the forward pass
+            s = e.score[rows]
+            start += len(idx)
+            if name == "image":
+                loss = image_contrast(s0[idx], s)
+                if cfg.image_per_caption:  # each caption's learned part prefers the image it is true of
+                    on_cf = (e.energies[rows] * e.scales).sum(-1)  # [n, 2] (pos, neg) on I'
+                    on_true = (e.energies[idx] * e.scales).sum(-1)  # [n, 2] on I
+                    loss = loss + image_contrast(on_true[:, 0], on_cf[:, 0]) + image_contrast(on_cf[:, 1], on_true[:, 1])
+                per[name] = (loss, fam[idx])
+            else:
+                per[name] = (consistency(s, s0[idx]), fam[idx])
+        per["preference"] = (caption_preference(s0), fam)
+        if on["grounding"] != 0 and data.pos is not None:
+            maps = [(data.pos, 0)] + ([(data.neg, n_tok)] if data.neg is not None else [])
+            item, row, cells = [], [], []
+            for gmap, shift in maps:
+                ent, of_item = _batch_entries(gmap.offsets, batch)
+                keep = gmap.row[ent] < n_tok  # a token beyond the scorer's truncation has no row
+                item.append(of_item[keep])
+                row.append(gmap.row[ent][keep] + shift)
+                cells.append(gmap.cells[ent][keep])
+            item = torch.cat(item)
+            if len(item):
+                loss = region_grounding(e.plan[:B], e.r[:B], item, torch.cat(row), torch.cat(cells))
+                per["grounding"] = (loss, fam[item])
+
+        total = s0.new_zeros(())
+        logged = {}
+        for name, (loss, groups) in per.items():
+            if on[name] == 0:
+                continue
+            agg = worst_group(loss, groups, cfg.group_tau)
+            total = total + on[name] * agg
+            logged[name] = float(agg.detach())
+        logged["acc"] = float((s0.detach() > 0).float().mean())
+        logged["sinkhorn_err"] = float(e.marginal_err.max())
+        return total, logged
+
+    def dev_metrics(self, model: BindClip, data: BindClipData, suite: str) -> dict[str, float]:
+        """The suite's official metrics (per family + ``mean``) of ``s(I, pos, neg)``."""
+        m = data.pairs.manifest
+        return SUITES.get(suite).metrics(m, pair_decisions(pair_scores(model, data.pairs), m))
+
+    def select(self, model: BindClip, data: BindClipData, suite: str) -> dict[str, Any]:
+        """Consensus ``q0`` chosen on dev from ``q0_grid`` (ties to the first listed)."""
+        grid = [float(q) for q in self.cfg.q0_grid]
+        if not (model.config.consensus and grid):
+            return {"scorer_kwargs": {"q0": model.config.q0}, "record": {"q0": model.config.q0}}
+        dev_mean = {}
+        for q in grid:
+            model.config = dataclasses.replace(model.config, q0=q)
+            dev_mean[str(q)] = round(float(self.dev_metrics(model, data, suite)["mean"]), 6)
+        chosen = max(grid, key=lambda q: (dev_mean[str(q)], -grid.index(q)))
+        model.config = dataclasses.replace(model.config, q0=chosen)
+        return {"scorer_kwargs": {"q0": chosen}, "record": {"q0": chosen, "q0_dev_mean": dev_mean}}

@@ -1,0 +1,60 @@
+"""Loading trained scorers: where a variant's checkpoint lives and how it is rebuilt.
+
+    from pipeline.scorers.checkpoints import load_scorer
+    scorer = load_scorer("bindclip-lesion", store, "cache/checkpoints")
+
+A trained variant's weights live under ``<checkpoints>/<owner>/`` (``model.safetensors`` +
+``config.json``), where ``owner`` is the variant itself or, for an ablation that shares
+the trained parameters (``bindclip-lesion``), the variant named by its factory's
+``checkpoint_variant``. ``config.json["scorer_kwargs"]`` are the factory options chosen at
+training time (e.g. BindCLIP's q0), so a scorer is rebuilt exactly as it was selected.
+Per-seed models sit in ``seed<k>/`` beside the scored one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.cache import FeatureStore
+from pipeline.scorers.base import SCORERS, Scorer, create_scorer
+
+
+def checkpoint_owner(variant: str) -> str:
+    """The trained variant whose parameters ``variant`` loads (itself unless declared)."""
+    return getattr(SCORERS.get(variant), "checkpoint_variant", None) or variant
+
+
+def checkpoint_dir(variant: str, checkpoints: str | Path) -> Path:
+    """Where a trained variant's weights live; ablations of a trained scorer (e.g.
+    ``bindclip-lesion``) declare ``checkpoint_variant`` and share its locked parameters."""
+    return Path(checkpoints) / checkpoint_owner(variant)
+
+
+def load_scorer(
+    variant: str, store: FeatureStore, checkpoints: str | Path, ckpt_dir: Path | None = None
+) -> Scorer:
+    """Build ``variant`` for this store; trained scorers load their checkpoint and the
+    scorer options chosen at training time (``config.json`` ``scorer_kwargs``, e.g. q0)."""
+    scorer = create_scorer(variant, dims=store.dims, proj=store.projections())
+    if not scorer.trainable:
+        return scorer.eval()
+    from safetensors.torch import load_file
+
+    ckpt_dir = ckpt_dir or checkpoint_dir(variant, checkpoints)
+    ckpt = ckpt_dir / "model.safetensors"
+    if not ckpt.is_file():
+        raise FileNotFoundError(
+            f"{variant} is trained but {ckpt} does not exist; run `pipeline train --variant {ckpt_dir.name}`"
+        )
+    config = ckpt_dir / "config.json"
+    kwargs = json.loads(config.read_text()).get("scorer_kwargs", {}) if config.is_file() else {}
+    if kwargs:
+        scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **kwargs)
+    scorer.load_state_dict(load_file(ckpt))
+    return scorer.eval()
+
+
+def seed_checkpoints(variant: str, checkpoints: str | Path) -> list[Path]:
+    """Per-seed checkpoint folders of a trained variant (``<dir>/seed<k>/``)."""
+    return sorted(p for p in checkpoint_dir(variant, checkpoints).glob("seed*") if (p / "model.safetensors").is_file())

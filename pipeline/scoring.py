@@ -1,0 +1,299 @@
+"""Scoring suites from the feature cache: reading a suite's items and turning a scorer's
+outputs into the ``[n, K]`` score arrays the official metrics take.
+
+    from pipeline.scoring import suite_inputs, score_choice, score_retrieval
+    manifest, index = suite_inputs(store, "shapes-aro")
+    scores = score_choice(scorer, store, index, batch_size=256)   # [n, K_max], NaN pad
+    shuffled = score_choice(scorer, store, index, 256, images=replacement_images(index, "shuffle"))
+
+Never loads the backbone: every feature comes from the store. A suite's index is refused
+when it is older than its manifest (hash), and items whose image was missing at extract
+are left out and counted, never silently dropped from a denominator.
+
+Two hooks serve the methods of methods.md §2-3:
+
+* image replacement (Flow-CLIP's Shuffle / Fixed test): :func:`replacement_images` gives
+  the image row each item is scored with instead of its own, and ``score_choice(...,
+  images=rows)`` scores with them; a scorer that reads the image drops toward chance.
+* retrieval rerankers (the geometry-aware rerankers): :func:`score_retrieval` shortlists
+  each query's top-K gallery images with the reranker's base scorer, reranks only those,
+  and merges both into one ranking (:func:`merge_reranked`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from pipeline.benchmarks.base import Suite, gallery_images
+from pipeline.cache import FeatureStore
+from pipeline.manifests import file_sha256, read_manifest
+from pipeline.scorers import Scorer, create_scorer, option_scores
+from pipeline.scorers.base import Reranker
+
+REPLACEMENTS = ("true", "shuffle", "fixed")  # image-replacement modes of `replacement_images`
+
+
+def suite_inputs(store: FeatureStore, suite: str) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """A suite's manifest and its row index, refusing an index older than the manifest."""
+    attrs = store.suite_attrs(suite) if suite in store.suites() else {}
+    index = store.suite_index(suite)  # raises with "run extract" when the suite is absent
+    manifest_path = Path(attrs["manifest"])
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"manifest of {suite} not found at {manifest_path}; run `pipeline world`")
+    store.suite_index(suite, manifest_sha256=file_sha256(manifest_path))
+    return read_manifest(manifest_path), index
+
+
+def drop_missing(manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> tuple[pd.DataFrame, dict[str, np.ndarray], int]:
+    """Items whose image was missing at extract (row -1) are left out, and counted."""
+    keep = (index["image"] >= 0).all(axis=1) if index["image"].ndim == 2 else index["image"] >= 0
+    n_missing = int((~keep).sum())
+    if n_missing == 0:
+        return manifest, index, 0
+    return manifest[keep].reset_index(drop=True), {k: v[keep] for k, v in index.items()}, n_missing
+
+
+def item_image_rows(index: dict[str, np.ndarray]) -> np.ndarray:
+    """[n] the store row of each item's own image (the suite's first image column)."""
+    return index["image"][:, 0] if index["image"].ndim == 2 else index["image"]
+
+
+def replacement_images(index: dict[str, np.ndarray], mode: str, seed: int = 0) -> np.ndarray:
+    """[n] the image row each item is scored with under image replacement (Flow-CLIP).
+
+    * ``true``: the item's own image.
+    * ``shuffle``: the suite's own image rows, permuted (each image is used as often as
+      before) so that no item keeps its own image row. Rows are content-addressed, so
+      items that share an image, or whose images have the same content, share a row, and
+      none of them receives it. The permutation is seeded: items are put in a random
+      order, grouped by image (groups in a random order), and each takes the image ``m``
+      places further round the circle, ``m`` the largest group; every group is then
+      shifted past itself, which is possible exactly when no image is shared by more
+      than half the items. With no shared images this is a uniformly random n-cycle.
+    * ``fixed``: one image of the suite, drawn with ``seed``, for every item (the items
+      whose own image it is keep it, as in Flow-CLIP's Fixed setting).
+
+    Raises:
+        ValueError: for an unknown ``mode`` (naming the valid ones), an item without an
+            image (row -1; see :func:`drop_missing`), or a shuffle that cannot avoid every
+            item's own image.
+    """
+    if mode not in REPLACEMENTS:
+        raise ValueError(f"unknown image replacement {mode!r}; valid: {', '.join(REPLACEMENTS)}")
+    own = np.asarray(item_image_rows(index), dtype=np.int64)  # [n]
+    if (own < 0).any():
+        raise ValueError(
+            f"{int((own < 0).sum())} item(s) have no image (row -1); leave them out first (drop_missing)"
+        )
+    if mode == "true" or len(own) == 0:
+        return own.copy()
+    rng = np.random.default_rng(seed)
+    images, counts = np.unique(own, return_counts=True)
+    if mode == "fixed":
+        return np.full(len(own), images[rng.integers(len(images))], dtype=np.int64)
+    m = int(counts.max())
+    if 2 * m > len(own):
+        raise ValueError(
+            f"shuffle cannot give every item another image: image row {int(images[counts.argmax()])} "
+            f"is shared by {m} of {len(own)} items (more than half); use 'fixed' for this suite"
+        )
+    group = rng.permutation(len(images))[np.searchsorted(images, own)]  # [n] random group label
+    order = np.lexsort((rng.permutation(len(own)), group))  # [n] items by group, random within
+    out = np.empty_like(own)
+    out[order] = own[np.roll(order, -m)]  # circle position j takes position j + m's image
+    return out
+
+
+def choice_batches(store: FeatureStore, index: dict[str, np.ndarray], batch_size: int, grids: bool, images: np.ndarray | None = None):
+    """A choice suite read from the store in batches of items with the same option count:
+    yields (item positions [b], image features, one text-feature batch per option).
+    ``images`` [n] replaces each item's own image row (see :func:`replacement_images`)."""
+    img_rows = index["image"][:, 0] if images is None else np.asarray(images, dtype=np.int64)  # [n]
+    cap_rows = index["captions"]  # [n, K_max], -1 = pad
+    n_opts = (cap_rows >= 0).sum(1)  # [n]
+    for k in np.unique(n_opts):
+        items = np.flatnonzero(n_opts == k)
+        for start in range(0, len(items), batch_size):
+            b = items[start : start + batch_size]
+            yield b, store.images(img_rows[b], grids=grids), [store.texts(cap_rows[b, j], grids=grids) for j in range(k)]
+
+
+@torch.no_grad()
+def score_choice(scorer: Scorer, store: FeatureStore, index: dict[str, np.ndarray], batch_size: int, desc: str = "", images: np.ndarray | None = None) -> np.ndarray:
+    """[n, K_max] option scores (NaN pad) for a choice suite.
+
+    ``images`` [n] scores item i with store image row ``images[i]`` instead of its own
+    (image replacement: :func:`replacement_images`); None scores every item with its own.
+    """
+    out = np.full(index["captions"].shape, np.nan, dtype=np.float64)
+    if images is not None and np.shape(images) != (len(out),):
+        raise ValueError(f"images must hold one image row per item, shape {(len(out),)}; got {np.shape(images)}")
+    if not scorer.uses_grids:  # pooled embeddings only: a few KiB per item, read in one go
+        batch_size = max(batch_size, len(out))
+    n_opts = (index["captions"] >= 0).sum(1)
+    n_batches = sum(-(-int(c) // batch_size) for c in np.unique(n_opts, return_counts=True)[1])
+    for b, image, options in tqdm(choice_batches(store, index, batch_size, scorer.uses_grids, images), total=n_batches, desc=desc, leave=False, disable=not desc):
+        out[b, : len(options)] = option_scores(scorer, image, options).double().numpy()
+    return out
+
+
+def retrieval_rows(manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Store rows of the gallery [n_gallery] (order of `gallery_images(manifest)`) and of
+    the queries [n_queries] (each item's ``captions[0]``)."""
+    first = {img: i for i, img in reversed(list(enumerate(manifest["image"])))}
+    gallery_rows = np.array([index["image"][first[g], 0] for g in gallery_images(manifest)])
+    return gallery_rows, index["captions"][:, 0]
+
+
+def gallery_scores(scorer: Scorer, store: FeatureStore, gallery_rows: np.ndarray, query_rows: np.ndarray, batch_size: int) -> np.ndarray:
+    """[n_queries, n_gallery] ``score_matrix`` of every query against the whole gallery."""
+    gallery = store.images(gallery_rows, grids=scorer.uses_grids)
+    blocks = []
+    for start in range(0, len(query_rows), batch_size):
+        texts = store.texts(query_rows[start : start + batch_size], grids=scorer.uses_grids)
+        blocks.append(scorer.score_matrix(gallery, texts).T.double().numpy())  # [b, n_gallery]
+    return np.concatenate(blocks)
+
+
+def stable_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """[Q, k] gallery positions of each row's k highest scores, best first.
+
+    Ties keep gallery order (a stable sort); NaN sorts below every number, as the
+    retrieval metric ranks it last. ``scores``: [Q, G].
+    """
+    s = torch.where(torch.isnan(scores), float("-inf"), scores)  # [Q, G]
+    return torch.sort(s, dim=1, descending=True, stable=True).indices[:, :k]
+
+
+def dense_rank(x: torch.Tensor) -> torch.Tensor:
+    """[Q, K] float rank of each entry within its row, 0 = smallest; ties share a rank and
+    the ranks are consecutive, so ``dense_rank`` is an exact, tie-preserving, strictly
+    increasing transform of each row's values."""
+    values, order = torch.sort(x, dim=1, stable=True)  # [Q, K]
+    step = torch.zeros_like(values)
+    step[:, 1:] = (values[:, 1:] != values[:, :-1]).to(values.dtype)
+    return torch.empty_like(values).scatter_(1, order, step.cumsum(1))
+
+
+def merge_reranked(base: torch.Tensor, shortlist: torch.Tensor, rerank: torch.Tensor) -> torch.Tensor:
+    """[Q, G] one ranking: the shortlist in the reranker's order, above the rest in the
+    base order.
+
+    With ``o_q`` the largest finite base score of query q's non-shortlisted images (0 when
+    there is none):
+
+        final[q, j] = base[q, j]                                  j not shortlisted
+        final[q, shortlist[q, k]] = o_q + 1 + dense_rank(rerank[q])[k]
+
+    so every shortlisted image scores at least ``o_q + 1`` (above all the rest), the
+    shortlist is ordered by the rerank scores with their ties kept as ties (the retrieval
+    metric breaks ties pessimistically either way), and the rest keep their base scores.
+    The shortlisted values are exact small integers above ``o_q``: only their order is
+    meaningful, not their scale.
+
+    Args:
+        base: [Q, G] float64 base scores of every gallery image.
+        shortlist: [Q, K] int64 gallery positions of each query's shortlist.
+        rerank: [Q, K] rerank scores of the shortlisted images.
+    """
+    listed = torch.zeros_like(base, dtype=torch.bool).scatter_(1, shortlist, True)  # [Q, G]
+    rest = torch.where(listed | ~torch.isfinite(base), float("-inf"), base)  # [Q, G]
+    offset = rest.amax(1, keepdim=True) if base.shape[1] else base.new_zeros(len(base), 1)  # [Q, 1]
+    offset = torch.where(torch.isfinite(offset), offset, 0.0)
+    level = offset + 1.0 + dense_rank(rerank.to(base.dtype))  # [Q, K]
+    return base.clone().scatter_(1, shortlist, level)
+
+
+def base_scorer(reranker: Reranker, store: FeatureStore) -> Scorer:
+    """The reranker's base scorer, built for ``store`` (untrained scorers only)."""
+    base = create_scorer(reranker.base, dims=store.dims, proj=store.projections())
+    if base.trainable:
+        raise ValueError(
+            f"{type(reranker).__name__}.base {reranker.base!r} is trained; pass "
+            f"base=load_scorer({reranker.base!r}, store, checkpoints) to score_retrieval"
+        )
+    return base.eval()
+
+
+@torch.no_grad()
+def score_reranked(reranker: Reranker, base: Scorer, store: FeatureStore, gallery_rows: np.ndarray, query_rows: np.ndarray, batch_size: int) -> np.ndarray:
+    """[n_queries, n_gallery] scores of a reranker over its base scorer's shortlists.
+
+    The base scores the whole gallery; each query's top ``k`` (ties by gallery order) go
+    to ``rerank``, in batches of ``max(1, batch_size // k)`` queries so that one call
+    sees about ``batch_size`` (query, image) pairs; :func:`merge_reranked` merges them.
+    """
+    name = type(reranker).__name__
+    if base.pairwise or base.reranker:
+        raise ValueError(
+            f"{name}.base {reranker.base!r} must be a per-caption scorer that ranks images, "
+            f"not a {'pairwise scorer' if base.pairwise else 'reranker'}"
+        )
+    if isinstance(reranker.k, bool) or not isinstance(reranker.k, int) or reranker.k < 1:
+        raise ValueError(f"{name}.k must be a positive int (shortlist length), got {reranker.k!r}")
+    base_s = torch.from_numpy(gallery_scores(base, store, gallery_rows, query_rows, batch_size))  # [Q, G]
+    k = min(reranker.k, len(gallery_rows))
+    shortlist = stable_top_k(base_s, k)  # [Q, k] gallery positions
+    reranked = torch.empty(shortlist.shape, dtype=torch.float64)  # [Q, k]
+    step = max(1, batch_size // k)
+    for start in range(0, len(query_rows), step):
+        listed = shortlist[start : start + step]  # [b, k]
+        ids, rows = torch.unique(listed, return_inverse=True)  # [U] gallery positions, [b, k] rows of ids
+        candidates = store.images(gallery_rows[ids.numpy()], grids=reranker.uses_grids)  # U images
+        query = store.texts(query_rows[start : start + step], grids=reranker.uses_grids)
+        r = reranker.rerank(query, candidates, rows, gallery=ids)
+        if tuple(r.shape) != tuple(listed.shape):
+            raise ValueError(f"{name}.rerank returned shape {tuple(r.shape)}, expected [Q, K] = {tuple(listed.shape)}")
+        if torch.isnan(r).any():
+            raise ValueError(f"{name}.rerank returned NaN scores for {int(torch.isnan(r).any(1).sum())} query(s)")
+        reranked[start : start + len(listed)] = r.double()
+    return merge_reranked(base_s, shortlist, reranked).numpy()
+
+
+@torch.no_grad()
+def score_retrieval(scorer: Scorer, store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray], batch_size: int, base: Scorer | None = None) -> np.ndarray:
+    """[n_queries, n_gallery] scores; gallery order = `gallery_images(manifest)`.
+
+    A per-caption scorer scores the whole gallery (``score_matrix``). A reranker
+    (``scorer.reranker``) reranks the shortlists of its base scorer (:func:`score_reranked`);
+    ``base`` is that scorer already built (e.g. a trained one from ``load_scorer``), else
+    ``scorer.base`` is built from the registry.
+    """
+    gallery_rows, query_rows = retrieval_rows(manifest, index)
+    if scorer.pairwise:
+        raise ValueError(f"{type(scorer).__name__} is a pairwise caption scorer; it cannot rank images")
+    if scorer.reranker:
+        base = base if base is not None else base_scorer(scorer, store)
+        return score_reranked(scorer, base, store, gallery_rows, query_rows, batch_size)
+    return gallery_scores(scorer, store, gallery_rows, query_rows, batch_size)
+
+
+def text_only_metrics(suite: Suite, store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> dict[str, float]:
+    """A suite's text-only metrics (e.g. SugarCrepe++ TOT) from the cached pooled caption
+    embeddings; they describe the frozen text encoder, so they are the same for every scorer."""
+    if suite.text_units is None:
+        return {}
+    rows = index["captions"]  # [n, K]
+    embeds = store.texts(rows.reshape(-1), grids=False).embed.reshape(*rows.shape, -1)  # [n, K, D]
+    unit = torch.nn.functional.normalize(embeds, dim=-1).double().numpy()
+    return {name: u.statistic() for name, u in suite.text_units(manifest, unit).items()}
+
+
+def scores_array(table: pd.DataFrame) -> np.ndarray:
+    """``[n, K_max]`` float scores of a scores table's ``scores`` column, NaN-padded."""
+    rows = [np.asarray(r, dtype=np.float64) for r in table["scores"]]
+    width = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), width), np.nan)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def load_scores(scores_out: str | Path, variant: str, suite: str) -> np.ndarray:
+    """Read back the ``[n, K_max]`` scores the score stage wrote (NaN pad)."""
+    return scores_array(pd.read_parquet(Path(scores_out) / variant / f"{suite}.parquet"))

@@ -1,0 +1,276 @@
+"""One training loop for every trainable scorer family, reading the feature cache only.
+
+    from pipeline.training import train_variant
+    summary = train_variant(cfg, store)           # cfg: TrainConfig, store: FeatureStore
+
+The loop knows no family: the scorer's ``make_trainer(cfg.objective)`` returns a
+:class:`~pipeline.training.trainer.FamilyTrainer` that loads the family's data, computes
+one step's loss and scores the dev suite. The loop owns the rest:
+
+* seeds: the scorer is initialised under ``torch.manual_seed(seed)`` and each step draws
+  ``batch_size`` items without replacement from a ``torch.Generator`` seeded with ``seed``,
+  so one seed gives one set of weights;
+* AdamW on the parameters that require gradients, the learning rate set every step by
+  ``cfg.lr_schedule`` (``constant``, or ``cosine``: linear warm-up over ``warmup`` steps,
+  then cosine decay to 0 at the last step; :func:`pipeline.training.schedule.warmup_cosine`);
+* selection: every ``eval_every`` steps, at step 0 and at the last step the dev suite is
+  scored and the checkpoint with the best ``mean`` is kept (ties to the earlier step), then
+  the family's optional post-training choice runs on dev (BindCLIP's q0);
+* resume: a periodic ``resume.pt`` (tensors and plain containers, loaded with
+  ``weights_only=True``) holds model, optimiser, step, both RNG states, the log and the
+  best checkpoint so far, so a crashed run resumes to the same weights if its config
+  matches (a fingerprint of the config, the seed and the store); it is removed at the end;
+* progress with the live loss; the log of every step (lr, each logged loss) and every dev
+  evaluation in ``train_log.json``.
+
+Layout under ``<cfg.out>/<variant>/``: ``seed<k>/{model.safetensors, config.json,
+train_log.json}`` per seed; ``model.safetensors`` + ``config.json`` = the first seed's
+selected model (what ``pipeline score`` loads); ``summary.json`` = per-seed dev metrics and
+their spread. ``config.json["scorer_kwargs"]`` are the factory kwargs the scorer is rebuilt
+with at scoring time (``cfg.scorer`` plus what the family chose on dev).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from pipeline.cache import FeatureStore
+from pipeline.config import TrainConfig
+from pipeline.scorers import create_scorer
+from pipeline.scorers.checkpoints import checkpoint_owner
+from pipeline.training.schedule import warmup_cosine
+from pipeline.training.trainer import FamilyTrainer
+
+
+def learning_rate(step: int, cfg: TrainConfig) -> float:
+    """The learning rate of optimiser step ``step`` under ``cfg.lr_schedule``."""
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    if cfg.lr_schedule == "cosine":
+        return warmup_cosine(step, cfg.lr, cfg.warmup, cfg.steps)
+    raise ValueError(f"train.lr_schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}")
+
+
+def _fingerprint(cfg: TrainConfig, seed: int, store: FeatureStore) -> str:
+    d = asdict(cfg)
+    for k in ("seeds", "threads", "out", "eval_every"):
+        d.pop(k, None)
+    d.update(seed=seed, store=store.root.attrs.get("fingerprint_id"))
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _quiet_dev(trainer: FamilyTrainer, model: torch.nn.Module, dev: Any, suite: str) -> dict[str, float]:
+    """Dev metrics in eval mode, solver warnings silenced (the training log records them)."""
+    was = model.training
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        metrics = trainer.dev_metrics(model, dev, suite)
+    model.train(was)
+    return {k: round(float(v), 6) for k, v in metrics.items()}
+
+
+def train_seed(
+    cfg: TrainConfig,
+    store: FeatureStore,
+    trainer: FamilyTrainer,
+    train: Any,
+    dev: Any,
+    seed: int,
+    out: Path,
+    progress: bool = True,
+    stop_after: int | None = None,
+) -> dict[str, Any]:
+    """Train one seed into ``out`` (``seed<k>/``); returns its config record.
+
+    ``stop_after`` stops (without finishing) after that many steps, leaving ``resume.pt``:
+    a simulated crash for tests.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = create_scorer(cfg.variant, dims=store.dims, proj=store.projections(), **cfg.scorer)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    fp = _fingerprint(cfg, seed, store)
+    log: dict[str, Any] = {"steps": [], "dev": []}
+    best: dict[str, Any] = {"metric": -math.inf, "step": 0, "state": _state(model), "dev": {}}
+    step = 0
+    n_items = trainer.n_items(train)
+    resume = out / "resume.pt"
+    if resume.is_file():
+        ck = torch.load(resume, weights_only=True)
+        if ck.get("fingerprint") == fp:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optim"])
+            gen.set_state(ck["generator"])
+            torch.set_rng_state(ck["torch_rng"])
+            step, log, best = ck["step"], ck["log"], ck["best"]
+
+    def save_resume() -> None:
+        tmp = resume.with_suffix(".tmp")
+        torch.save(
+            {
+                "fingerprint": fp,
+                "step": step,
+                "model": model.state_dict(),
+                "optim": opt.state_dict(),
+                "generator": gen.get_state(),
+                "torch_rng": torch.get_rng_state(),
+                "log": log,
+                "best": best,
+            },
+            tmp,
+        )
+        tmp.replace(resume)
+
+    def evaluate() -> None:
+        metrics = _quiet_dev(trainer, model, dev, cfg.dev_suite)
+        log["dev"].append({"step": step, **metrics})
+        if metrics["mean"] > best["metric"]:
+            best.update(metric=metrics["mean"], step=step, state=_state(model), dev=metrics)
+
+    if step == 0:
+        evaluate()  # step 0 = the initialisation is a candidate too
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.variant} seed {seed}", disable=not progress)
+    t0 = time.time()
+    while step < cfg.steps:
+        if stop_after is not None and step >= stop_after:
+            bar.close()
+            return {"stopped_at": step}
+        batch = torch.randperm(n_items, generator=gen)[: cfg.batch_size]
+        with warnings.catch_warnings():  # per-step solver convergence is the family's to log
+            warnings.simplefilter("ignore", UserWarning)
+            loss, logged = trainer.loss(model, train, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        lr = learning_rate(step, cfg)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        step += 1
+        logged = {"total": float(loss.detach()), **logged}
+        log["steps"].append({"step": step, "lr": lr, **{k: round(v, 6) for k, v in logged.items()}})
+        bar.update(1)
+        shown = {"loss": f"{logged['total']:.3f}", **({"acc": f"{logged['acc']:.2f}"} if "acc" in logged else {})}
+        bar.set_postfix(shown)
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            evaluate()
+            bar.set_postfix(loss=f"{logged['total']:.3f}", dev=f"{log['dev'][-1]['mean']:.3f}")
+            if step < cfg.steps:
+                save_resume()
+    bar.close()
+    train_seconds = time.time() - t0
+
+    model.load_state_dict(best["state"])  # the selected checkpoint, then the family's choice
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        chosen = trainer.select(model.eval(), dev, cfg.dev_suite)
+    final_dev = _quiet_dev(trainer, model, dev, cfg.dev_suite)
+
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    record = {
+        "variant": cfg.variant,
+        "seed": seed,
+        "selected_step": best["step"],
+        "selection": "max dev mean (the dev suite's official metric), earliest step on ties",
+        "chosen": chosen["record"],  # what the family chose on dev after selection (e.g. q0)
+        "dev": final_dev,
+        "scorer_kwargs": {**cfg.scorer, **chosen["scorer_kwargs"]},  # build the scorer with these
+        "scorer": asdict(model.config) if dataclasses.is_dataclass(getattr(model, "config", None)) else {},
+        "train": asdict(cfg),
+        "store": str(store.path),
+        "store_fingerprint_id": store.root.attrs.get("fingerprint_id"),
+        "train_seconds": round(train_seconds, 1),
+    }
+    (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+    (out / "train_log.json").write_text(json.dumps(log) + "\n")
+    if resume.is_file():
+        resume.unlink()
+    return record
+
+
+def _check(cfg: TrainConfig) -> None:
+    owner = checkpoint_owner(cfg.variant)
+    if owner != cfg.variant:
+        raise ValueError(f"{cfg.variant} reuses the parameters of {owner!r}; train `pipeline train --variant {owner}`")
+    if not cfg.seeds:
+        raise ValueError("train.seeds is empty; give at least one seed")
+    learning_rate(0, cfg)  # an unknown schedule fails here
+    if cfg.lr_schedule == "cosine" and not 0 <= cfg.warmup < cfg.steps:
+        raise ValueError(f"train.warmup must be in [0, steps) = [0, {cfg.steps}), got {cfg.warmup}")
+
+
+def make_trainer(cfg: TrainConfig) -> FamilyTrainer:
+    """The variant's training hook, built from its ``objective`` options."""
+    from pipeline.scorers import SCORERS
+
+    make = getattr(SCORERS.get(cfg.variant), "make_trainer", None)
+    if make is None:
+        raise ValueError(f"{cfg.variant} has no trainable parameters; nothing to train")
+    return make(cfg.objective)
+
+
+def train_variant(
+    cfg: TrainConfig, store: FeatureStore, progress: bool = True, stop_after: int | None = None
+) -> dict[str, Any]:
+    """Train ``cfg.variant`` for every seed of ``cfg.seeds``; write the checkpoint layout.
+
+    Returns the summary written to ``<cfg.out>/<variant>/summary.json``.
+    """
+    _check(cfg)
+    trainer = make_trainer(cfg)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        train = trainer.load(store, cfg.train_suite, train=True)
+        dev = trainer.load(store, cfg.dev_suite, train=False)
+        root = Path(cfg.out) / cfg.variant
+        records = []
+        for seed in cfg.seeds:
+            rec = train_seed(cfg, store, trainer, train, dev, seed, root / f"seed{seed}", progress, stop_after)
+            if "stopped_at" in rec:
+                return rec
+            records.append(rec)
+    finally:
+        torch.set_num_threads(threads)
+
+    first = root / f"seed{cfg.seeds[0]}"
+    shutil.copyfile(first / "model.safetensors", root / "model.safetensors")
+    shutil.copyfile(first / "config.json", root / "config.json")
+    spread = {}
+    for k in records[0]["dev"]:
+        v = np.array([r["dev"][k] for r in records], dtype=float)
+        spread[k] = {"mean": float(v.mean()), "std": float(v.std()), "min": float(v.min()), "max": float(v.max())}
+    summary = {
+        "variant": cfg.variant,
+        "dev_suite": cfg.dev_suite,
+        "scored_seed": cfg.seeds[0],
+        "seeds": {
+            str(r["seed"]): {"dev": r["dev"], "selected_step": r["selected_step"], "chosen": r["chosen"]}
+            for r in records
+        },
+        "spread": spread,
+    }
+    (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,134 @@
+"""A pair suite's features in memory: what every family's training step gathers from.
+
+    from pipeline.training.pairs import load_pairs
+    train = load_pairs(store, "shapes-train")     # PairData: [n] item arrays, fp16 features
+
+A pair suite (shapes-train / shapes-dev, the COCO 8-family builder) has one true and one
+hard-negative caption per item, and optionally a counterfactual image for which the
+negative is true, a mirrored image with mirrored captions, and a paraphrase of the true
+caption. Its frozen features are read from the store ONCE (sorted unique rows, one read
+per array) and kept in memory in fp16, so a step is a gather, not a store read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.benchmarks.coco_families import FAMILIES
+from pipeline.cache import FeatureStore
+from pipeline.features import ImageFeatures, TextFeatures
+from pipeline.manifests import file_sha256, read_manifest
+
+
+@dataclass
+class PairData:
+    """One suite's [pos, neg] pairs with their features, in memory (fp16).
+
+    Item arrays index into ``images`` / ``texts`` (the suite's unique store rows, sorted);
+    -1 marks a missing column value (e.g. no paraphrase).
+    """
+
+    manifest: Any  # pandas DataFrame of the suite
+    images: ImageFeatures  # [U_i] unique images
+    texts: TextFeatures  # [U_t] unique captions
+    image: torch.Tensor  # [n] I
+    cf: torch.Tensor  # [n] I' (counterfactual, the negative is true)
+    flip: torch.Tensor  # [n] mirrored I
+    pos: torch.Tensor  # [n]
+    neg: torch.Tensor  # [n]
+    flip_pos: torch.Tensor  # [n]
+    flip_neg: torch.Tensor  # [n]
+    para: torch.Tensor  # [n] paraphrase of pos
+    family: torch.Tensor  # [n] index into FAMILIES
+
+    def __len__(self) -> int:
+        return len(self.image)
+
+
+def _half(x: ImageFeatures | TextFeatures):
+    cls = type(x)
+    return cls(
+        **{
+            f.name: (v.half() if v.is_floating_point() else v)
+            for f in dataclasses.fields(x)
+            for v in [getattr(x, f.name)]
+        }
+    )
+
+
+def _column(index: dict[str, np.ndarray], name: str, n: int, width: int = 1) -> np.ndarray:
+    """[n, width] store rows of a suite column, -1 where absent."""
+    if name not in index:
+        return np.full((n, width), -1, dtype=np.int64)
+    rows = np.asarray(index[name], dtype=np.int64)
+    return rows.reshape(n, -1)
+
+
+def load_pairs(store: FeatureStore, suite: str) -> PairData:
+    """Read every feature of ``suite``'s pairs, one read per array.
+
+    Refuses a suite whose index is older than its manifest, one without a ``family``
+    column and one with families outside :data:`~pipeline.benchmarks.coco_families.FAMILIES`.
+    """
+    attrs = store.suite_attrs(suite) if suite in store.suites() else {}
+    index = store.suite_index(suite)  # raises naming the extract command when absent
+    path = Path(attrs.get("manifest", ""))
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"manifest of {suite} not found at {str(path)!r}; run `pipeline world`"
+        )
+    store.suite_index(suite, manifest_sha256=file_sha256(path))  # refuse a stale index
+    m = read_manifest(path)
+    n = len(m)
+    if "family" not in m:
+        raise ValueError(
+            f"{suite} has no `family` column; train on shapes-train / coco-families style suites"
+        )
+    unknown = sorted(set(m["family"]) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"{suite}: unknown families {unknown}; valid: {', '.join(FAMILIES)}")
+
+    correct = m["correct"].to_numpy().astype(np.int64)  # [n]
+    caps = _column(index, "captions", n)  # [n, 2]
+    pos, neg = caps[np.arange(n), correct], caps[np.arange(n), 1 - correct]
+    fcaps = _column(index, "flip_captions", n, 2)
+    fpos, fneg = fcaps[np.arange(n), correct], fcaps[np.arange(n), 1 - correct]
+    img_cols = {c: _column(index, c, n)[:, 0] for c in ("image", "cf_image", "flip_image")}
+    para = _column(index, "paraphrase", n)[:, 0]
+
+    img_rows = np.unique(np.concatenate(list(img_cols.values())))
+    img_rows = img_rows[img_rows >= 0]
+    txt_rows = np.unique(np.concatenate([pos, neg, fpos, fneg, para]))
+    txt_rows = txt_rows[txt_rows >= 0]
+
+    def local(rows: np.ndarray, uniq: np.ndarray) -> torch.Tensor:
+        out = np.searchsorted(uniq, rows)
+        return torch.from_numpy(np.where(rows >= 0, out, -1).astype(np.int64))
+
+    return PairData(
+        manifest=m,
+        images=_half(store.images(img_rows)),  # one read per array, sorted unique rows
+        texts=_half(store.texts(txt_rows)),
+        image=local(img_cols["image"], img_rows),
+        cf=local(img_cols["cf_image"], img_rows),
+        flip=local(img_cols["flip_image"], img_rows),
+        pos=local(pos, txt_rows),
+        neg=local(neg, txt_rows),
+        flip_pos=local(fpos, txt_rows),
+        flip_neg=local(fneg, txt_rows),
+        para=local(para, txt_rows),
+        family=torch.tensor([FAMILIES.index(f) for f in m["family"]], dtype=torch.long),
+    )
+
+
+def pair_decisions(s: np.ndarray, manifest) -> np.ndarray:
+    """``[n, 2]`` option scores ``(s, -s)`` in the manifest's caption order, from the
+    pairwise preferences ``s = s(I, pos, neg)``: what the suite's official metric takes."""
+    correct = manifest["correct"].to_numpy()
+    return np.where(correct[:, None] == 0, np.stack([s, -s], 1), np.stack([-s, s], 1))

@@ -1,0 +1,106 @@
+"""Store reads return exactly what was written, for any rows: unsorted, repeated, sparse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.cache import FeatureStore, StaleCacheError, writer
+from pipeline.cache.schema import KEY_BYTES, SHARD_ROWS
+
+DIMS = {"grid": [4, 4], "d_v": 64, "d_t": 48, "embed_dim": 32, "context_length": 16}
+N_IMAGES, N_TEXTS = 3 * SHARD_ROWS + 9, 5 * SHARD_ROWS + 3  # several shards, a partial last one
+
+
+def _keys(n: int, salt: int) -> np.ndarray:
+    keys = np.full((n, KEY_BYTES), salt, dtype=np.uint8)
+    keys[:, :8] = np.arange(n, dtype=">u8").view(np.uint8).reshape(n, 8)
+    return keys
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """A store written through the writer from known arrays, and those arrays."""
+    rng = np.random.default_rng(0)
+    d_v, d_t, D, C = DIMS["d_v"], DIMS["d_t"], DIMS["embed_dim"], DIMS["context_length"]
+    tokens_v = DIMS["grid"][0] * DIMS["grid"][1] + 1
+    lengths = rng.integers(2, C + 1, N_TEXTS)
+    mask = np.arange(C)[None] < lengths[:, None]
+    data = {
+        "image": {
+            "early": rng.standard_normal((N_IMAGES, tokens_v, d_v)).astype(np.float16),
+            "final": rng.standard_normal((N_IMAGES, tokens_v, d_v)).astype(np.float16),
+            "embed": rng.standard_normal((N_IMAGES, D)).astype(np.float32),
+        },
+        "text": {
+            "ids": np.where(mask, rng.integers(1, 49408, (N_TEXTS, C)), 0).astype(np.int32),
+            "mask": mask,
+            "tokens": rng.standard_normal((N_TEXTS, C, d_t)).astype(np.float16),
+            "embed": rng.standard_normal((N_TEXTS, D)).astype(np.float32),
+        },
+    }
+    path = tmp_path_factory.mktemp("reads") / "store.zarr"
+    root = writer.open_for_writing(path, {"encoder": "test-reads"}, DIMS)
+    for salt, (modality, arrays) in enumerate(data.items()):
+        n = len(next(iter(arrays.values())))
+        rows, todo = writer.plan_rows(root, modality, _keys(n, salt))
+        assert np.array_equal(rows, np.arange(n)) and np.array_equal(todo, rows)
+        for batch in writer.shard_batches(rows, 2 * SHARD_ROWS):
+            writer.write_rows(root, modality, batch, {k: v[batch] for k, v in arrays.items()})
+    writer.finalize(root)
+    return FeatureStore.open(path), data
+
+
+def _row_sets(n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    return [
+        rng.integers(0, n, 300),  # unsorted, with repeats, over every shard
+        rng.choice(n, 7, replace=False),  # a few rows far apart
+        np.array([n - 1, 0, n - 1, 5, 5, SHARD_ROWS, SHARD_ROWS - 1]),  # shard edges, repeats
+        np.arange(n)[::-1],  # every row, reversed
+        rng.permutation(n)[: n // 2],
+    ]
+
+
+def test_image_reads_equal_written(written):
+    store, data = written
+    img = data["image"]
+    for rows in _row_sets(N_IMAGES, np.random.default_rng(1)):
+        got = store.images(rows)
+        assert torch.equal(got.early, torch.from_numpy(img["early"][rows, 1:].astype(np.float32)))
+        assert torch.equal(got.final, torch.from_numpy(img["final"][rows, 1:].astype(np.float32)))
+        assert torch.equal(got.cls, torch.from_numpy(img["final"][rows, 0].astype(np.float32)))
+        assert torch.equal(got.embed, torch.from_numpy(img["embed"][rows]))
+        slim = store.images(rows, grids=False)
+        assert torch.equal(slim.embed, got.embed)
+        assert slim.final.shape == (len(rows), 0, DIMS["d_v"])
+
+
+def test_text_reads_equal_written(written):
+    store, data = written
+    txt = data["text"]
+    for rows in _row_sets(N_TEXTS, np.random.default_rng(2)):
+        got = store.texts(rows)
+        assert torch.equal(got.ids, torch.from_numpy(txt["ids"][rows].astype(np.int64)))
+        assert torch.equal(got.mask, torch.from_numpy(txt["mask"][rows]))
+        assert torch.equal(got.tokens, torch.from_numpy(txt["tokens"][rows].astype(np.float32)))
+        assert torch.equal(got.embed, torch.from_numpy(txt["embed"][rows]))
+        slim = store.texts(rows, grids=False)
+        assert torch.equal(slim.ids, got.ids)
+        assert slim.tokens.shape == (len(rows), 0, DIMS["d_t"])
+
+
+def test_gather_edge_cases(written):
+    store, data = written
+    final = data["image"]["final"]
+    assert store._gather("image/final", np.array([], dtype=np.int64)).shape == (0, *final.shape[1:])
+    assert np.array_equal(store._gather("image/final", np.array([-1, 0])), final[[-1, 0]])
+    with pytest.raises(IndexError):
+        store._gather("image/final", np.array([0, N_IMAGES]))
+
+
+def test_unwritten_rows_are_refused(tmp_path):
+    root = writer.open_for_writing(tmp_path / "s.zarr", {"encoder": "test-reads"}, DIMS)
+    writer.plan_rows(root, "image", _keys(3, 0))  # rows planned, never written
+    with pytest.raises(StaleCacheError, match="never written"):
+        FeatureStore.open(tmp_path / "s.zarr").images(np.array([0, 2]))

@@ -1,0 +1,404 @@
+"""The score stage's two hooks (pipeline.scoring): retrieval rerankers over a base scorer's
+shortlist, and image replacement (true / shuffle / fixed), each checked with small dummy
+scorers for the invariants the methods rely on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from pipeline.benchmarks import SUITES
+from pipeline.config import ExtractConfig, ScoreConfig
+from pipeline.features import ImageFeatures, TextFeatures
+from pipeline.scorers import SCORERS, Scorer, create_scorer
+from pipeline.scorers.base import Reranker
+from pipeline.scorers.clip import GlobalClip
+from pipeline.scoring import (
+    REPLACEMENTS,
+    load_scores,
+    merge_reranked,
+    replacement_images,
+    retrieval_rows,
+    score_choice,
+    score_retrieval,
+    stable_top_k,
+    suite_inputs,
+)
+
+# ------------------------------------------------------------------------ dummy scorers
+
+
+class ReverseReranker(Reranker):
+    """Reverses its shortlist (the base's k-th best becomes best) and records every call."""
+
+    uses_grids = False
+
+    def __init__(self, k: int = 5) -> None:
+        super().__init__()
+        self.k = k
+        self.calls: list[dict] = []
+
+    def rerank(self, query, candidates, shortlist, gallery=None):
+        self.calls.append({"n_query": len(query), "n_candidates": len(candidates), "shortlist": shortlist.clone(),
+                           "gallery": gallery, "embed": candidates.embed.clone()})  # fmt: skip
+        Q, K = shortlist.shape
+        return torch.arange(K, dtype=torch.float32).expand(Q, K)  # [Q, K] last shortlisted first
+
+
+class TableReranker(Reranker):
+    """Rerank scores planted in a [n_queries, n_gallery] table; queries are named by their
+    first token id, candidates by their gallery position."""
+
+    uses_grids = False
+
+    def __init__(self, table: np.ndarray, k: int) -> None:
+        super().__init__()
+        self.table, self.k = torch.as_tensor(table, dtype=torch.float64), k
+
+    def rerank(self, query, candidates, shortlist, gallery=None):
+        q = query.ids[:, 0]  # [Q]
+        return self.table[q[:, None], gallery[shortlist]]  # [Q, K]
+
+
+class TextOnly(Scorer):
+    """A per-caption scorer that ignores the image."""
+
+    uses_grids = False
+
+    def score(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
+        return text.embed.sum(-1)
+
+
+class ImageProbe(Scorer):
+    """A per-caption scorer that reads only the image: the first embedding coordinate."""
+
+    uses_grids = False
+
+    def score(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
+        return image.embed[:, 0] + 0 * text.embed[:, 0]
+
+
+@pytest.fixture
+def registered_reverse():
+    """``reverse-test`` in the scorer registry for this test only."""
+    SCORERS.names()
+    SCORERS.register("reverse-test", lambda dims, proj, **kw: ReverseReranker(**kw))
+    yield "reverse-test"
+    SCORERS._entries.pop("reverse-test")
+
+
+def _clip(store) -> Scorer:
+    return create_scorer("clip", dims=store.dims, proj=store.projections()).eval()
+
+
+def _ranking(scores: np.ndarray) -> np.ndarray:
+    """[Q, G] gallery positions best first, ties by gallery order."""
+    return np.argsort(-scores, axis=1, kind="stable")
+
+
+# ------------------------------------------------------------------------ rerankers
+
+
+@pytest.fixture(scope="module")
+def retrieval_case(tiny_store):
+    """shapes-train read as a retrieval suite: 16 queries over a 12-image gallery."""
+    manifest, index = suite_inputs(tiny_store, "shapes-train")
+    return tiny_store, manifest, index
+
+
+@pytest.mark.parametrize("batch_size", [4, 12, 256])
+def test_reranker_reorders_the_shortlist_and_keeps_the_rest(retrieval_case, batch_size):
+    store, manifest, index = retrieval_case
+    k = 5
+    base = score_retrieval(_clip(store), store, manifest, index, batch_size)  # [16, 12]
+    reranker = ReverseReranker(k=k)
+    final = score_retrieval(reranker, store, manifest, index, batch_size)
+    assert final.shape == base.shape == (16, 12)
+    base_order = _ranking(base)
+    shortlist, rest = base_order[:, :k], base_order[:, k:]
+    # (b) the shortlist follows the reranker (reversed), above (a) the rest in base order
+    expected = np.concatenate([shortlist[:, ::-1], rest], axis=1)
+    np.testing.assert_array_equal(_ranking(final), expected)
+    assert (
+        final[np.arange(16)[:, None], shortlist].min(1) > final[np.arange(16)[:, None], rest].max(1)
+    ).all()
+    np.testing.assert_array_equal(
+        final[np.arange(16)[:, None], rest], base[np.arange(16)[:, None], rest]
+    )
+    # (c) each call sees exactly k candidates per query, and only the shortlisted images
+    gallery_rows, _ = retrieval_rows(manifest, index)
+    gallery_embed = store.images(gallery_rows, grids=False).embed  # [12, D]
+    assert sum(c["n_query"] for c in reranker.calls) == 16
+    assert len(reranker.calls) == -(-16 // max(1, batch_size // k))
+    start = 0
+    for c in reranker.calls:
+        sl = c["shortlist"]
+        assert sl.shape == (c["n_query"], k)
+        assert c["n_candidates"] == len(torch.unique(sl)) <= c["n_query"] * k
+        want = shortlist[start : start + c["n_query"]]  # [b, k] gallery positions
+        np.testing.assert_array_equal(c["gallery"][sl].numpy(), want)
+        torch.testing.assert_close(
+            c["embed"][sl], gallery_embed[torch.as_tensor(want)], rtol=0, atol=0
+        )
+        start += c["n_query"]
+
+
+def test_shortlist_as_large_as_the_gallery_reranks_everything(retrieval_case):
+    store, manifest, index = retrieval_case
+    base = score_retrieval(_clip(store), store, manifest, index, 256)
+    reranker = ReverseReranker(k=100)
+    final = score_retrieval(reranker, store, manifest, index, 256)
+    (call,) = reranker.calls
+    assert call["shortlist"].shape == (16, 12) and call["n_candidates"] == 12
+    # (d) the whole gallery in the reranker's order: the base order reversed
+    np.testing.assert_array_equal(_ranking(final), _ranking(base)[:, ::-1])
+
+
+def test_retrieval_metric_on_reranked_scores_by_hand():
+    """(e) A 4-image gallery, k = 2, base scores and rerank scores planted; the official
+    metrics of the merged scores equal the ranks worked out by hand."""
+    base = np.array(
+        [
+            [0.1, 0.4, 0.3, 0.2],  # q0 -> g0: shortlist {g1, g2}; g0 below g3 in the rest: rank 4
+            [0.4, 0.3, 0.2, 0.1],  # q1 -> g1: shortlist {g0, g1}; reranker prefers g1: rank 1
+            [0.3, 0.1, 0.4, 0.2],  # q2 -> g2: shortlist {g2, g0}; reranker prefers g0: rank 2
+            [0.1, 0.2, 0.3, 0.4],  # q3 -> g3: shortlist {g3, g2}; a rerank tie, pessimistic: rank 2
+        ]
+    )
+    table = np.array(
+        [[9, 0, 0, 9], [0, 1, 9, 9], [5, 9, 1, 9], [9, 9, 2, 2]], dtype=float
+    )  # 9: never seen
+
+    class PlantedStore:
+        """Gallery image g = one-hot e_g, query q's embedding = base[q], so clip's cosine
+        orders each row like ``base``."""
+
+        def images(self, rows, grids=True):
+            e = torch.eye(4)[torch.as_tensor(rows)]
+            return ImageFeatures(
+                e.new_empty(len(e), 0, 1), e.new_empty(len(e), 0, 1), e.new_empty(len(e), 0), e
+            )
+
+        def texts(self, rows, grids=True):
+            r = torch.as_tensor(rows)
+            e = torch.as_tensor(base, dtype=torch.float32)[r]
+            return TextFeatures(
+                r[:, None], torch.ones(len(r), 1, dtype=torch.bool), torch.empty(len(r), 0, 1), e
+            )
+
+    manifest = pd.DataFrame({"item_id": [f"q{i}" for i in range(4)], "image": [f"g{i}.png" for i in range(4)],
+                             "captions": [[f"query {i}"] for i in range(4)], "category": "all"})  # fmt: skip
+    index = {"image": np.arange(4)[:, None], "captions": np.arange(4)[:, None]}
+    scores = score_retrieval(
+        TableReranker(table, k=2), PlantedStore(), manifest, index, 256, base=GlobalClip()
+    )
+    ranks = np.array([4, 1, 2, 2])
+    metrics = SUITES.get("shapes-retrieval").metrics(manifest, scores)
+    assert metrics["R@1"] == pytest.approx(0.25)
+    assert metrics["R@5"] == metrics["R@10"] == pytest.approx(1.0)
+    assert metrics["nDCG@10"] == pytest.approx(np.mean(1 / np.log2(1 + ranks)))
+    plain = SUITES.get("shapes-retrieval").metrics(
+        manifest, score_retrieval(GlobalClip(), PlantedStore(), manifest, index, 256)
+    )
+    assert plain["R@1"] == pytest.approx(0.5)  # base ranks 4, 2, 1, 1
+
+
+def test_merge_reranked_construction():
+    base = torch.tensor([[0.5, 3.0, -1.0, 2.0, float("nan")]], dtype=torch.float64)
+    shortlist = torch.tensor([[1, 3]])
+    out = merge_reranked(base, shortlist, torch.tensor([[-7.0, 4.0]]))
+    # offset = max of the rest (0.5); shortlist = offset + 1 + dense rank of the rerank score
+    torch.testing.assert_close(
+        out,
+        torch.tensor([[0.5, 1.5, -1.0, 2.5, float("nan")]], dtype=torch.float64),
+        equal_nan=True,
+    )
+    tied = merge_reranked(base, shortlist, torch.tensor([[2.0, 2.0]]))
+    assert tied[0, 1] == tied[0, 3] == 1.5  # rerank ties stay ties
+    np.testing.assert_array_equal(
+        stable_top_k(torch.tensor([[1.0, 2.0, 2.0, float("nan"), 2.0]]), 3), [[1, 2, 4]]
+    )
+
+
+def test_reranker_errors_name_the_bad_value(retrieval_case):
+    store, manifest, index = retrieval_case
+    with pytest.raises(ValueError, match=r"k must be a positive int.*got 0"):
+        score_retrieval(ReverseReranker(k=0), store, manifest, index, 256)
+    bad = ReverseReranker(k=3)
+    bad.base = "bindclip"
+    with pytest.raises(ValueError, match=r"base 'bindclip'"):
+        score_retrieval(bad, store, manifest, index, 256)
+
+    class WrongShape(ReverseReranker):
+        def rerank(self, query, candidates, shortlist, gallery=None):
+            return torch.zeros(len(query))
+
+    with pytest.raises(ValueError, match=r"returned shape \(16,\), expected \[Q, K\] = \(16, 3\)"):
+        score_retrieval(WrongShape(k=3), store, manifest, index, 256)
+
+
+def test_reranker_scores_choice_items_as_one_image_shortlists(tiny_store, registered_reverse):
+    _, index = suite_inputs(tiny_store, "shapes-dev")
+    scorer = create_scorer(
+        registered_reverse, dims=tiny_store.dims, proj=tiny_store.projections(), k=4
+    )
+    scores = score_choice(scorer, tiny_store, index, 256)
+    np.testing.assert_array_equal(scores, np.zeros((8, 2)))  # the one candidate's reversed rank
+    assert all(c["shortlist"].shape == (8, 1) and c["gallery"] is None for c in scorer.calls)
+
+
+# ------------------------------------------------------------------------ image replacement
+
+
+def _shared_images(rng: np.random.Generator, n: int) -> np.ndarray:
+    """[n] image rows with repeats; no image on more than half the items."""
+    while True:
+        own = rng.integers(100, 100 + max(n, 6) // 3 + 2, n)
+        if 2 * np.bincount(own).max() <= n:
+            return own
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_shuffle_is_a_derangement_even_with_shared_images(seed):
+    rng = np.random.default_rng(seed)
+    cases = [_shared_images(rng, n) for n in (2, 3, 7, 16, 101)]
+    cases += [
+        np.array([5, 5, 5, 1, 2, 3]),
+        np.arange(40) * 3,
+        np.repeat([7, 9], 6),
+    ]  # exactly half; distinct; two images
+    for own in cases:
+        index = {
+            "image": np.stack([own, own[::-1]], axis=1)
+        }  # [n, 2]: the first column is the item's
+        out = replacement_images(index, "shuffle", seed=seed)
+        assert out.shape == own.shape and out.dtype == np.int64
+        assert (out != own).all(), own
+        np.testing.assert_array_equal(
+            np.sort(out), np.sort(own)
+        )  # a permutation of the suite's images
+        np.testing.assert_array_equal(
+            out, replacement_images(index, "shuffle", seed=seed)
+        )  # fixed by the seed
+
+
+def test_shuffle_differs_across_seeds_and_refuses_impossible_suites():
+    own = np.arange(50)
+    draws = {
+        tuple(replacement_images({"image": own[:, None]}, "shuffle", seed=s)) for s in range(5)
+    }
+    assert len(draws) == 5
+    with pytest.raises(ValueError, match=r"image row 5 is shared by 3 of 5 items.*'fixed'"):
+        replacement_images({"image": np.array([[5], [5], [5], [1], [2]])}, "shuffle")
+    with pytest.raises(ValueError, match=r"shared by 1 of 1"):
+        replacement_images({"image": np.array([[4]])}, "shuffle")
+
+
+def test_true_and_fixed_rows_and_errors():
+    own = np.array([3, 8, 8, 1, 5, 3])
+    index = {"image": own[:, None]}
+    np.testing.assert_array_equal(replacement_images(index, "true"), own)
+    picked = set()
+    for seed in range(20):
+        fixed = replacement_images(index, "fixed", seed=seed)
+        assert len(np.unique(fixed)) == 1 and fixed[0] in own and fixed.shape == own.shape
+        picked.add(int(fixed[0]))
+    assert len(picked) > 1  # the seed chooses the image
+    with pytest.raises(
+        ValueError, match=r"unknown image replacement 'swap'; valid: true, shuffle, fixed"
+    ):
+        replacement_images(index, "swap")
+    with pytest.raises(ValueError, match=r"1 item\(s\) have no image"):
+        replacement_images({"image": np.array([[3], [-1]])}, "fixed")
+
+
+def test_image_blind_scorer_is_unchanged_by_replacement(tiny_store):
+    _, index = suite_inputs(tiny_store, "shapes-train")
+    scorer = TextOnly()
+    ref = score_choice(scorer, tiny_store, index, 4)
+    for mode in REPLACEMENTS:
+        np.testing.assert_array_equal(
+            score_choice(scorer, tiny_store, index, 4, images=replacement_images(index, mode)), ref
+        )
+
+
+@pytest.mark.parametrize("mode", REPLACEMENTS)
+def test_each_item_is_scored_with_its_replacement_image(tiny_store, mode):
+    _, index = suite_inputs(tiny_store, "shapes-train")
+    rows = replacement_images(index, mode, seed=3)
+    scores = score_choice(ImageProbe(), tiny_store, index, 5, images=rows)
+    want = tiny_store.images(rows, grids=False).embed[:, 0].double().numpy()  # [n]
+    np.testing.assert_array_equal(scores, np.stack([want, want], axis=1))
+
+
+def test_true_image_clip_equals_todays_scores_and_shuffle_changes_them(tiny_store):
+    _, index = suite_inputs(tiny_store, "shapes-train")
+    clip = _clip(tiny_store)
+    today = score_choice(clip, tiny_store, index, 256)
+    np.testing.assert_array_equal(
+        score_choice(clip, tiny_store, index, 256, images=replacement_images(index, "true")), today
+    )
+    shuffled = score_choice(
+        clip, tiny_store, index, 256, images=replacement_images(index, "shuffle")
+    )
+    assert not np.allclose(shuffled, today)
+    with pytest.raises(ValueError, match=r"one image row per item, shape \(16,\); got \(3,\)"):
+        score_choice(clip, tiny_store, index, 256, images=np.zeros(3, dtype=np.int64))
+
+
+def _stage_configs(store, tmp_path: Path, **kw) -> tuple[ScoreConfig, ExtractConfig]:
+    ext = ExtractConfig(
+        model="tiny-test", pretrained="none", out=str(Path(store.path).parent)
+    )  # random init
+    cfg = ScoreConfig(variants=["clip"], suites=["shapes-dev", "shapes-train"], encoder="tiny-test",
+                      scores_out=str(tmp_path / "scores"), metrics_out=str(tmp_path / "metrics"), **kw)  # fmt: skip
+    return cfg, ext
+
+
+def test_stage_writes_replacement_outputs(tiny_store, tmp_path):
+    from stages import score as score_stage
+
+    cfg, ext = _stage_configs(tiny_store, tmp_path / "a", replacements=["shuffle", "fixed"])
+    records = score_stage.run(cfg, ext, progress=False)
+    assert [(r["variant"], r["suite"]) for r in records] == [
+        (v, s) for s in cfg.suites for v in ("clip", "clip@shuffle", "clip@fixed")
+    ]
+    for suite in cfg.suites:
+        _, index = suite_inputs(tiny_store, suite)
+        for mode in ("shuffle", "fixed"):
+            metrics = json.loads(
+                (tmp_path / "a" / "metrics" / f"clip@{mode}" / f"{suite}.json").read_text()
+            )
+            assert metrics["variant"] == f"clip@{mode}" and metrics["suite"] == suite
+            want = score_choice(
+                _clip(tiny_store), tiny_store, index, 256, images=replacement_images(index, mode)
+            )
+            np.testing.assert_allclose(
+                load_scores(cfg.scores_out, f"clip@{mode}", suite), want, rtol=0, atol=0
+            )
+    # without replacements the stage writes exactly today's files, byte for byte
+    plain, _ = _stage_configs(tiny_store, tmp_path / "b")
+    score_stage.run(plain, ext, progress=False)
+    files = sorted(
+        p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*") if p.is_file()
+    )
+    assert files == sorted(
+        Path(d) / "clip" / f"{s}.{x}"
+        for d, x in (("metrics", "json"), ("scores", "parquet"))
+        for s in cfg.suites
+    )
+    for f in files:
+        assert (tmp_path / "b" / f).read_bytes() == (tmp_path / "a" / f).read_bytes()
+    with pytest.raises(
+        ValueError, match=r"unknown score.replacements entry 'shufle'; valid: true, shuffle, fixed"
+    ):
+        score_stage.run(
+            _stage_configs(tiny_store, tmp_path / "c", replacements=["shufle"])[0],
+            ext,
+            progress=False,
+        )

@@ -1,0 +1,53 @@
+"""Words to tokens and boxes to patches (pipeline.world.grounding)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.world.grounding import box_cells, visible_cover, word_token_positions
+
+
+def test_box_cells_and_word_positions():
+    cells = box_cells(torch.tensor([[0.0, 0.0, 0.5, 0.5], [0.6, 0.6, 0.65, 0.65]]), (2, 2))
+    assert cells.tolist() == [[True, False, False, False], [False, False, False, True]]
+    # a box covering a quarter of a 4x4 grid's patch (1,1) and most of (1,2)
+    c = box_cells(torch.tensor([[0.3, 0.3, 0.7, 0.45]]), (4, 4)).reshape(4, 4)
+    assert c[1, 1] and c[1, 2] and c.sum() == 2
+
+    def encode(w: str) -> list[int]:  # a fake BPE: "hexagon" is two pieces
+        return [1, 2] if w == "hexagon" else [3]
+
+    pos = word_token_positions("a red hexagon left of a star", [1, 2, 6], encode)
+    assert pos == [[2], [3, 4], [8]]
+    assert word_token_positions("a red hexagon", [2], encode, max_tokens=3) == [[3]]
+    with pytest.raises(ValueError, match="out of range"):
+        word_token_positions("a red", [5], encode)
+
+
+def _square(x: float, y: float, z: int, half: float = 0.25) -> dict:
+    r = half / 0.78  # unit_vertices("square") has half-side 0.78 of the circumradius
+    return {"shape": "square", "x": x, "y": y, "r": r, "z": z, "box": [x - half, y - half, x + half, y + half]}
+
+
+def test_visible_cover_subtracts_the_objects_drawn_over_it():
+    back, front = _square(0.25, 0.25, z=0), _square(0.5, 0.25, z=1)  # front hides back's right half
+    cover = visible_cover([back, front], (2, 2), supersample=16)  # patches (0,0) (0,1) (1,0) (1,1)
+    np.testing.assert_allclose(cover[0], [0.5, 0, 0, 0], atol=0.07)
+    np.testing.assert_allclose(cover[1], [0.5, 0.5, 0, 0], atol=0.07)
+    alone = visible_cover([back], (2, 2), supersample=16)  # nothing over it: the whole square
+    np.testing.assert_allclose(alone[0], [1, 0, 0, 0], atol=0.07)
+
+
+def test_word_positions_match_open_clip_tokenizer():
+    import open_clip
+
+    cap = "a small purple hexagon partly covering a yellow pentagon"
+    ids = open_clip.tokenize([cap])[0]
+    for word_idx, positions in zip([2, 3, 8], word_token_positions(cap, [2, 3, 8]), strict=True):
+        from open_clip.tokenizer import _tokenizer
+
+        assert [int(ids[p]) for p in positions] == _tokenizer.encode(cap.split()[word_idx])
+
+
