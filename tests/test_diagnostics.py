@@ -10,11 +10,10 @@ import pandas as pd
 import pytest
 import torch
 
+from pipeline.scorers.bindclip.coupling import coupling_maps, edited_words
 from pipeline.scorers.bindclip.diagnostics import (
     argument_swaps,
     attribute_binding,
-    coupling_maps,
-    edited_words,
     energy_breakdown,
     grounding_precision,
     relation_of,

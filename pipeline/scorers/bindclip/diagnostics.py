@@ -24,14 +24,12 @@ each colour / shape word's plan mass on its referent's visible patches in the tr
 the negative caption, the co-location of adjacent colour-shape rows, and how often it
 and the order energy prefer the true caption (see its docstring).
 
-``coupling_maps`` returns, for a few items, each edited word's plan row over the patch
-grid in both captions (:func:`edited_words`: the words the edit from one caption to the
-other touches), for the report's coupling pictures.
+The coupling pictures' data (each edited word's plan row) is
+:mod:`pipeline.scorers.bindclip.coupling`'s.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 from typing import Any
 
@@ -231,7 +229,7 @@ def grounding_precision(scorer, data, batch_size: int = 256) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def _explain_true_vs_negative(scorer, store, manifest: pd.DataFrame, index: dict[str, np.ndarray], items: np.ndarray):
+def explain_true_vs_negative(scorer, store, manifest: pd.DataFrame, index: dict[str, np.ndarray], items: np.ndarray):
     """``(correct, explanation)`` of ``s(I, true, negative)`` for rows ``items`` of a
     two-caption choice suite: the true option's number per item and ``BindClip.explain``."""
     correct = manifest["correct"].to_numpy().astype(np.int64)[items]
@@ -243,7 +241,7 @@ def _explain_true_vs_negative(scorer, store, manifest: pd.DataFrame, index: dict
     return correct, ex
 
 
-def _word_row(ex, j: int, block: int, caption: str, w: int) -> int | None:
+def word_row(ex, j: int, block: int, caption: str, w: int) -> int | None:
     """Plan row of word ``w`` of ``caption`` (its first BPE piece) in item ``j`` of ``ex``,
     whose caption rows start at ``block`` (0 for A, N for B); None when truncated away."""
     from pipeline.world.grounding import word_token_positions
@@ -252,7 +250,7 @@ def _word_row(ex, j: int, block: int, caption: str, w: int) -> int | None:
     return block + pos[0] - 1 if pos else None  # content rows start after sot
 
 
-def _patch_distribution(ex, j: int, row: int) -> torch.Tensor:
+def patch_distribution(ex, j: int, row: int) -> torch.Tensor:
     """[R] a plan row's mass on the cells, both depths (early, final) summed, normalised."""
     cells = ex.plan[j, row, :-1].reshape(2, -1).sum(0)
     return cells / cells.sum().clamp_min(1e-12)
@@ -293,13 +291,13 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
       so only their context in the caption (a noun's state carries its adjective) differs:
       what a reader with perfect grounding would get from S.
     """
-    from pipeline.world.grounding import visible_cover
     from pipeline.scorers.bindclip import ENERGIES
+    from pipeline.world.grounding import visible_cover
 
     items = np.flatnonzero(manifest["category"].to_numpy() == category)
     if not len(items) or "scene" not in manifest:
         return {}
-    correct, ex = _explain_true_vs_negative(scorer, store, manifest, index, items)
+    correct, ex = explain_true_vs_negative(scorer, store, manifest, index, items)
     n = ex.token_mask.shape[2]
     grid = tuple(ex.grid)
     in_mask = {(c, kind): [] for c in ("true", "negative") for kind in ("colour", "shape")}
@@ -318,10 +316,10 @@ def attribute_binding(scorer, store, manifest: pd.DataFrame, index: dict[str, np
             row_dist = {}
             for w, word in enumerate(words):
                 kind = word_kind(word)
-                row = _word_row(ex, j, block, cap, w)
+                row = word_row(ex, j, block, cap, w)
                 if kind not in ("colour", "shape") or row is None:
                     continue
-                row_dist[w] = _patch_distribution(ex, j, row)  # [R] depths summed
+                row_dist[w] = patch_distribution(ex, j, row)  # [R] depths summed
                 ref = unique_referent(objects, word)
                 if ref is not None:
                     in_mask[(which, kind)].append(float(row_dist[w][cover[ref]].sum()))
@@ -396,7 +394,7 @@ def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nd
     items = np.flatnonzero((manifest["category"].to_numpy() == category) & np.isin(relation, list(PLANAR)))
     if not len(items):
         return []
-    correct, ex = _explain_true_vs_negative(scorer, store, manifest, index, items)
+    correct, ex = explain_true_vs_negative(scorer, store, manifest, index, items)
     coords = patch_coords(tuple(ex.grid)).double()  # [R, 2]
     n = ex.token_mask.shape[2]
     gates = None if ex.span_gate is None else ex.span_gate.reshape(len(items), 2 * n)  # [B, 2N] by plan row
@@ -413,7 +411,7 @@ def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nd
             cells = {}
             k = words.index(relation[i].split()[0])
             for w in range(len(words)):
-                row = _word_row(ex, j, block, cap, w)
+                row = word_row(ex, j, block, cap, w)
                 if row is not None:
                     cells[w] = ex.plan[j, row, :-1].reshape(2, -1).sum(0).double()  # [R] depths summed
                     if gates is not None:  # the span weight is the mass times the gate
@@ -452,81 +450,3 @@ def argument_swaps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.nd
 
     out = [{"relation": rel, "items": len(g), **means(g)} for rel, g in df.groupby("relation", sort=False)]
     return out + [{"relation": "all", "items": len(df), **means(df)}]
-
-
-GRAMMAR_WORDS = frozenset({"a", "an", "the", "there", "is", "are", "of", "in", "to", "and", "with", "by", "than"})  # never "edited"
-
-
-def edited_words(a: str, b: str) -> tuple[list[int], list[int]]:
-    """Indices (in ``str.split()``) of the content words that the edit from caption ``a`` to ``b`` touches.
-
-    A *swap* (both captions hold the same words, "a" / "an" aside) moves words without
-    changing them. The moved words are found among the attribute and object words
-    (:func:`word_kind` other than ``other``; every word outside :data:`GRAMMAR_WORDS` when
-    the captions have none), compared in their order: "a red circle and a blue square" ->
-    "a blue circle and a red square" gives ``red``, ``blue`` in each caption, and "a small
-    purple diamond left of a yellow square" -> "a yellow square left of a small purple
-    diamond" every word of both noun phrases, not ``left``. Any other edit is read from the
-    word-level diff (:class:`difflib.SequenceMatcher`): a replacement touches the replaced
-    words, an addition the added ones ("a picture of a red circle" -> "a red circle and a
-    star": ``picture`` and ``star``). Words of :data:`GRAMMAR_WORDS` are never edited.
-    """
-    wa, wb = a.split(), b.split()
-    if sorted("a" if w == "an" else w for w in wa) == sorted("a" if w == "an" else w for w in wb):
-
-        def slots(ws: list[str]) -> list[int]:
-            named = [i for i, w in enumerate(ws) if word_kind(w) != "other"]
-            return named or [i for i, w in enumerate(ws) if w not in GRAMMAR_WORDS]
-
-        moved = [(i, j) for i, j in zip(slots(wa), slots(wb), strict=True) if wa[i] != wb[j]]
-        return [i for i, _ in moved], [j for _, j in moved]
-    ea, eb = [], []
-    for op, i0, i1, j0, j1 in difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes():
-        if op != "equal":
-            ea += range(i0, i1)
-            eb += range(j0, j1)
-    return [i for i in ea if wa[i] not in GRAMMAR_WORDS], [j for j in eb if wb[j] not in GRAMMAR_WORDS]
-
-
-@torch.no_grad()
-def coupling_maps(scorer, store, manifest: pd.DataFrame, index: dict[str, np.ndarray], items) -> list[dict[str, Any]]:
-    """Each edited word's plan row over the patch grid, in both captions of each item.
-
-    ``items``: row numbers of a two-caption choice suite (``manifest`` / ``index``). Every
-    item is scored once as ``s(I, true, negative)`` with ``BindClip.explain``; for each
-    caption (true first) and each of its :func:`edited_words`, the word's first BPE row of
-    the plan over the non-null cells, depths summed, is returned as ``rho`` ([grid_h,
-    grid_w], normalised to sum 1) with ``grounded``, the share of the row's mass off the
-    null patch, and ``box``, the box (x0, y0, x1, y1 in [0, 1]) of the one object of the
-    scene the word alone names (its colour, shape or size; ``None`` when no single object
-    does, or without a ``scene`` column).
-    """
-    items = np.asarray(items, dtype=np.int64)
-    if not len(items):
-        return []
-    correct, ex = _explain_true_vs_negative(scorer, store, manifest, index, items)
-    n, (gh, gw) = ex.token_mask.shape[2], tuple(ex.grid)
-    out = []
-    for j, i in enumerate(items):
-        row = manifest.iloc[int(i)]
-        texts = [row["captions"][correct[j]], row["captions"][1 - correct[j]]]
-        objects = json.loads(row["scene"])["objects"] if "scene" in manifest else []
-        captions = []
-        for x, (text, words) in enumerate(zip(texts, edited_words(*texts), strict=True)):
-            split = text.split()
-            maps = []
-            for w in words:
-                r = _word_row(ex, j, x * n, text, w)
-                if r is None:  # truncated away
-                    continue
-                ref = unique_referent(objects, split[w])
-                maps.append({
-                    "word": split[w],
-                    "position": w,
-                    "rho": _patch_distribution(ex, j, r).reshape(gh, gw).numpy(),
-                    "grounded": float(ex.plan[j, r, :-1].sum() / ex.plan[j, r].sum().clamp_min(1e-12)),
-                    "box": tuple(objects[ref]["box"]) if ref is not None else None,
-                })
-            captions.append({"text": text, "words": maps})
-        out.append({"item": int(i), "image": row["image"], "category": row.get("category"), "score": float(ex.score[j]), "captions": captions})
-    return out

@@ -182,7 +182,7 @@ def coupling_figure(results: dict[str, Any], store, scorer):
     the true caption's edited words, then the negative's (at most two each, shape words
     first), each word's plan row over the patch grid (depths summed, normalised) with the
     box of the object the word alone names drawn in green
-    (:func:`pipeline.scorers.bindclip.diagnostics.coupling_maps`). None without the suite.
+    (:func:`pipeline.scorers.bindclip.coupling.coupling_maps`). None without the suite.
     """
     import matplotlib
 
@@ -191,7 +191,8 @@ def coupling_figure(results: dict[str, Any], store, scorer):
     from matplotlib.patches import Rectangle
     from PIL import Image
 
-    from pipeline.scorers.bindclip.diagnostics import coupling_maps, word_kind
+    from pipeline.scorers.bindclip.coupling import coupling_maps
+    from pipeline.scorers.bindclip.diagnostics import word_kind
 
     entry = results.get("shapes-sugarcrepe")
     if not entry:
