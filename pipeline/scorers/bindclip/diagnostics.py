@@ -2,7 +2,7 @@
 
     from pipeline.scorers.bindclip.diagnostics import energy_breakdown, grounding_precision
     rows = energy_breakdown(scorer, store, manifest, index, suite="shapes-sugarcrepe")
-    table = grounding_precision(scorer, pairs)        # pairs: training.load_pairs(..., grounding=True)
+    table = grounding_precision(scorer, data)         # data: training.load_grounded(store, suite)
     stats = attribute_binding(scorer, store, manifest, index)   # shapes-sugarcrepe swap-att
 
 ``energy_breakdown`` scores every (true caption, negative) pair of a choice suite once with
