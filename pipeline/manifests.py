@@ -50,8 +50,13 @@ def resolve_source(
     return SuiteSource(suite, manifest, root)
 
 
-def file_sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes, read in ``chunk``-byte blocks (weights files are GBs)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def source_hashes(root: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".tsv", ".csv", ".txt")) -> dict[str, str]:

@@ -21,7 +21,6 @@ last block's output after ``ln_final``; ``tokens[eot] @ text_projection`` equals
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from pipeline.features import FeatureDims
+from pipeline.manifests import file_sha256
 from pipeline.registry import Registry
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -113,15 +113,6 @@ def create_model(config_name: str, pretrained: str | None = None) -> Any:
 
     register_toy_configs()
     return install_stem(open_clip.create_model(config_name, pretrained=pretrained), config_name)
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass
