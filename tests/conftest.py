@@ -208,3 +208,15 @@ def tiny_store(tmp_path_factory, tiny_encoder):
     finally:
         SUITES._entries.update(saved)
     return FeatureStore.open(store_path(cfg))
+
+
+@pytest.fixture
+def single_thread():
+    """Tiny tensors: one intra-op thread is faster and immune to a loaded machine
+    (test modules of tiny scorers and solvers opt in with ``pytest.mark.usefixtures``)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -23,13 +23,7 @@ VARIANTS = ["bindclip", "bindclip-lesion", "bindclip-noconsensus"]
 LENS_A, LENS_B = [3, 5, 7, 1, 9], [4, 2, 7, 6, 9]
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Tiny tensors: one intra-op thread is faster and immune to a loaded machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _model(name="bindclip", seed=0, **kwargs):

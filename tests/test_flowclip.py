@@ -34,13 +34,7 @@ VARIANTS = ("global-m", "flowclip", "flowclip-cimr")
 DIMS = FeatureDims(grid=(3, 4), d_v=16, d_t=12, embed_dim=8, context_length=10)
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Tiny tensors: one intra-op thread is faster and immune to a loaded machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def projections(seed: int = 0) -> Projections:

@@ -11,14 +11,7 @@ import torch
 
 from pipeline.ot import fused_gromov_wasserstein, hungarian, sinkhorn_log, sinkhorn_log_kernel
 
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Tiny tensors: one intra-op thread is faster and immune to a loaded machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _problem(B=4, n=7, m=9, seed=0, dtype=torch.float64):
