@@ -246,31 +246,28 @@ def bench_extract(
     _write_bench("extract", f"pipeline bench extract --toy-images {toy_images} --vit-images {vit_images}", results)
 
 
-@bench_app.command("score")
-def bench_score(
-    items: Annotated[int, typer.Option(help="caption-pair items for the toy encoder")] = 500,
-    vit_items: Annotated[int, typer.Option(help="items for ViT-L-14-336 (0 = skip)")] = 8,
+@bench_app.command("scoring")
+def bench_scoring(
+    params: Annotated[Path, typer.Option(help="params.yaml (score.checkpoints, score.batch_size, train.<variant>.scorer)")] = DEFAULT_PARAMS,
+    items: Annotated[int, typer.Option(help="items (an image, two captions) for the toy encoder")] = 500,
+    vit_items: Annotated[int, typer.Option(help="items for ViT-L-14-336 at random init (0 = skip)")] = 8,
+    variants: Annotated[list[str] | None, typer.Option(help="scorer variants (repeatable; default: clip bindclip global-m flowclip flowclip-cimr)")] = None,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads (at most the free cores)")] = 2,
+    quiet: Quiet = False,
 ) -> None:
-    """Scoring `clip` from the cache vs re-encoding every image per caption pair."""
-    from pipeline.perf.score import score_speedup
+    """Each scorer from the cache vs re-encoding batched as CLIP_benchmark does (toy, ViT-L-14-336)."""
+    from pipeline.perf.scoring import VARIANTS
+    from pipeline.perf.scoring import bench_scoring as run_bench
+    from pipeline.registry import UnknownNameError
 
-    results = {"toy": score_speedup(items, "toy")}
-    if vit_items:
-        results["ViT-L-14-336"] = score_speedup(vit_items, "ViT-L-14-336")
-    _write_bench("score", f"pipeline bench score --items {items} --vit-items {vit_items}", results)
-
-
-@bench_app.command("bindclip")
-def bench_bindclip(
-    params: Annotated[Path, typer.Option(help="params.yaml (extract / score / train sections)")] = Path("params.yaml"),
-    suite: Annotated[str, typer.Option(help="choice suite scored from the pipeline's cache")] = "shapes-sugarcrepe",
-    vit_items: Annotated[int, typer.Option(help="items for ViT-L-14-336 at random init (0 = skip)")] = 16,
-) -> None:
-    """BindCLIP pairs per second from the cache against the backbone's images per second."""
-    from pipeline.perf.bindclip import bindclip_speed
-
-    cmd = f"pipeline bench bindclip --params {params} --suite {suite} --vit-items {vit_items}"
-    _write_bench("bindclip", cmd, bindclip_speed(params, suite, vit_items))
+    variants = variants or list(VARIANTS)
+    flags = " ".join(f"--variants {v}" for v in variants)
+    cmd = f"pipeline bench scoring --params {params} --items {items} --vit-items {vit_items} {flags} --threads {threads}"
+    try:
+        results = run_bench(params, items, vit_items, variants, threads, progress=not quiet)
+    except UnknownNameError as e:
+        _fail(e)
+    _write_bench("scoring", cmd, results)
 
 
 @bench_app.command("memory")

@@ -99,6 +99,7 @@ class ScoreConfig:
     scores_out: str = "cache/scores"  # per-item scores: <scores_out>/<variant>/<suite>.parquet
     metrics_out: str = "reports/metrics"  # <metrics_out>/<variant>/<suite>.json
     replacements: list[str] = field(default_factory=list)  # image replacements also scored on choice suites ("shuffle", "fixed", "true"): <variant>@<mode>
+    replacement_variants: list[str] = field(default_factory=list)  # variants the replacements score ([] = every entry of `variants`)
     replacement_seed: int = 0  # seed of the shuffle permutation and of the fixed image
 
 
@@ -137,6 +138,7 @@ class ReportConfig:
     bootstrap: int = 10000  # paired-bootstrap resamples for CIs
     seed: int = 0  # bootstrap seed
     examples: int = 4  # example images per suite
+    head_to_head: list[str] = field(default_factory=lambda: ["clip", "bindclip", "global-m", "flowclip", "flowclip-cimr"])  # the cross-family table's variants (those scored)
 
 
 def load_config(cls: type[C], params: str | Path | None, section: str, overrides: dict[str, Any] | None = None) -> C:

@@ -17,6 +17,13 @@ Resampling (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13
   resampled differences on the other side of 0 from the observed one (ties count),
   capped at 1. Its resolution is ``1 / n_resamples``: ``p = 0`` means ``p < 1/n_resamples``.
 
+A mean of several task metrics (e.g. Flow-CLIP's all-task mean over suites) is bootstrapped
+task by task: each task's units are resampled independently (stratified by its own groups),
+the per-task statistics of one resample are averaged, and the tasks draw from one generator
+in turn, so one task gives exactly the single-metric numbers (:func:`units_mean_bootstrap`,
+:func:`units_mean_ci`). Tasks from different suites have disjoint units, which is what
+makes independent resampling the paired bootstrap of the mean.
+
 McNemar's test is the exact (binomial) version on the discordant pairs
 (McNemar, Psychometrika 1947; Fagerland et al., BMC Med. Res. Methodol. 2013).
 
@@ -27,7 +34,7 @@ number of units, so results do not depend on the machine.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,16 +201,49 @@ def bootstrap_distribution(
     """
     _check_options(n_resamples)
     v = _as_values(values, "values")
+    return _distribution(v, groups, n_resamples, np.random.default_rng(seed))
+
+
+def _distribution(
+    v: np.ndarray, groups: np.ndarray | None, n_resamples: int, rng: np.random.Generator
+) -> np.ndarray:
+    """[R] statistic of validated values ``v`` on ``n_resamples`` resamples drawn from ``rng``."""
     codes, n_groups = _group_codes(groups, len(v))
     w = _weights(codes, n_groups)  # [n], fixed across resamples (group sizes are fixed)
-    rng = np.random.default_rng(seed)
     chunks = [v[idx] @ w for idx in _index_chunks(codes, n_groups, n_resamples, rng)]
     return np.concatenate(chunks)  # [R]
+
+
+def _tasks_distribution(
+    tasks: Sequence[tuple[np.ndarray, np.ndarray | None]], n_resamples: int, seed: int
+) -> np.ndarray:
+    """[R] mean over tasks of each task's statistic, its units resampled independently.
+
+    ``tasks``: (values [n_t], groups [n_t] or None) per task. The tasks draw from one
+    generator in turn, so the first task's resamples are those of
+    :func:`bootstrap_distribution` with the same seed.
+    """
+    rng = np.random.default_rng(seed)
+    total = np.zeros(n_resamples)  # [R]
+    for v, groups in tasks:
+        total += _distribution(v, groups, n_resamples, rng)
+    return total / len(tasks)
 
 
 def _percentile_ci(dist: np.ndarray, ci: float) -> tuple[float, float]:
     lo, hi = np.quantile(dist, [(1.0 - ci) / 2.0, (1.0 + ci) / 2.0])
     return float(lo), float(hi)
+
+
+def _two_sided_p(diff: float, dist: np.ndarray) -> float:
+    """Twice the share of resampled differences on the other side of 0 (ties count), <= 1."""
+    if diff > 0:
+        p = 2.0 * np.mean(dist <= 0)
+    elif diff < 0:
+        p = 2.0 * np.mean(dist >= 0)
+    else:
+        p = 1.0
+    return float(min(1.0, p))
 
 
 # ------------------------------------------------------------------------------ the tests
@@ -239,17 +279,11 @@ def paired_bootstrap(
     diff = _statistic(va, codes, n_groups) - _statistic(vb, codes, n_groups)
     dist = bootstrap_distribution(va - vb, groups, n_resamples, seed)  # [R]
     lo, hi = _percentile_ci(dist, ci)
-    if diff > 0:
-        p = 2.0 * np.mean(dist <= 0)
-    elif diff < 0:
-        p = 2.0 * np.mean(dist >= 0)
-    else:
-        p = 1.0
     return BootstrapResult(
         diff=float(diff),
         lo=lo,
         hi=hi,
-        p=float(min(1.0, p)),
+        p=_two_sided_p(diff, dist),
         n_units=len(va),
         n_resamples=int(n_resamples),
     )
@@ -287,6 +321,19 @@ def bootstrap_ci(
     )
 
 
+def _same_units(units_a: Units, units_b: Units) -> None:
+    """Raises unless the two systems' units carry the same groups (or both none)."""
+    ga, gb = units_a.groups, units_b.groups
+    if (ga is None) != (gb is None):
+        raise ValueError(
+            "units_a and units_b must both have groups or both have none "
+            f"(a: {'groups' if ga is not None else 'None'}, "
+            f"b: {'groups' if gb is not None else 'None'})"
+        )
+    if ga is not None and not np.array_equal(np.asarray(ga), np.asarray(gb)):
+        raise ValueError("units_a and units_b have different groups: they are not the same units")
+
+
 def units_bootstrap(units_a: Units, units_b: Units, **kw) -> BootstrapResult:
     """:func:`paired_bootstrap` of two systems' ``Units`` for the same metric.
 
@@ -298,16 +345,94 @@ def units_bootstrap(units_a: Units, units_b: Units, **kw) -> BootstrapResult:
     Returns:
         The paired bootstrap result of ``units_a.statistic() - units_b.statistic()``.
     """
-    ga, gb = units_a.groups, units_b.groups
-    if (ga is None) != (gb is None):
+    _same_units(units_a, units_b)
+    return paired_bootstrap(units_a.values, units_b.values, groups=units_a.groups, **kw)
+
+
+def units_mean_bootstrap(
+    tasks_a: Sequence[Units],
+    tasks_b: Sequence[Units],
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    ci: float = 0.95,
+) -> BootstrapResult:
+    """Paired bootstrap of a mean of T task metrics, ``mean_t stat(a_t) - mean_t stat(b_t)``.
+
+    Each task's units are resampled independently of the other tasks' (stratified by its
+    groups; both systems share the draw, as in :func:`paired_bootstrap`), and each resample's
+    difference is the mean over tasks of the per-task differences. With one task this is
+    :func:`units_bootstrap` with the same seed, number for number.
+
+    Args:
+        tasks_a: system a's units, one ``Units`` per task (tasks may come from different
+            suites: their units are disjoint).
+        tasks_b: system b's units for the same tasks, in the same order.
+        n_resamples: number of resamples.
+        seed: seed of ``numpy.random.default_rng``; the same seed gives the same result.
+        ci: coverage of the percentile interval.
+
+    Returns:
+        The observed difference of the means, its percentile CI and the two-sided bootstrap
+        p-value; ``n_units`` counts the units of every task.
+    """
+    _check_options(n_resamples, ci)
+    if len(tasks_a) != len(tasks_b) or not tasks_a:
         raise ValueError(
-            "units_a and units_b must both have groups or both have none "
-            f"(a: {'groups' if ga is not None else 'None'}, "
-            f"b: {'groups' if gb is not None else 'None'})"
+            f"tasks_a and tasks_b must list the same tasks, at least one: got {len(tasks_a)} "
+            f"and {len(tasks_b)}"
         )
-    if ga is not None and not np.array_equal(np.asarray(ga), np.asarray(gb)):
-        raise ValueError("units_a and units_b have different groups: they are not the same units")
-    return paired_bootstrap(units_a.values, units_b.values, groups=ga, **kw)
+    diffs, observed = [], []  # (per-unit differences, groups) and stat(a) - stat(b) per task
+    for t, (ua, ub) in enumerate(zip(tasks_a, tasks_b, strict=True)):
+        _same_units(ua, ub)
+        va, vb = _as_values(ua.values, f"tasks_a[{t}]"), _as_values(ub.values, f"tasks_b[{t}]")
+        if va.shape != vb.shape:
+            raise ValueError(f"task {t}: a and b hold {len(va)} and {len(vb)} units")
+        codes, n_groups = _group_codes(ua.groups, len(va))
+        observed.append(_statistic(va, codes, n_groups) - _statistic(vb, codes, n_groups))
+        diffs.append((va - vb, ua.groups))
+    diff = float(np.mean(observed))
+    dist = _tasks_distribution(diffs, n_resamples, seed)  # [R]
+    lo, hi = _percentile_ci(dist, ci)
+    return BootstrapResult(
+        diff=diff,
+        lo=lo,
+        hi=hi,
+        p=_two_sided_p(diff, dist),
+        n_units=sum(len(v) for v, _ in diffs),
+        n_resamples=int(n_resamples),
+    )
+
+
+def units_mean_ci(
+    tasks: Sequence[Units], n_resamples: int = 10_000, seed: int = 0, ci: float = 0.95
+) -> ConfidenceInterval:
+    """Bootstrap percentile CI of one system's mean of T task metrics, ``mean_t stat(a_t)``.
+
+    The resampling of :func:`units_mean_bootstrap` (each task independently, stratified by
+    its groups); with one task this is :func:`bootstrap_ci` with the same seed.
+
+    Args:
+        tasks: the system's units, one ``Units`` per task.
+        n_resamples: number of resamples.
+        seed: seed of ``numpy.random.default_rng``; the same seed gives the same result.
+        ci: coverage of the percentile interval.
+
+    Returns:
+        The mean on the full data and its percentile CI; ``n_units`` counts every task's units.
+    """
+    _check_options(n_resamples, ci)
+    if not tasks:
+        raise ValueError("tasks is empty: a mean needs at least one task")
+    values = [(_as_values(u.values, f"tasks[{t}]"), u.groups) for t, u in enumerate(tasks)]
+    per_task = [_statistic(v, *_group_codes(g, len(v))) for v, g in values]
+    lo, hi = _percentile_ci(_tasks_distribution(values, n_resamples, seed), ci)
+    return ConfidenceInterval(
+        estimate=float(np.mean(per_task)),
+        lo=lo,
+        hi=hi,
+        n_units=sum(len(v) for v, _ in values),
+        n_resamples=int(n_resamples),
+    )
 
 
 def _as_correct(x: np.ndarray, name: str) -> np.ndarray:

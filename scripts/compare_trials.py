@@ -4,9 +4,10 @@
         [--metric mean] [--dir /tmp/bindclip-trials] [--resamples 10000] [--seed 0]
 
 Each of BASE / NEW is a comma-separated list of ``RUN`` or ``RUN:SEED``: ``RUN`` is a
-trial written by ``scripts/bindclip_trial.py`` under ``--dir``, ``SEED`` picks its
-``scores/bindclip@seed<SEED>`` (a single-seed trial has only ``scores/bindclip``, which
-``RUN:0`` and a bare ``RUN`` read). ``base:0,base:1,base:2`` is a three-seed setting;
+trial written by ``scripts/bindclip_trial.py`` (or ``scripts/flowclip_trial.py``) under
+``--dir``, ``RUN/VARIANT`` one of its other scored variants (``lr2/flowclip``, ``lr2/clip``),
+``SEED`` picks its ``scores/<variant>@seed<SEED>`` (a single-seed trial has only
+``scores/<variant>``, which ``RUN:0`` and a bare ``RUN`` read). ``base:0,base:1,base:2`` is a three-seed setting;
 ``taux03:0,taux03s12:1,taux03s12:2`` joins a seed-0 trial to one that trained seeds 1-2.
 A system's value on a unit is the mean over its seeds of that unit's value under the
 suite's official metric (0/1 correct for accuracies; shapes-dev's ``mean`` is the macro
@@ -48,11 +49,14 @@ def parse_system(spec: str) -> list[tuple[str, int | None]]:
 
 
 def scores_file(trials: Path, run: str, seed: int | None, suite: str) -> Path:
-    """The scores of one seed of one trial (``bindclip@seed<k>``, else ``bindclip``)."""
+    """The scores of one seed of one trial (``<variant>@seed<k>``, else ``<variant>``);
+    ``run`` is ``RUN`` (variant ``bindclip``) or ``RUN/VARIANT``."""
+    run, _, variant = run.partition("/")
+    variant = variant or "bindclip"
     base = trials / run / "scores"
-    candidates = [base / f"bindclip@seed{seed}" / f"{suite}.parquet"] if seed is not None else []
+    candidates = [base / f"{variant}@seed{seed}" / f"{suite}.parquet"] if seed is not None else []
     if seed in (None, 0):
-        candidates.append(base / "bindclip" / f"{suite}.parquet")
+        candidates.append(base / variant / f"{suite}.parquet")
     for path in candidates:
         if path.is_file():
             return path

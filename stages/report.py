@@ -24,7 +24,8 @@ from pipeline.scoring import load_scores
 
 def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> dict[str, Any]:
     """{suite: {"manifest": df, "image_root": path, "scores": {variant: [n, K]}}} for what
-    the score stage wrote (the configured variants, then each seed variant's ``@seed<k>``)."""
+    the score stage wrote (the configured variants, each seed variant's ``@seed<k>``, each replaced variant's
+    ``@<mode>``)."""
     out: dict[str, Any] = {}
     for suite in score.suites:
         src = resolve_source(suite, world.out, extract.manifests, extract.image_roots)
@@ -36,6 +37,8 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
         names = list(score.variants)
         for variant in score.seed_variants:
             names += sorted(p.name for p in Path(score.scores_out).glob(f"{variant}@seed*"))
+        for variant in score.replacement_variants or score.variants:
+            names += [f"{variant}@{mode}" for mode in score.replacements]
         for name in names:
             if (Path(score.scores_out) / name / f"{suite}.parquet").is_file():
                 entry["scores"][name] = load_scores(score.scores_out, name, suite)

@@ -9,6 +9,7 @@ scores go to Parquet under ``cache/scores``; metrics to
 ``cfg.replacements`` (e.g. ``["shuffle", "fixed"]``, Flow-CLIP's image-replacement test)
 also scores every choice suite with each item's image replaced
 (:func:`pipeline.scoring.replacement_images`), written as variant ``<variant>@<mode>``;
+``cfg.replacement_variants`` narrows which variants (default: all);
 retrieval suites and the per-seed runs (``<variant>@seed<k>``) are not replaced. Retrieval
 rerankers shortlist with their base scorer, loaded like any scored variant (a trained base
 from its checkpoint).
@@ -77,6 +78,10 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
     for mode in cfg.replacements:
         if mode not in REPLACEMENTS:
             raise ValueError(f"unknown score.replacements entry {mode!r}; valid: {', '.join(REPLACEMENTS)}")
+    replaced = set(cfg.replacement_variants or cfg.variants)
+    unknown = sorted(replaced - set(cfg.variants))
+    if unknown:
+        raise ValueError(f"score.replacement_variants {unknown} are not in score.variants")
     suites = [SUITES.get(s) for s in cfg.suites]
     store = open_store(extract)
     runs = [(v, v, None) for v in cfg.variants]  # (name in outputs, registry key, checkpoint)
@@ -102,8 +107,8 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc)
             extra = text_only_metrics(suite, store, manifest, index)
             records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, n_missing, extra))
-            if suite.task == "retrieval" or ckpt is not None:
-                continue  # image replacement: choice suites, the scored variants (not per seed)
+            if suite.task == "retrieval" or ckpt is not None or name not in replaced:
+                continue  # image replacement: choice suites, the replaced variants (not per seed)
             for mode in cfg.replacements:
                 images = replacement_images(index, mode, cfg.replacement_seed)
                 desc = f"{name}@{mode} {suite.name}" if progress else ""

@@ -2,8 +2,9 @@
 the suite tables on hand-made scores, the stage's writing, and the prose templates.
 
 One tiny shapes world (three suites) is built per module and encoded with the tiny
-random-init CLIP; scores are made up (clip always right, local-max always wrong, BindCLIP
-and its lesion random), and BindCLIP's section runs a random-init scorer on that store.
+random-init CLIP; scores are made up (clip always right, local-max always wrong, BindCLIP,
+its lesion and the Flow-CLIP variants random, with image-replacement runs), and the family
+sections run random-init scorers on that store (Flow-CLIP's with W moved off zero).
 """
 
 from __future__ import annotations
@@ -107,14 +108,33 @@ def bindclip_scorer(report_store):
     return create_scorer("bindclip", dims, proj, h=16, n_iters=16).eval()
 
 
+@pytest.fixture(scope="module")
+def flowclip_scorer(report_store):
+    import torch
+
+    from pipeline.scorers import create_scorer
+
+    torch.manual_seed(0)
+    dims, proj = report_store.dims, report_store.projections()
+    scorer = create_scorer("flowclip", dims, proj)
+    with torch.no_grad():
+        scorer.icer.W.normal_(0.0, 0.5)  # ICER is 0 while W = 0: give the pictures something
+    return scorer.eval()
+
+
+FLOWCLIP_RUNS = {v: "random" for v in ("global-m", "flowclip", "flowclip-cimr")}
+FLOWCLIP_RUNS |= {
+    f"{v}@{m}": "random" for v in ("flowclip", "flowclip-cimr") for m in ("shuffle", "fixed")
+}
+
+
 def write_measurements(out: Path) -> None:
     """What ``pipeline bench ...`` and ``pipeline probes`` leave in the report folder."""
     (out / "bench").mkdir(parents=True, exist_ok=True)
     params = {"phi_t.layernorm": 1536, "phi_t.linear": 147648, "span_gate": 193, "total": 149377}
     files = {
         "bench/memory.json": {"growth_mib": 47.4},
-        "bench/score.json": {"pairs": 3},
-        "bench/bindclip.json": {"ViT-L-14-336": {"parameters": params}},
+        "bench/scoring.json": {"ViT-L-14-336": {"variants": {"bindclip": {"parameter_breakdown": params}}}},
         "probes.json": {"colour": {"patch_accuracy": 0.7}},
     }
     for name, results in files.items():
@@ -123,13 +143,19 @@ def write_measurements(out: Path) -> None:
 
 
 @pytest.fixture
-def full_context(world, tmp_path, report_store, bindclip_scorer) -> ReportContext:
-    """Every section has something to show: four variants, a store, a scorer, measurements."""
+def full_context(world, tmp_path, report_store, bindclip_scorer, flowclip_scorer) -> ReportContext:
+    """Every section has something to show: the variants of every family and their image
+    replacements, a store, the scorers, measurements."""
     write_measurements(tmp_path)
     how = {"clip": "right", "local-max": "wrong", "bindclip": "random", "bindclip-lesion": "random"}
-    return make_context(
-        world, tmp_path, how, store_=report_store, scorers_={"bindclip": bindclip_scorer}
+    how |= FLOWCLIP_RUNS
+    scorers = {"bindclip": bindclip_scorer, "flowclip": flowclip_scorer}
+    ctx = make_context(world, tmp_path, how, store_=report_store, scorers_=scorers)
+    variants = [v for v in how if "@" not in v]
+    ctx.score = ScoreConfig(
+        variants=variants, suites=SUITES_SHOWN, replacements=["shuffle", "fixed"]
     )
+    return ctx
 
 
 # ---------------------------------------------------------------- the registry's contract
@@ -172,6 +198,26 @@ def test_bindclip_section_leaves_its_diagnostics_payload(full_context):
         "| **total** | **149,377** |" in text
         and "or an option marked ours (span_gate). The gap" in text
     )
+
+
+def test_the_flowclip_section_draws_the_patch_sensitivity(full_context):
+    """The pictured items (two swap-att, one swap-obj, one What'sUp-style) on the store, each
+    map's total equal to its per-patch changes summed."""
+    from pipeline.scorers.flowclip import analysis
+
+    blocks = SECTIONS.get("flowclip").render(full_context)
+    assert "![patch sensitivity](figures/flowclip-sensitivity.png)" in blocks
+    items = analysis.sensitivity_items(full_context.results)
+    assert [s for s, *_ in items] == ["shapes-sugarcrepe"] * 3 + ["shapes-whatsup"]
+    maps = analysis.patch_maps(
+        full_context.scorer("flowclip"), full_context.store, full_context.results, items
+    )
+    assert [(m["suite"], m["item"]) for m in maps] == [(s, i) for s, i, *_ in items]
+    assert [m["category"] for m in maps][:3] == ["swap-att", "swap-att", "swap-obj"]
+    for m in maps:
+        assert m["map"].shape == full_context.store.dims.grid
+        assert m["total"] == pytest.approx(float(m["map"].sum()), rel=1e-5, abs=1e-7)
+        assert np.abs(m["map"]).max() > 0
 
 
 def test_a_new_section_appears_in_its_order(world, tmp_path, monkeypatch):
@@ -261,10 +307,9 @@ def test_performance_lists_every_measurement_by_name(world, tmp_path):
     perf = text.split("## Performance\n\n", 1)[1]
     heads = [line for line in perf.splitlines() if line.startswith("**")]
     assert heads == [
-        "**bindclip** (`pipeline bindclip`)",
         "**memory** (`pipeline memory`)",
         "**probes** (`pipeline probes`)",  # reports/probes.json, among reports/bench/*.json
-        "**score** (`pipeline score`)",
+        "**scoring** (`pipeline scoring`)",
     ]
     assert '```json\n{\n "growth_mib": 47.4\n}\n```' in perf
 
@@ -275,7 +320,10 @@ def test_stage_writes_what_the_sections_left(full_context, monkeypatch):
     out = full_context.out
     text = render(full_context)
     stage.write_outputs(full_context)
-    assert text.count("](figures/") == len(list((out / "figures").glob("*.png"))) == 4
+    assert text.count("](figures/") == len(list((out / "figures").glob("*.png"))) == 5
+    assert (out / "figures" / "flowclip-sensitivity.png").is_file()
+    payload = json.loads((out / "flowclip.json").read_text())
+    assert list(payload) == ["tasks", "ladder", "corrections", "seeds", "goals"]
     diagnostics = json.loads((out / "diagnostics.json").read_text())
     assert set(diagnostics) == set(full_context.json_files["diagnostics.json"])
     csv = (out / "plots" / "metrics.csv").read_text().splitlines()
@@ -300,14 +348,20 @@ def test_template_blocks_unwrap_paragraphs():
 def test_template_unknown_block_lists_the_blocks():
     text = Templates("pipeline.report", "templates/sections.md")
     assert text("profile").startswith("Frozen global CLIP on the shapes suites")
-    with pytest.raises(KeyError, match="blocks: intro, no-measurements, profile"):
+    with pytest.raises(KeyError, match="blocks: head-to-head, image-replacement, intro, "):
+        text("nope")
+    with pytest.raises(KeyError, match="no-measurements, no-scoring-bench, profile"):
         text("nope")
 
 
 @pytest.mark.parametrize(
     "module",
-    ["pipeline.report.sections", "pipeline.scorers.bindclip.report"],
-    ids=["generic", "bindclip"],
+    [
+        "pipeline.report.sections",
+        "pipeline.scorers.bindclip.report",
+        "pipeline.scorers.flowclip.report",
+    ],
+    ids=["generic", "bindclip", "flowclip"],
 )
 def test_every_template_block_is_used_and_exists(module):
     """The blocks a section asks for are the blocks its template file defines."""
@@ -321,7 +375,8 @@ def test_every_template_block_is_used_and_exists(module):
 
 def test_report_code_keeps_markdown_out_of_python():
     """The issue's goal: no line of the report's Python over 120 characters."""
-    files = [ROOT / "stages/report.py", ROOT / "pipeline/scorers/bindclip/report.py"]
+    files = [ROOT / "stages/report.py"]
+    files += [ROOT / f"pipeline/scorers/{family}/report.py" for family in ("bindclip", "flowclip")]
     files += sorted((ROOT / "pipeline/report").glob("*.py"))
     long = [
         (f.name, i)

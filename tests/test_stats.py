@@ -16,6 +16,8 @@ from pipeline.stats import (
     paired_bootstrap,
     resample_indices,
     units_bootstrap,
+    units_mean_bootstrap,
+    units_mean_ci,
 )
 
 # ------------------------------------------------------------------------------ McNemar
@@ -243,6 +245,99 @@ def test_bootstrap_validation(kwargs, match):
         paired_bootstrap(**kwargs)
 
 
+# ------------------------------------------------------------- a mean of task metrics
+
+
+def _tasks(seed: int = 11) -> tuple[list[Units], list[Units]]:
+    """Two systems on three tasks of different sizes, the second task grouped (macro)."""
+    rng = np.random.default_rng(seed)
+    sizes, out_a, out_b = (9, 14, 6), [], []
+    for t, n in enumerate(sizes):
+        groups = np.array(["p", "q"] * (n // 2))[:n] if t == 1 else None
+        a, b = rng.integers(0, 2, n).astype(float), rng.integers(0, 2, n).astype(float)
+        out_a.append(Units(a, groups))
+        out_b.append(Units(b, None if groups is None else groups.copy()))
+    return out_a, out_b
+
+
+def test_one_task_mean_is_units_bootstrap_number_for_number():
+    a, b, groups = _grouped()
+    ua, ub = Units(a, groups), Units(b, groups.copy())
+    r = units_mean_bootstrap([ua], [ub], n_resamples=300, seed=4)
+    assert r == units_bootstrap(ua, ub, n_resamples=300, seed=4)
+    ci = units_mean_ci([ua], n_resamples=300, seed=4)
+    assert ci == bootstrap_ci(a, groups, n_resamples=300, seed=4)
+
+
+def test_constant_differences_give_a_zero_width_interval():
+    """a − b is the constant c_t on every unit of task t: every resample's mean difference
+    is mean_t c_t, so the interval has zero width and the p-value is its resolution."""
+    rng = np.random.default_rng(3)
+    shifts = (0.1, 0.3, -0.1)
+    groups = np.array(["x"] * 4 + ["y"] * 9)
+    tasks_b = [Units(rng.random(7)), Units(rng.random(13), groups), Units(rng.random(5))]
+    tasks_a = [Units(u.values + c, u.groups) for u, c in zip(tasks_b, shifts, strict=True)]
+    r = units_mean_bootstrap(tasks_a, tasks_b, n_resamples=500, seed=0)
+    assert r.diff == pytest.approx(0.1, abs=1e-12)  # (0.1 + 0.3 - 0.1) / 3
+    assert r.lo == pytest.approx(0.1, abs=1e-12) and r.hi == pytest.approx(0.1, abs=1e-12)
+    assert r.p == 0.0 and r.n_units == 7 + 13 + 5 and r.n_resamples == 500
+
+
+def test_the_mean_resamples_each_task_independently_from_one_generator():
+    """Hand-built resamples: the tasks draw in turn from one ``default_rng(seed)``, each
+    from its own units; a resample's difference is the mean of the per-task ones."""
+    a, b = _tasks()
+    a, b = [Units(u.values) for u in a], [Units(u.values) for u in b]  # no groups: plain draws
+    R, seed = 400, 9
+    rng = np.random.default_rng(seed)
+    per_task = []
+    for ua, ub in zip(a, b, strict=True):
+        d = ua.values - ub.values
+        per_task.append(d[rng.integers(0, len(d), size=(R, len(d)))].mean(axis=1))  # [R]
+    dist = np.mean(per_task, axis=0)
+    r = units_mean_bootstrap(a, b, n_resamples=R, seed=seed)
+    lo, hi = np.quantile(dist, [0.025, 0.975])
+    assert (r.lo, r.hi) == pytest.approx((lo, hi), abs=1e-12)
+    diff = np.mean([ua.values.mean() - ub.values.mean() for ua, ub in zip(a, b, strict=True)])
+    assert r.diff == pytest.approx(diff, abs=1e-12)
+    side = np.mean(dist <= 0) if diff > 0 else np.mean(dist >= 0)
+    assert r.p == pytest.approx(min(1.0, 2 * side), abs=1e-12)
+    ci = units_mean_ci(a, n_resamples=R, seed=seed)
+    rng = np.random.default_rng(seed)
+    dist_a = np.mean(
+        [u.values[rng.integers(0, len(u.values), size=(R, len(u.values)))].mean(1) for u in a],
+        axis=0,
+    )
+    assert (ci.lo, ci.hi) == pytest.approx(tuple(np.quantile(dist_a, [0.025, 0.975])), abs=1e-12)
+    assert ci.estimate == pytest.approx(np.mean([u.values.mean() for u in a]), abs=1e-12)
+
+
+def test_the_mean_of_grouped_tasks_is_the_mean_of_their_statistics():
+    a, b = _tasks()
+    r = units_mean_bootstrap(a, b, n_resamples=300, seed=1)
+    expected = np.mean([ua.statistic() - ub.statistic() for ua, ub in zip(a, b, strict=True)])
+    assert r.diff == pytest.approx(expected, abs=1e-12) and r.lo <= r.diff <= r.hi
+    assert r == units_mean_bootstrap(a, b, n_resamples=300, seed=1)  # deterministic
+    assert r != units_mean_bootstrap(a, b, n_resamples=300, seed=2)
+    ci = units_mean_ci(a, n_resamples=300, seed=1)
+    assert ci.estimate == pytest.approx(np.mean([u.statistic() for u in a]), abs=1e-12)
+    assert ci.lo <= ci.estimate <= ci.hi and ci.n_units == 9 + 14 + 6
+
+
+def test_the_mean_refuses_mismatched_tasks():
+    a, b = _tasks()
+    with pytest.raises(ValueError, match="same tasks"):
+        units_mean_bootstrap(a, b[:2])
+    with pytest.raises(ValueError, match="same tasks"):
+        units_mean_bootstrap([], [])
+    with pytest.raises(ValueError, match="task 0"):
+        units_mean_bootstrap([Units(np.ones(3))], [Units(np.ones(4))])
+    with pytest.raises(ValueError, match="different groups"):
+        units_mean_bootstrap([a[1]], [Units(b[1].values, b[1].groups[::-1].copy())])
+    with pytest.raises(ValueError, match="tasks is empty"):
+        units_mean_ci([])
+
+
 def test_goal_checks_bounds_are_inclusive():
     """96.0 -> 94.0 on replace-obj is a loss of exactly 2 points: met (float 0.94 - 0.96 is
     -0.0200000000000000018); 93.0 is not."""
@@ -392,13 +487,6 @@ def test_sinkhorn_goal_needs_the_size_the_speed_and_equal_plans():
     assert sinkhorn_goal({**bench, "max_abs_diff": 1e-3})["met"] is False  # not the same plans
     assert sinkhorn_goal({**bench, "n_problems": 32})["met"] is False  # not the issue's size
     assert "extrapolated" in sinkhorn_goal({**bench, "pot_problems_timed": 32, "pot_extrapolated": True})["measured"]
-
-
-def test_bench_counts_the_pairs_a_pairwise_scorer_evaluates():
-    from pipeline.perf.bindclip import _pairs
-
-    captions = np.array([[0, 1, -1, -1], [2, 3, 4, -1], [5, 6, 7, 8]])  # K = 2, 3, 4 (-1 = pad)
-    assert _pairs({"captions": captions}) == 1 + 3 + 6
 
 
 def test_parameter_comparison_against_the_papers_total():

@@ -1,11 +1,11 @@
 """Speed and memory measurements behind the README's and the report's figures.
 
 ``pipeline bench <name>`` runs one and writes ``reports/bench/<name>.json``, which the report
-renders. Nothing here is asserted by tests: these are measurements, on whatever machine runs
-them (the JSON records threads and sizes).
+renders. Timings are measurements on whatever machine runs them (the JSON records threads
+and sizes), never asserted by tests; what tests assert is that the compared paths agree.
 
 * :mod:`~pipeline.perf.extract`: extract against a bare forward pass; peak memory.
-* :mod:`~pipeline.perf.score`: scoring from the cache against re-encoding every item.
+* :mod:`~pipeline.perf.scoring`: each scorer from the cache against re-encoding its items,
+  batched as CLIP_benchmark does.
 * :mod:`~pipeline.perf.sinkhorn`: the batched Sinkhorn against POT's per-problem loop.
-* :mod:`~pipeline.perf.bindclip`: BindCLIP pairs per second against backbone images per second.
 """

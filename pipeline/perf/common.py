@@ -61,6 +61,8 @@ def make_suite(folder: Path, n: int, size: int, seed: int = 0) -> Path:
 
 
 def extract_cfg(folder: Path, manifest: Path, model: str, batch_size: int):
+    """The ``ExtractConfig`` that extracts :func:`make_suite`'s suite in ``folder`` (as
+    ``shapes-sugarcrepe``) into ``folder/features``, at the current torch threads."""
     from pipeline.config import ExtractConfig
 
     return ExtractConfig(
@@ -74,32 +76,25 @@ def extract_cfg(folder: Path, manifest: Path, model: str, batch_size: int):
     )
 
 
+def load_pixels(enc, root: Path, names: list[str], crops: list | None = None) -> torch.Tensor:
+    """[b, 3, H, W] the images ``names`` under ``root`` read, decoded (cropped) and
+    preprocessed by extract's own loader, so a bench pays what extract pays."""
+    from pipeline.extraction import _load
+
+    return torch.stack([_load(enc, root, name, crop) for name, crop in zip(names, crops or [None] * len(names), strict=True)])
+
+
 def bare_forward(enc, folder: Path, manifest: Path, batch_size: int) -> float:
-    """Seconds to load, preprocess and encode every image and caption, storing nothing."""
-    from pipeline.manifests import decode_image, read_manifest
+    """Seconds to load, preprocess and encode every image and caption, storing nothing
+    (captions in batches of ``4 * batch_size``, as extract takes them)."""
+    from pipeline.manifests import read_manifest
 
     df = read_manifest(manifest)
     t0 = time.perf_counter()
     names = df["image"].tolist()
     for s in range(0, len(names), batch_size):
-        imgs = [decode_image((folder / "images" / n).read_bytes(), n) for n in names[s : s + batch_size]]
-        enc.encode_images(torch.stack([enc.preprocess(im) for im in imgs]))
+        enc.encode_images(load_pixels(enc, folder / "images", names[s : s + batch_size]))
     caps = [c for cs in df["captions"] for c in cs]
     for s in range(0, len(caps), batch_size * 4):
         enc.encode_texts(enc.tokenizer(caps[s : s + batch_size * 4]))
     return time.perf_counter() - t0
-
-
-def images_per_second(enc, paths: list[Path], batch_size: int) -> float:
-    """Decode, preprocess and encode ``paths`` in batches as extract does; images per second."""
-    from pipeline.manifests import decode_image
-
-    def run() -> float:
-        t0 = time.perf_counter()
-        for s in range(0, len(paths), batch_size):
-            imgs = [decode_image(p.read_bytes(), p.name) for p in paths[s : s + batch_size]]
-            enc.encode_images(torch.stack([enc.preprocess(im) for im in imgs]))
-        return time.perf_counter() - t0
-
-    run()  # warm-up (allocator, page cache)
-    return len(paths) / run()

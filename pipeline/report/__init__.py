@@ -11,7 +11,8 @@
 A section is a function of one :class:`ReportContext` that returns Markdown blocks; it is
 registered under a kebab-case name with an order key (sections run by ascending order,
 then name). The generic sections (overview, failure profile, suite tables with bootstrap
-CIs, performance) live in :mod:`pipeline.report.sections`; a scorer family adds its section
+CIs, the cross-family head-to-head, image replacement, performance) live in
+:mod:`pipeline.report.sections`; a scorer family adds its section
 in ``pipeline/scorers/<family>/report.py``, which the registry imports on its first lookup,
 so a new family touches only its own package. Sections never write files: figures, JSON
 payloads and tables go into the context and the report stage writes them. Long prose lives

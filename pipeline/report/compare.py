@@ -2,6 +2,10 @@
 
 * ``compare``: one metric of ``variant`` against ``baseline`` (frozen CLIP by default), a
   paired bootstrap over the metric's units (95% CI, p).
+* ``compare_mean`` / ``mean_ci``: the same for a mean of several task metrics (tasks may
+  come from different suites), each task's units resampled independently
+  (:func:`pipeline.stats.units_mean_bootstrap`); ``task_units`` / ``common_tasks`` say which
+  tasks a variant has.
 * ``whatsup_mcnemar``: the What'sUp-style pair criterion, exact McNemar over pairs.
 * ``family_table``: a suite's metrics per variant, one column each.
 
@@ -11,12 +15,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
-from pipeline.benchmarks import SUITES
-from pipeline.stats import mcnemar_exact, units_bootstrap
+from pipeline.benchmarks import SUITES, Units
+from pipeline.benchmarks.sugarcrepe import CATEGORIES
+from pipeline.stats import (
+    ConfidenceInterval,
+    mcnemar_exact,
+    units_bootstrap,
+    units_mean_bootstrap,
+    units_mean_ci,
+)
+
+Task = tuple[str, str]  # (suite, metric): one task of a mean
+
+# Task lists shared by the generic sections and the families' (Flow-CLIP's ARO average).
+ARO_TASKS: tuple[Task, ...] = (
+    ("shapes-aro", "relation"),
+    ("shapes-aro", "attribution"),
+    ("shapes-aro", "order"),
+)
+SUGARCREPE_TASKS: tuple[Task, ...] = tuple(("shapes-sugarcrepe", c) for c in CATEGORIES)
 
 
 @dataclass
@@ -31,6 +53,27 @@ class Comparison:
     p: float  # two-sided bootstrap p-value of diff = 0
 
 
+def task_units(results: dict, tasks: Sequence[Task], variant: str) -> dict[Task, Units]:
+    """The units of each of ``tasks`` that ``variant`` was scored on, in ``tasks`` order
+    (each suite's units computed once); a task without scores or units is left out."""
+    found: dict[Task, Units] = {}
+    for suite in dict.fromkeys(s for s, _ in tasks):
+        entry = results.get(suite)
+        if not entry or variant not in entry["scores"]:
+            continue
+        units = SUITES.get(suite).units(entry["manifest"], entry["scores"][variant])
+        for s, metric in tasks:
+            if s == suite and metric in units and len(units[metric].values):
+                found[(s, metric)] = units[metric]
+    return {t: found[t] for t in tasks if t in found}
+
+
+def common_tasks(results: dict, tasks: Sequence[Task], variants: Sequence[str]) -> list[Task]:
+    """The tasks every one of ``variants`` was scored on, in ``tasks`` order."""
+    have = [set(task_units(results, tasks, v)) for v in variants]
+    return [t for t in tasks if all(t in h for h in have)]
+
+
 def compare(
     results: dict,
     suite: str,
@@ -41,16 +84,44 @@ def compare(
     seed: int = 0,
 ) -> Comparison | None:
     """Paired bootstrap of ``variant`` vs ``baseline`` on one metric (None if unavailable)."""
-    entry = results.get(suite)
-    if not entry or variant not in entry["scores"] or baseline not in entry["scores"]:
-        return None
-    s = SUITES.get(suite)
-    ua = s.units(entry["manifest"], entry["scores"][variant]).get(metric)
-    ub = s.units(entry["manifest"], entry["scores"][baseline]).get(metric)
-    if ua is None or ub is None or len(ua.values) == 0:
+    task = (suite, metric)
+    ua = task_units(results, [task], variant).get(task)
+    ub = task_units(results, [task], baseline).get(task)
+    if ua is None or ub is None:
         return None
     r = units_bootstrap(ua, ub, n_resamples=n_resamples, seed=seed)
     return Comparison(suite, metric, ub.statistic(), ua.statistic(), r.diff, r.lo, r.hi, r.p)
+
+
+def compare_mean(
+    results: dict,
+    tasks: Sequence[Task],
+    variant: str,
+    baseline: str = "clip",
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    name: str = "mean",
+) -> Comparison | None:
+    """Paired bootstrap of ``variant`` vs ``baseline`` on the mean of ``tasks`` (each task's
+    units resampled independently); None unless both have every task. The comparison's
+    ``suite`` is ``"mean"`` and its ``metric`` is ``name``."""
+    ua, ub = task_units(results, tasks, variant), task_units(results, tasks, baseline)
+    if not tasks or len(ua) < len(tasks) or len(ub) < len(tasks):
+        return None
+    a, b = [ua[t] for t in tasks], [ub[t] for t in tasks]
+    r = units_mean_bootstrap(a, b, n_resamples=n_resamples, seed=seed)
+    value, base = (sum(u.statistic() for u in x) / len(tasks) for x in (a, b))
+    return Comparison("mean", name, base, value, r.diff, r.lo, r.hi, r.p)
+
+
+def mean_ci(
+    results: dict, tasks: Sequence[Task], variant: str, n_resamples: int = 10_000, seed: int = 0
+) -> ConfidenceInterval | None:
+    """Bootstrap CI of ``variant``'s mean over ``tasks``; None unless it has every task."""
+    units = task_units(results, tasks, variant)
+    if not tasks or len(units) < len(tasks):
+        return None
+    return units_mean_ci([units[t] for t in tasks], n_resamples=n_resamples, seed=seed)
 
 
 def whatsup_mcnemar(results: dict, variant: str, baseline: str = "clip") -> dict | None:

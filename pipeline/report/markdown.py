@@ -1,4 +1,4 @@
-"""Markdown building blocks of the report: percentages, tables, a DataFrame as a table."""
+"""Markdown building blocks of the report: percentages and CIs, tables, a DataFrame as a table."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ import pandas as pd
 def pct(x: float | None) -> str:
     """A rate in percent with one decimal ("–" for None, NaN or inf)."""
     return "–" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
+
+
+def pct_ci(x: float, lo: float, hi: float) -> str:
+    """A rate and its CI in percent: ``61.2 [58.1, 64.3]``."""
+    return f"{pct(x)} [{pct(lo)}, {pct(hi)}]"
 
 
 def points_ci(diff: float, lo: float, hi: float) -> str:

@@ -6,10 +6,16 @@
 * ``suites`` (20): per suite, each variant's metrics with 95% bootstrap CIs and, for the
   others, Δ against ``clip`` with a paired-bootstrap CI; chance levels; example images.
   The same numbers, one row per (suite, variant, metric), go to ``plots/metrics.csv``.
+* ``head-to-head`` (45): the families side by side (``report.head_to_head``): every
+  suite's headline metrics and the binding slices in one table, the same cells, then each
+  variant's parameters and scoring speed from ``pipeline bench scoring``.
+* ``image-replacement`` (46): each replaced variant on the ARO- and SugarCrepe-style
+  tasks with its own image, under Shuffle and under Fixed (``score.replacements``), against
+  chance: a scorer that reads the image falls toward chance when the image is replaced.
 * ``performance`` (90): the measurements that ``pipeline bench ...`` and ``pipeline
   probes`` left in the report folder.
 
-Family sections (e.g. BindCLIP's, order 50) sit between the suites and the performance.
+Family sections (e.g. BindCLIP's, order 50) sit between these and the performance.
 """
 
 from __future__ import annotations
@@ -19,13 +25,21 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.benchmarks import SUITES
+from pipeline.benchmarks import SUITES, Units
 from pipeline.config import ReportConfig
 from pipeline.report import ReportContext, section
+from pipeline.report.compare import (
+    ARO_TASKS,
+    SUGARCREPE_TASKS,
+    Task,
+    compare_mean,
+    mean_ci,
+    task_units,
+)
 from pipeline.report.figures import examples_figure
-from pipeline.report.markdown import md_table, pct
+from pipeline.report.markdown import md_table, pct, pct_ci, points_ci
 from pipeline.report.templates import Templates
-from pipeline.stats import bootstrap_ci, units_bootstrap
+from pipeline.stats import ConfidenceInterval, bootstrap_ci, units_bootstrap
 
 TEXT = Templates("pipeline.report", "templates/sections.md")
 BASELINE = "clip"  # every other variant's Δ is taken against frozen global CLIP
@@ -46,9 +60,38 @@ REAL_CLIP_PROFILE = {
     ("shapes-whatsup", "individual"): (0.2646 + 0.2525) / 2,
 }
 CHANCE = {"shapes-whatsup": {"individual": 0.25, "pair": 1 / 16, "set": 1 / 256}}
+# Chance per task of the image-replacement table: 2-way items 50%, ARO Order 5-way 20%.
+TASK_CHANCE: dict[Task, float] = {
+    **dict.fromkeys(SUGARCREPE_TASKS, 0.5),
+    ("shapes-aro", "relation"): 0.5,
+    ("shapes-aro", "attribution"): 0.5,
+    ("shapes-aro", "order"): 0.2,
+    **{("shapes-whatsup", k): v for k, v in CHANCE["shapes-whatsup"].items()},
+}
+# The head-to-head rows: every metric of these suites, then single tasks, then the binding
+# slices not among them.
+HEAD_TO_HEAD_SUITES = ("shapes-sugarcrepe", "shapes-aro")
+HEAD_TO_HEAD_TASKS: tuple[Task, ...] = (
+    ("shapes-whatsup", "individual"),
+    ("shapes-retrieval", "R@1"),
+)
+BINDING_SLICES: tuple[Task, ...] = (("shapes-whatsup", "pair"), ("shapes-whatsup", "set"))
+SCORING_BENCH = "bench/scoring.json"  # `pipeline bench scoring`: parameters, pairs/s, speedup
+BENCH_ENCODERS = ("toy", "ViT-L-14-336")  # always shown in the head-to-head ("–" if absent)
 # What the measuring commands write under the report folder ({"command", "results"} JSON),
 # shown in the performance section by file name.
 MEASUREMENTS = ("bench/*.json", "probes.json")
+
+
+def metric_cell(u: Units, base: Units | None, cfg: ReportConfig) -> tuple[str, ConfidenceInterval]:
+    """One table cell: the metric in % with its 95% bootstrap CI and, given the baseline's
+    units for the same metric, ``<br>Δ`` against it with a paired-bootstrap CI; and the CI."""
+    ci = bootstrap_ci(u.values, u.groups, n_resamples=cfg.bootstrap, seed=cfg.seed)
+    cell = pct_ci(ci.estimate, ci.lo, ci.hi)
+    if base is not None:
+        d = units_bootstrap(u, base, n_resamples=cfg.bootstrap, seed=cfg.seed)
+        cell += f"<br>Δ {points_ci(d.diff, d.lo, d.hi)}"
+    return cell, ci
 
 
 def suite_table(
@@ -66,12 +109,8 @@ def suite_table(
             if u is None or len(u.values) == 0:
                 cells.append("–")
                 continue
-            ci = bootstrap_ci(u.values, u.groups, n_resamples=cfg.bootstrap, seed=cfg.seed)
-            cell = f"{pct(ci.estimate)} [{pct(ci.lo)}, {pct(ci.hi)}]"
-            if variant != baseline and baseline in units_by_variant:
-                base = units_by_variant[baseline][name]
-                d = units_bootstrap(u, base, n_resamples=cfg.bootstrap, seed=cfg.seed)
-                cell += f"<br>Δ {100 * d.diff:+.1f} [{100 * d.lo:+.1f}, {100 * d.hi:+.1f}]"
+            compared = variant != baseline and baseline in units_by_variant
+            cell, ci = metric_cell(u, units_by_variant[baseline][name] if compared else None, cfg)
             cells.append(cell)
             long_rows.append(
                 {
@@ -139,6 +178,136 @@ def suites(ctx: ReportContext) -> list[str]:
             parts.append(f"![examples {suite_name}]({path})")
     ctx.tables["plots/metrics.csv"] = pd.DataFrame(long_rows)
     return parts
+
+
+def head_to_head_tasks() -> list[Task]:
+    """The head-to-head rows: every metric of :data:`HEAD_TO_HEAD_SUITES`, then
+    :data:`HEAD_TO_HEAD_TASKS` and :data:`BINDING_SLICES`."""
+    rows = [(s, m) for s in HEAD_TO_HEAD_SUITES for m in SUITES.get(s).metric_names]
+    return rows + list(HEAD_TO_HEAD_TASKS) + list(BINDING_SLICES)
+
+
+def read_bench(path) -> dict[str, Any]:
+    """The ``results`` of a ``pipeline bench`` file; {} when it is absent or not that shape."""
+    try:
+        results = json.loads(path.read_text()).get("results", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return results if isinstance(results, dict) else {}
+
+
+def bench_entry(bench: dict[str, Any], encoder: str, variant: str) -> dict[str, Any]:
+    """One variant's measurements at one encoder in ``pipeline bench scoring``'s results
+    (``{encoder: {"variants": {variant: {...}}}}``, or without the ``variants`` level); {}
+    where there are none."""
+    entry = bench.get(encoder)
+    entry = entry.get("variants", entry) if isinstance(entry, dict) else {}
+    found = entry.get(variant) if isinstance(entry, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def bench_number(bench: dict[str, Any], encoder: str, variant: str, key: str) -> float | None:
+    """A number of :func:`bench_entry` (None when absent or not a number)."""
+    x = bench_entry(bench, encoder, variant).get(key)
+    return x if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def bench_rows(bench: dict[str, Any], variants: list[str]) -> list[list[str]]:
+    """Per encoder of ``pipeline bench scoring``'s results: each variant's trainable
+    parameters, pairs per second from the cache and speedup against re-encoding ("–" where
+    the bench has no number)."""
+    rows = []
+    for enc in dict.fromkeys([*BENCH_ENCODERS, *bench]):
+        for key, label, fmt in (
+            ("parameters", "trainable parameters", ","),
+            ("pairs_per_s", "pairs/s from the cache", ",.0f"),
+            ("speedup", "× faster than re-encoding", ".1f"),
+        ):
+            numbers = (bench_number(bench, enc, v, key) for v in variants)
+            rows.append(
+                [f"bench ({enc})", label, *("–" if x is None else format(x, fmt) for x in numbers)]
+            )
+    return rows
+
+
+@section("head-to-head", order=45)
+def head_to_head(ctx: ReportContext) -> list[str]:
+    """The ``report.head_to_head`` variants that were scored, side by side on every suite's
+    headline metrics and the binding slices, then their size and speed ([] for fewer than two)."""
+    variants = [v for v in ctx.cfg.head_to_head if v in ctx.scored]
+    if len(variants) < 2:
+        return []
+    tasks = head_to_head_tasks()
+    units = {v: task_units(ctx.results, tasks, v) for v in variants}
+    rows = []
+    for task in tasks:
+        if not any(task in units[v] for v in variants):
+            continue
+        base = units.get(BASELINE, {}).get(task)
+        cells = [
+            metric_cell(units[v][task], base if v != BASELINE else None, ctx.cfg)[0]
+            if task in units[v]
+            else "–"
+            for v in variants
+        ]
+        rows.append([*task, *cells])
+    bench_file = ctx.out / SCORING_BENCH
+    rows += bench_rows(read_bench(bench_file), variants)
+    note = "" if bench_file.exists() else " " + TEXT("no-scoring-bench")
+    return [
+        "## Head to head",
+        TEXT("head-to-head", baseline=BASELINE) + note,
+        md_table(["suite", "metric", *(f"`{v}`" for v in variants)], rows),
+    ]
+
+
+def replacement_modes(ctx: ReportContext) -> list[str]:
+    """The image replacements scored (``score.replacements``; ``true`` is the own image)."""
+    return [m for m in ctx.score.replacements if m != "true"]
+
+
+@section("image-replacement", order=46)
+def image_replacement(ctx: ReportContext) -> list[str]:
+    """Each variant with replacement runs (``<variant>@<mode>``) on the ARO-style tasks, their
+    mean and the SugarCrepe-style mean (and What'sUp-style individual where it was scored):
+    own image, then each replacement with Δ against the own image; chance last."""
+    modes = replacement_modes(ctx)
+    variants = [
+        v
+        for v in dict.fromkeys([*ctx.score.variants, *sorted(ctx.scored)])
+        if "@" not in v and any(f"{v}@{m}" in ctx.scored for m in modes)
+    ]
+    if not variants:
+        return []
+    whatsup = (("shapes-whatsup", "individual"),)
+    columns: list[tuple[str, tuple[Task, ...]]] = [
+        *((t[1], (t,)) for t in ARO_TASKS),
+        ("ARO-style mean", ARO_TASKS),
+        ("SugarCrepe-style mean", SUGARCREPE_TASKS),
+    ]
+    if any(task_units(ctx.results, whatsup, f"{v}@{m}") for v in variants for m in modes):
+        columns.append(("What'sUp-style individual", whatsup))
+    n, seed = ctx.cfg.bootstrap, ctx.cfg.seed
+    rows = []
+    for v in variants:
+        runs = [v, *(f"{v}@{m}" for m in modes if f"{v}@{m}" in ctx.scored)]
+        for run in runs:
+            cells = []
+            for _, tasks in columns:  # a mean needs every one of its tasks
+                ci = mean_ci(ctx.results, tasks, run, n, seed)
+                d = compare_mean(ctx.results, tasks, run, v, n, seed) if run != v else None
+                cell = "–" if ci is None else pct_ci(ci.estimate, ci.lo, ci.hi)
+                cells.append(cell + (f"<br>Δ {points_ci(d.diff, d.lo, d.hi)}" if d else ""))
+            condition = "own image" if run == v else run.split("@", 1)[1]
+            rows.append([f"`{v}`", condition, *cells])
+    chance = [pct(sum(TASK_CHANCE[t] for t in tasks) / len(tasks)) for _, tasks in columns]
+    rows.append(["chance", "", *chance])
+    header = ["variant", "image", *(name for name, _ in columns)]
+    return [
+        "## Image replacement",
+        TEXT("image-replacement", modes=", ".join(modes)),
+        md_table(header, rows),
+    ]
 
 
 @section("performance", order=90)

@@ -313,7 +313,7 @@ PAPER_PARAMETERS = (
 def parameter_comparison(parameters: dict[str, int]) -> dict[str, Any]:
     """The scorer's trainable parameters at ViT-L-14-336 dimensions against the paper's total.
 
-    ``parameters``: per component and ``total``, as ``pipeline bench bindclip`` writes them
+    ``parameters``: per component and ``total``, as ``pipeline bench scoring`` writes them
     (:func:`pipeline.scorers.bindclip.parameter_breakdown`). Returns the ``components``,
     ``total``, ``paper``, ``share`` (total / paper), ``gap`` (paper - total) and
     ``text_projection`` (phi_t's LayerNorm + Linear: the size of one more h-wide block).

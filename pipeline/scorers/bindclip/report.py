@@ -54,7 +54,7 @@ def bindclip_section(ctx: ReportContext) -> list[str]:
         *training_seeds(ctx),
         *coupling(ctx),
         *diagnostics(ctx),
-        *parameters(ctx.out / "bench" / "bindclip.json"),
+        *parameters(ctx.out / "bench" / "scoring.json"),
         *goals(ctx),
     ]
 
@@ -375,11 +375,12 @@ def breakdown_table(rows: list[dict], group: str) -> str:
 
 def parameters(bench: Path) -> list[str]:
     """The scorer's parameters per component at ViT-L-14-336 dimensions, from ``pipeline
-    bench bindclip``, against the paper's total (nothing when the bench has not run)."""
+    bench scoring``, against the paper's total (nothing when the bench has not run)."""
     vit = json.loads(bench.read_text())["results"].get("ViT-L-14-336", {}) if bench.exists() else {}
-    if "parameters" not in vit:
+    breakdown = vit.get("variants", {}).get(VARIANT, {}).get("parameter_breakdown")
+    if breakdown is None:
         return []
-    pc = analysis.parameter_comparison(vit["parameters"])
+    pc = analysis.parameter_comparison(breakdown)
     rows = [[k, f"{v:,}"] for k, v in pc["components"].items()]
     rows.append(["**total**", f"**{pc['total']:,}**"])
     ours = [k for k in ("span_gate", "order_gate") if k in pc["components"]]

@@ -1,0 +1,213 @@
+"""Flow-CLIP's section of the report (registered as ``flowclip``, after BindCLIP's).
+
+Shown when one of ``global-m``, ``flowclip``, ``flowclip-cimr`` was scored: the ablation
+ladder on the all-task and binding means, the frozen-CLIP errors each variant corrects and
+the new ones it makes, the patch-sensitivity pictures (the trained ``flowclip`` on the
+cached features), the spread over the training seeds, and the issue's goals as measured
+(:mod:`.analysis`). The numbers of the tables also go to ``flowclip.json``. The prose is
+``report.md`` beside this file; the cross-family table and the image-replacement table are
+the generic sections ``head-to-head`` and ``image-replacement``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.report import ReportContext, section
+from pipeline.report.markdown import md_table, pct, pct_ci, points_ci
+from pipeline.report.sections import SCORING_BENCH, read_bench, replacement_modes
+from pipeline.report.templates import Templates
+from pipeline.scorers.flowclip import analysis
+
+TEXT = Templates("pipeline.scorers.flowclip", "report.md")
+PICTURED = "flowclip"  # the variant whose patch sensitivity is drawn
+
+
+@section("flowclip", order=55)
+def flowclip_section(ctx: ReportContext) -> list[str]:
+    """Every Flow-CLIP analysis for whichever of its variants were scored ([] without any)."""
+    variants = analysis.scored_variants(ctx.results, analysis.VARIANTS)
+    if not variants:
+        return []
+    n, seed = ctx.cfg.bootstrap, ctx.cfg.seed
+    steps = analysis.ladder(ctx.results, n, seed)
+    fixes = analysis.corrections(ctx.results, variants)
+    seeds = analysis.seed_spread(ctx.results, variants)
+    bench = read_bench(ctx.out / SCORING_BENCH)
+    checks = analysis.goal_checks(
+        ctx.results, replacement_modes(ctx) or ("shuffle", "fixed"), bench, n, seed
+    )
+    ctx.json_files["flowclip.json"] = {
+        "tasks": {
+            name: [analysis.task_label(t) for t in tasks] for name, tasks in analysis.MEANS.items()
+        },
+        "ladder": steps,
+        "corrections": fixes,
+        "seeds": seeds,
+        "goals": checks,
+    }
+    return [
+        "## Flow-CLIP",
+        TEXT("intro", variants=", ".join(f"`{v}`" for v in variants)),
+        *ladder_part(steps, n),
+        *corrections_part(fixes, variants),
+        *sensitivity_part(ctx),
+        *seeds_part(seeds),
+        *goals_part(checks),
+    ]
+
+
+def _step(c: dict | None, n_resamples: int) -> str:
+    """A paired comparison (``compare_mean`` as a dict) in signed points with its bootstrap
+    p (``p < 1/n_resamples`` when no resample crosses 0)."""
+    if c is None:
+        return "–"
+    p = f"p < {1 / n_resamples:g}" if c["p"] == 0 else f"p {c['p']:.4f}"
+    return f"{points_ci(c['diff'], c['lo'], c['hi'])}<br>{p}"
+
+
+def ladder_part(steps: dict[str, Any], n_resamples: int) -> list[str]:
+    """One table: per rung, each mean with its CI, the step from the rung before and the
+    difference from frozen CLIP."""
+    means = [name for name in analysis.MEANS if steps[name]["rows"]]
+    if not means:
+        return []
+    header = ["rung"]
+    for name in means:
+        header += [f"{name} mean", "Δ vs previous rung", "Δ vs `clip`"]
+    rows = []
+    for k, v in enumerate(steps["rungs"]):
+        cells = [f"`{v}`"]
+        for name in means:
+            r = steps[name]["rows"][k]
+            cells += [
+                pct_ci(r["value"], r["lo"], r["hi"]),
+                _step(r["vs_previous"], n_resamples),
+                _step(r["vs_clip"], n_resamples),
+            ]
+        rows.append(cells)
+    notes = []
+    for name in means:
+        tasks, missing = steps[name]["tasks"], steps[name]["missing"]
+        notes.append(
+            f"{name} mean: {len(tasks)} tasks ({', '.join(tasks)})"
+            + (f"; not scored for every rung, left out: {', '.join(missing)}" if missing else "")
+        )
+    return [
+        "### Ablation ladder",
+        TEXT("ladder", tasks="; ".join(notes) + "."),
+        md_table(header, rows),
+    ]
+
+
+def corrections_part(rows: list[dict[str, Any]], variants: list[str]) -> list[str]:
+    """Per slice: items, frozen CLIP's errors, and per variant corrected / new / net (p)."""
+    if not rows:
+        return []
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return "–"
+        return f"{r['corrected']} / {r['new']} / {r['net']:+d}<br>p {r['p']:.3g}"
+
+    table = [
+        [
+            r["suite"],
+            r["slice"],
+            str(r["items"]),
+            str(r["baseline_errors"]),
+            *(cell(r[v]) for v in variants),
+        ]
+        for r in rows
+    ]
+    header = ["suite", "slice", "items", "`clip` errors", *(f"`{v}`" for v in variants)]
+    return ["### Errors corrected and errors made", TEXT("corrections"), md_table(header, table)]
+
+
+def sensitivity_part(ctx: ReportContext) -> list[str]:
+    """The patch-sensitivity pictures of ``flowclip`` (nothing unless it was scored on the
+    suites drawn and they are in the store)."""
+    items = analysis.sensitivity_items(ctx.results, PICTURED)
+    if not items:
+        return []
+    items = [it for it in items if it[0] in ctx.store.suites()]
+    if not items:
+        return []
+    maps = analysis.patch_maps(ctx.scorer(PICTURED), ctx.store, ctx.results, items)
+    fig = sensitivity_figure(maps, ctx.results)
+    return [
+        "### Patch sensitivity",
+        TEXT("sensitivity", variant=PICTURED),
+        f"![patch sensitivity]({ctx.figure('flowclip-sensitivity.png', fig)})",
+    ]
+
+
+def sensitivity_figure(maps: list[dict[str, Any]], results: dict[str, Any]):
+    """One row per item: the image with its captions, and the per-patch change of the margin
+    over it (red: the patch's centred feature raises gold − foil; blue: lowers it; a
+    symmetric colour scale per item)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    fig, axes = plt.subplots(
+        len(maps), 2, figsize=(5.6, 2.8 * len(maps)), squeeze=False, layout="constrained"
+    )
+    for (ax_img, ax_map), m in zip(axes, maps, strict=True):
+        img = np.asarray(
+            Image.open(Path(results[m["suite"]]["image_root"]) / m["image"]).convert("RGB")
+        )
+        h, w = img.shape[:2]
+        lim = float(np.abs(m["map"]).max()) or 1.0
+        ax_img.imshow(img)
+        ax_img.set_title(f"{m['suite']} {m['category']}", fontsize=7)
+        ax_img.set_xlabel(f"✓ {m['gold']}\n✗ {m['foil']}", fontsize=6.5)
+        ax_map.imshow(img)
+        shown = ax_map.imshow(
+            m["map"],
+            cmap="RdBu_r",
+            vmin=-lim,
+            vmax=lim,
+            alpha=0.65,
+            extent=(0, w, h, 0),
+            interpolation="nearest",
+        )
+        ax_map.set_title(f"margin {m['margin']:+.3f}, Σ patches {m['total']:+.3f}", fontsize=7)
+        fig.colorbar(shown, ax=ax_map, fraction=0.046, pad=0.02).ax.tick_params(labelsize=6)
+        for ax in (ax_img, ax_map):
+            ax.set_xticks([])
+            ax.set_yticks([])
+    return fig
+
+
+def seeds_part(seeds: dict[str, Any]) -> list[str]:
+    """Per variant with per-seed runs: mean ± sd over seeds of each mean and headline task."""
+    if not seeds:
+        return []
+    columns = list(dict.fromkeys(k for row in seeds.values() for k in row if k != "seeds"))
+
+    def cell(x: dict | None) -> str:
+        if x is None:
+            return "–"
+        sd = "–" if x["sd"] is None else f"{100 * x['sd']:.1f}"
+        return f"{pct(x['mean'])} ± {sd}"
+
+    rows = [
+        [f"`{v}`", str(len(row["seeds"])), *(cell(row.get(c)) for c in columns)]
+        for v, row in seeds.items()
+    ]
+    header = ["variant", "seeds", *(f"{c} mean" if c in analysis.MEANS else c for c in columns)]
+    return ["### Training seeds", TEXT("seeds"), md_table(header, rows)]
+
+
+def goals_part(checks: list[dict[str, Any]]) -> list[str]:
+    """The issue's goals: measured, met (yes / **no** / – when not measured), shortfall."""
+    verdict = {True: "yes", False: "**no**", None: "–"}
+    rows = [[c["goal"], c["measured"], verdict[c["met"]], c["shortfall"] or "–"] for c in checks]
+    table = md_table(["goal", "measured", "met", "short of the goal by"], rows)
+    return ["### The issue's goals, as measured", TEXT("goals"), table]
