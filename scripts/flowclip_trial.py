@@ -65,16 +65,10 @@ def trial_params(base: dict, name: str, out: Path, variants: list[str], override
     return params
 
 
-ALL_TASKS = [("shapes-sugarcrepe", c) for c in ("replace-obj", "replace-att", "replace-rel", "swap-obj", "swap-att", "add-obj", "add-att")] + [
-    ("shapes-aro", "relation"), ("shapes-aro", "attribution"), ("shapes-aro", "order"),
-    ("shapes-whatsup", "individual"), ("shapes-retrieval", "R@1")]
-BINDING = [("shapes-sugarcrepe", "swap-att"), ("shapes-sugarcrepe", "swap-obj"), ("shapes-aro", "relation"),
-           ("shapes-aro", "attribution"), ("shapes-whatsup", "individual")]
-ARO = [("shapes-aro", "relation"), ("shapes-aro", "attribution"), ("shapes-aro", "order")]
-
-
 def summary(metrics_dir: Path, variants: list[str]) -> dict:
     """Per variant: all-task, binding and dev means; ARO-style mean under true/shuffle/fixed."""
+    from pipeline.report.compare import ARO_TASKS as ARO
+    from pipeline.scorers.flowclip.analysis import ALL_TASKS, BINDING_TASKS as BINDING
 
     def mean(name: str, tasks) -> float | None:
         vals = []

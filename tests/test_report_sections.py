@@ -385,3 +385,20 @@ def test_report_code_keeps_markdown_out_of_python():
         if len(line) > 120
     ]
     assert not long
+
+
+def test_bindclip_robustness_splits_slices_by_their_paired_ci():
+    from pipeline.report.compare import Comparison
+    from pipeline.scorers.bindclip.report import robustness
+
+    rows = [
+        Comparison("s", "up", 0.5, 0.6, 0.10, 0.02, 0.18, 0.01),
+        Comparison("s", "down", 0.5, 0.4, -0.10, -0.18, -0.02, 0.01),
+        Comparison("s", "tie", 0.5, 0.5, 0.00, -0.03, 0.03, 0.9),
+        Comparison("s", "edge", 0.5, 0.5, 0.01, 0.0, 0.02, 0.05),  # CI touching 0 is a tie
+    ]
+    split = robustness(rows)
+    assert split["gains"] == "up (+10.0 [+2.0, +18.0])"
+    assert split["losses"] == "down (-10.0 [-18.0, -2.0])"
+    assert split["ties"] == "tie (+0.0 [-3.0, +3.0]), edge (+1.0 [+0.0, +2.0])"
+    assert robustness(rows[2:])["gains"] == "none"

@@ -71,10 +71,26 @@ def table_one(ctx: ReportContext) -> list[str]:
     ]
     header = ["suite", "metric", "frozen CLIP", "BindCLIP", "Δ [95% CI]", "p"]
     parts = ["## BindCLIP (seed Table-1 layout)", TEXT("table-1"), md_table(header, cells)]
+    if rows:
+        parts.append(TEXT("robust", **robustness(rows)))
     mc = whatsup_mcnemar(ctx.results, VARIANT)
     if mc:
         parts.append(TEXT("mcnemar", **mc))
     return parts
+
+
+def robustness(rows) -> dict[str, str]:
+    """The Table-1 slices split by their paired CI: gains (CI above 0), losses (below 0), ties."""
+
+    def names(keep) -> str:
+        picked = [f"{c.metric} ({points_ci(c.diff, c.lo, c.hi)})" for c in rows if keep(c)]
+        return ", ".join(picked) or "none"
+
+    return {
+        "gains": names(lambda c: c.lo > 0),
+        "losses": names(lambda c: c.hi < 0),
+        "ties": names(lambda c: c.lo <= 0 <= c.hi),
+    }
 
 
 def ablation(ctx: ReportContext) -> list[str]:
