@@ -402,3 +402,16 @@ def test_stage_writes_replacement_outputs(tiny_store, tmp_path):
             ext,
             progress=False,
         )
+
+
+def test_replacement_variants_narrow_which_variants_are_replaced(tiny_store, tmp_path):
+    from stages import score as score_stage
+
+    cfg, ext = _stage_configs(tiny_store, tmp_path, replacements=["fixed"], replacement_variants=["local-max"])
+    cfg.variants = ["clip", "local-max"]
+    cfg.suites = ["shapes-dev"]
+    names = [r["variant"] for r in score_stage.run(cfg, ext, progress=False)]
+    assert names == ["clip", "local-max", "local-max@fixed"]
+    cfg.replacement_variants = ["bindclip"]
+    with pytest.raises(ValueError, match=r"score.replacement_variants \['bindclip'\] are not in score.variants"):
+        score_stage.run(cfg, ext, progress=False)
