@@ -157,6 +157,63 @@ def train(
 
 
 @app.command()
+def ridge(
+    params: Params = DEFAULT_PARAMS,
+    lam: Annotated[float | None, typer.Option(help="ridge penalty")] = None,
+) -> None:
+    """Fit ridge-fgw's phrase -> object-embedding map on the training split (closed form)."""
+    from pipeline.config import ExtractConfig, RidgeConfig, load_config
+    from pipeline.registry import UnknownNameError
+    from stages import ridge as stage
+
+    try:
+        cfg = load_config(RidgeConfig, params, "ridge", {"lam": lam})
+        _echo_json(stage.run(cfg, load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})))
+    except (UnknownNameError, ValueError, FileNotFoundError, RuntimeError) as e:
+        _fail(e)
+
+
+@app.command("compare-encoders")
+def compare_encoders(
+    params: Params = DEFAULT_PARAMS,
+    encoder: Annotated[list[str] | None, typer.Option(help="encoder(s) to compare (repeatable; default: compare.encoders)")] = None,
+    variant: Annotated[list[str] | None, typer.Option(help="variant(s) (repeatable; default: compare.variants)")] = None,
+    quiet: Quiet = False,
+) -> None:
+    """The same variants on several encoders: train, extract, train, score each, then
+    summarise (reports/encoders/summary.json; the report shows it when present)."""
+    from pipeline.config import (
+        CompareConfig,
+        ExtractConfig,
+        ScoreConfig,
+        ToyClipConfig,
+        WorldConfig,
+        load_config,
+        load_train_config,
+        train_variants,
+    )
+    from pipeline.encoders import WeightsUnavailableError
+    from pipeline.registry import UnknownNameError
+    from stages import compare as stage
+
+    try:
+        cfg = load_config(CompareConfig, params, "compare", {"encoders": encoder, "variants": variant})
+        trainable = set(train_variants(params))
+        summary = stage.run(
+            cfg,
+            load_config(ToyClipConfig, params, "toyclip"),
+            load_config(ExtractConfig, params, "extract"),
+            {v: load_train_config(params, v) for v in cfg.variants if v in trainable},
+            load_config(ScoreConfig, params, "score"),
+            load_config(WorldConfig, params, "world"),
+            progress=not quiet,
+        )
+        _echo_json({e: {v: r["means"] for v, r in s["variants"].items()} for e, s in summary["encoders"].items()})
+    except (UnknownNameError, WeightsUnavailableError, ValueError, FileNotFoundError, RuntimeError) as e:
+        _fail(e)
+
+
+@app.command()
 def report(params: Params = DEFAULT_PARAMS) -> None:
     """Write reports/report.md with tables, CIs, figures and examples."""
     from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig, load_config
@@ -268,6 +325,20 @@ def bench_scoring(
     except UnknownNameError as e:
         _fail(e)
     _write_bench("scoring", cmd, results)
+
+
+@bench_app.command("rerank")
+def bench_rerank(
+    queries: Annotated[int, typer.Option(help="queries reranked per variant")] = 200,
+    objects: Annotated[int, typer.Option(help="objects per query and per image")] = 4,
+    dim: Annotated[int, typer.Option(help="joint-space dimension (toy: 128)")] = 128,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads")] = 2,
+) -> None:
+    """Geometry-aware reranking cost: ms per query at K = 20, growth with K and objects, FGW batched vs POT's loop."""
+    from pipeline.perf.rerank import bench_rerank as run_bench
+
+    cmd = f"pipeline bench rerank --queries {queries} --objects {objects} --dim {dim} --threads {threads}"
+    _write_bench("rerank", cmd, run_bench(queries=queries, objects=objects, dim=dim, threads=threads))
 
 
 @bench_app.command("memory")

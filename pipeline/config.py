@@ -21,6 +21,7 @@ SHAPES_SUITES = (
     "shapes-aro",
     "shapes-sugarcrepe",
     "shapes-retrieval",
+    "shapes-multi",
     "shapes-train",
     "shapes-dev",
 )
@@ -37,6 +38,7 @@ class WorldConfig:
     n_aro: int = 200  # items per ARO-style category (relation, attribution, order)
     n_sugarcrepe: int = 100  # items per SugarCrepe-style category (7 categories)
     n_retrieval_groups: int = 40  # groups of compositional variants (5 scenes each)
+    n_multi_groups: int = 40  # shapes-multi galleries of near-duplicates (3-5 objects a scene)
     n_train: int = 2400  # training pairs (shapes-train), spread over the 8 families
     n_dev: int = 480  # development pairs (shapes-dev), spread over the 8 families
     suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES))  # suites to write
@@ -101,6 +103,12 @@ class ScoreConfig:
     replacements: list[str] = field(default_factory=list)  # image replacements also scored on choice suites ("shuffle", "fixed", "true"): <variant>@<mode>
     replacement_variants: list[str] = field(default_factory=list)  # variants the replacements score ([] = every entry of `variants`)
     replacement_seed: int = 0  # seed of the shuffle permutation and of the fixed image
+    options: dict[str, dict] = field(default_factory=dict)  # variant -> its factory's options (e.g. the rerankers' k, alpha, structure)
+
+    @property
+    def replaced(self) -> list[str]:
+        """The variants the image replacements score (``replacement_variants``, else all)."""
+        return list(self.replacement_variants or self.variants)
 
 
 @dataclass
@@ -131,6 +139,39 @@ class TrainConfig:
 
 
 @dataclass
+class RidgeConfig:
+    """Fitting ``ridge-fgw``'s phrase -> object map on the training split (``pipeline ridge``)."""
+
+    encoder: str = "toy"  # which store under extract.out
+    suite: str = "shapes-train"  # training pairs: every annotated object (object_names, object_boxes)
+    lam: float = 1.0  # ridge penalty on the map (intercept unpenalised)
+    out: str = "cache/checkpoints"  # <out>/ridge-fgw/{model.safetensors, config.json}
+
+
+@dataclass
+class CompareConfig:
+    """The same scorer variants on several encoders (``pipeline compare-encoders``).
+
+    Each encoder gets its own feature store (``<extract.out>/<encoder>.zarr``), checkpoints
+    and scores under ``<out>/<encoder>/``, and metrics under ``<metrics_out>/<encoder>/``;
+    the other sections of ``params.yaml`` (``extract``, ``train.<variant>``, ``score``,
+    ``toyclip``) supply every setting not named here, so the encoders differ in nothing else.
+    """
+
+    encoders: list[str] = field(default_factory=lambda: ["toy", "toy-small"])  # encoder keys
+    variants: list[str] = field(default_factory=lambda: ["clip", "bindclip", "global-m", "flowclip", "flowclip-cimr"])  # scored on every encoder (trainable ones trained first)
+    suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES[:4]))  # suites scored
+    seeds: list[int] = field(default_factory=lambda: [0])  # training seeds per trainable variant
+    reuse_pipeline: bool = True  # the pipeline's own encoder (extract.model) reads `dvc repro`'s scores instead of retraining
+    pretrained: dict[str, str] = field(default_factory=dict)  # encoder -> weights for non-toy encoders ("none" = random init)
+    toyclip: dict = field(default_factory=dict)  # overrides of the toyclip section for training a toy encoder's weights
+    out: str = "cache/encoders"  # <out>/<encoder>/{toyclip,checkpoints,scores}
+    metrics_out: str = "reports/encoders"  # <metrics_out>/<encoder>/<variant>/<suite>.json, summary.json
+    bootstrap: int = 10000  # resamples of the means' CIs
+    seed: int = 0  # bootstrap seed
+
+
+@dataclass
 class ReportConfig:
     """The human report (``pipeline report``)."""
 
@@ -139,6 +180,7 @@ class ReportConfig:
     seed: int = 0  # bootstrap seed
     examples: int = 4  # example images per suite
     head_to_head: list[str] = field(default_factory=lambda: ["clip", "bindclip", "global-m", "flowclip", "flowclip-cimr"])  # the cross-family table's variants (those scored)
+    encoders: str = "reports/encoders/summary.json"  # `pipeline compare-encoders`' summary, shown when present
 
 
 def load_config(cls: type[C], params: str | Path | None, section: str, overrides: dict[str, Any] | None = None) -> C:

@@ -246,7 +246,7 @@ def score_reranked(reranker: Reranker, base: Scorer, store: FeatureStore, galler
         ids, rows = torch.unique(listed, return_inverse=True)  # [U] gallery positions, [b, k] rows of ids
         candidates = store.images(gallery_rows[ids.numpy()], grids=reranker.uses_grids)  # U images
         query = store.texts(query_rows[start : start + step], grids=reranker.uses_grids)
-        r = reranker.rerank(query, candidates, rows, gallery=ids)
+        r = reranker.rerank(query, candidates, rows, gallery=ids, queries=torch.arange(start, start + len(listed)))
         if tuple(r.shape) != tuple(listed.shape):
             raise ValueError(f"{name}.rerank returned shape {tuple(r.shape)}, expected [Q, K] = {tuple(listed.shape)}")
         if torch.isnan(r).any():
@@ -256,19 +256,21 @@ def score_reranked(reranker: Reranker, base: Scorer, store: FeatureStore, galler
 
 
 @torch.no_grad()
-def score_retrieval(scorer: Scorer, store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray], batch_size: int, base: Scorer | None = None) -> np.ndarray:
+def score_retrieval(scorer: Scorer, store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray], batch_size: int, base: Scorer | None = None, suite: str = "") -> np.ndarray:
     """[n_queries, n_gallery] scores; gallery order = `gallery_images(manifest)`.
 
     A per-caption scorer scores the whole gallery (``score_matrix``). A reranker
     (``scorer.reranker``) reranks the shortlists of its base scorer (:func:`score_reranked`);
     ``base`` is that scorer already built (e.g. a trained one from ``load_scorer``), else
-    ``scorer.base`` is built from the registry.
+    ``scorer.base`` is built from the registry; the reranker's ``prepare`` sees the suite
+    (``suite`` names it in messages) before the first shortlist.
     """
     gallery_rows, query_rows = retrieval_rows(manifest, index)
     if scorer.pairwise:
         raise ValueError(f"{type(scorer).__name__} is a pairwise caption scorer; it cannot rank images")
     if scorer.reranker:
         base = base if base is not None else base_scorer(scorer, store)
+        scorer.prepare(store, manifest, index, suite)
         return score_reranked(scorer, base, store, gallery_rows, query_rows, batch_size)
     return gallery_scores(scorer, store, gallery_rows, query_rows, batch_size)
 

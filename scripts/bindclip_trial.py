@@ -99,7 +99,11 @@ def diagnostics(score, extract) -> dict:
     share pointing to the true caption / mean size in logits) on the non-spatial
     ``BREAKDOWN_SLICES``."""
     from pipeline.cache import open_store
-    from pipeline.scorers.bindclip.diagnostics import argument_swaps, attribute_binding, energy_breakdowns
+    from pipeline.scorers.bindclip.diagnostics import (
+        argument_swaps,
+        attribute_binding,
+        energy_breakdowns,
+    )
     from pipeline.scorers.checkpoints import load_scorer
     from pipeline.scoring import suite_inputs
 

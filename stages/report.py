@@ -37,7 +37,7 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
         names = list(score.variants)
         for variant in score.seed_variants:
             names += sorted(p.name for p in Path(score.scores_out).glob(f"{variant}@seed*"))
-        for variant in score.replacement_variants or score.variants:
+        for variant in score.replaced:
             names += [f"{variant}@{mode}" for mode in score.replacements]
         for name in names:
             if (Path(score.scores_out) / name / f"{suite}.parquet").is_file():

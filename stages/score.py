@@ -78,7 +78,7 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
     for mode in cfg.replacements:
         if mode not in REPLACEMENTS:
             raise ValueError(f"unknown score.replacements entry {mode!r}; valid: {', '.join(REPLACEMENTS)}")
-    replaced = set(cfg.replacement_variants or cfg.variants)
+    replaced = set(cfg.replaced)
     unknown = sorted(replaced - set(cfg.variants))
     if unknown:
         raise ValueError(f"score.replacement_variants {unknown} are not in score.variants")
@@ -89,7 +89,7 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
         runs += [(f"{variant}@{d.name}", variant, d) for d in seed_checkpoints(variant, cfg.checkpoints)]
     records = []
     for name, variant, ckpt in runs:
-        scorer = load_scorer(variant, store, cfg.checkpoints, ckpt)
+        scorer = load_scorer(variant, store, cfg.checkpoints, ckpt, options=cfg.options.get(variant))
         base = None  # a reranker's base scorer, loaded on its first retrieval suite
         for suite in suites:
             manifest, index = suite_inputs(store, suite.name)
@@ -101,7 +101,9 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
                     continue  # pairwise caption scorers do not rank images
                 if scorer.reranker and base is None:
                     base = load_scorer(scorer.base, store, cfg.checkpoints)
-                scores = score_retrieval(scorer, store, manifest, index, cfg.batch_size, base=base)
+                scores = score_retrieval(scorer, store, manifest, index, cfg.batch_size, base=base, suite=suite.name)
+            elif not scorer.scores_choices:
+                continue  # retrieval-only rerankers (object boxes, phrases)
             else:
                 desc = f"{name} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc)

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from pipeline.benchmarks import SUITES
-from pipeline.benchmarks.shapes import retrieval_units, shapes_aro_units, target_ranks
+from pipeline.benchmarks.retrieval import retrieval_units, target_ranks
+from pipeline.benchmarks.shapes import shapes_aro_units
 
 
 def _write(root, suite, rows):

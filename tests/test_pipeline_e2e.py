@@ -76,14 +76,17 @@ def test_pipeline_writes_contract_metrics(tiny_run):
         "shapes-sugarcrepe": {"replace-obj", "replace-att", "replace-rel", "swap-obj", "swap-att", "add-obj", "add-att"},
         "shapes-aro": {"relation", "attribution", "order"},
         "shapes-whatsup": {"individual", "pair", "set"},
-        "shapes-retrieval": {"R@1", "R@5", "R@10", "nDCG@10"},
+        "shapes-retrieval": {"R@1", "R@5", "R@10", "nDCG@10", "mean-rank"},
     }
     for suite, names in expected.items():
         record = json.loads((tiny_run / "reports" / "metrics" / "clip" / f"{suite}.json").read_text())
         assert record["suite"] == suite and record["variant"] == "clip" and record["encoder"] == "toy"
         assert names <= set(record["metrics"]), (suite, record["metrics"])
         assert record["n_items"] > 0
-        assert all(0.0 <= v <= 1.0 for v in record["metrics"].values())
+        rates = {k: v for k, v in record["metrics"].items() if k != "mean-rank"}
+        assert all(0.0 <= v <= 1.0 for v in rates.values())
+        if "mean-rank" in record["metrics"]:  # 1 (perfect) .. the gallery size
+            assert 1.0 <= record["metrics"]["mean-rank"] <= record["n_items"]
     report = (tiny_run / "reports" / "report.md").read_text()
     assert "## shapes-sugarcrepe" in report and "failure profile" in report
     assert list((tiny_run / "reports" / "figures").glob("examples-*.png"))

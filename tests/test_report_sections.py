@@ -128,6 +128,23 @@ FLOWCLIP_RUNS |= {
 }
 
 
+GEOMETRY_RUNS = ("clip", "fgw", "hungarian", "fgw-hungarian", "ridge-fgw", "steer", "steer-multi")
+
+
+def retrieval_results(world: Path, variants, n: int = 12, seed: int = 0) -> dict:
+    """A retrieval suite made by hand over ``n`` of the world's images (one query per
+    gallery image), with random scores."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    src = resolve_source("shapes-whatsup", str(world), {}, {})
+    images = list(dict.fromkeys(read_manifest(src.manifest)["image"]))[:n]
+    manifest = pd.DataFrame({"item_id": [f"q{i}" for i in range(n)], "image": images,
+                             "captions": [[f"query {i}"] for i in range(n)], "correct": 0, "category": "retrieval"})  # fmt: skip
+    scores = {v: rng.normal(size=(n, n)) for v in variants}
+    return {"manifest": manifest, "image_root": src.image_root, "scores": scores}
+
+
 def write_measurements(out: Path) -> None:
     """What ``pipeline bench ...`` and ``pipeline probes`` leave in the report folder."""
     (out / "bench").mkdir(parents=True, exist_ok=True)
@@ -136,6 +153,11 @@ def write_measurements(out: Path) -> None:
         "bench/memory.json": {"growth_mib": 47.4},
         "bench/scoring.json": {"ViT-L-14-336": {"variants": {"bindclip": {"parameter_breakdown": params}}}},
         "probes.json": {"colour": {"patch_accuracy": 0.7}},
+        "bench/rerank.json": {
+            "variants": {"fgw": {"variant": "fgw", "k": 20, "objects": 4, "ms_per_query": 2.0, "queries_per_s": 500.0}},
+            "scaling": [{"variant": "fgw", "k": 5, "objects": 4, "ms_per_query": 0.5, "queries_per_s": 2000.0}],
+            "fgw_batched_vs_loop": {"batched_ms": 0.01, "loop_ms": 0.2, "speedup": 20.0, "max_abs_diff": 1e-15},
+        },
     }
     for name, results in files.items():
         command = f"pipeline {Path(name).stem}"
@@ -151,7 +173,8 @@ def full_context(world, tmp_path, report_store, bindclip_scorer, flowclip_scorer
     how |= FLOWCLIP_RUNS
     scorers = {"bindclip": bindclip_scorer, "flowclip": flowclip_scorer}
     ctx = make_context(world, tmp_path, how, store_=report_store, scorers_=scorers)
-    variants = [v for v in how if "@" not in v]
+    ctx.results["shapes-retrieval"] = retrieval_results(world, GEOMETRY_RUNS)
+    variants = [v for v in how if "@" not in v] + list(GEOMETRY_RUNS)
     ctx.score = ScoreConfig(
         variants=variants, suites=SUITES_SHOWN, replacements=["shuffle", "fixed"]
     )
@@ -309,6 +332,7 @@ def test_performance_lists_every_measurement_by_name(world, tmp_path):
     assert heads == [
         "**memory** (`pipeline memory`)",
         "**probes** (`pipeline probes`)",  # reports/probes.json, among reports/bench/*.json
+        "**rerank** (`pipeline rerank`)",
         "**scoring** (`pipeline scoring`)",
     ]
     assert '```json\n{\n "growth_mib": 47.4\n}\n```' in perf
@@ -320,10 +344,14 @@ def test_stage_writes_what_the_sections_left(full_context, monkeypatch):
     out = full_context.out
     text = render(full_context)
     stage.write_outputs(full_context)
-    assert text.count("](figures/") == len(list((out / "figures").glob("*.png"))) == 5
+    assert text.count("](figures/") == len(list((out / "figures").glob("*.png"))) == 6  # + examples-shapes-retrieval
     assert (out / "figures" / "flowclip-sensitivity.png").is_file()
     payload = json.loads((out / "flowclip.json").read_text())
     assert list(payload) == ["tasks", "ladder", "corrections", "seeds", "goals"]
+    geometry = json.loads((out / "geometry.json").read_text())
+    assert list(geometry) == ["metrics", "hard_vs_soft", "goals"]
+    assert set(geometry["metrics"]["shapes-retrieval"]) == set(GEOMETRY_RUNS)
+    assert {"R@1", "mean-rank"} <= set(geometry["hard_vs_soft"]["shapes-retrieval"])
     diagnostics = json.loads((out / "diagnostics.json").read_text())
     assert set(diagnostics) == set(full_context.json_files["diagnostics.json"])
     csv = (out / "plots" / "metrics.csv").read_text().splitlines()
@@ -348,9 +376,9 @@ def test_template_blocks_unwrap_paragraphs():
 def test_template_unknown_block_lists_the_blocks():
     text = Templates("pipeline.report", "templates/sections.md")
     assert text("profile").startswith("Frozen global CLIP on the shapes suites")
-    with pytest.raises(KeyError, match="blocks: head-to-head, image-replacement, intro, "):
+    with pytest.raises(KeyError, match="blocks: encoder-comparison, head-to-head, image-replacement, intro, "):
         text("nope")
-    with pytest.raises(KeyError, match="no-measurements, no-scoring-bench, profile"):
+    with pytest.raises(KeyError, match="no-encoder-comparison, no-measurements, no-scoring-bench, profile"):
         text("nope")
 
 
@@ -360,8 +388,9 @@ def test_template_unknown_block_lists_the_blocks():
         "pipeline.report.sections",
         "pipeline.scorers.bindclip.report",
         "pipeline.scorers.flowclip.report",
+        "pipeline.scorers.geometry.report",
     ],
-    ids=["generic", "bindclip", "flowclip"],
+    ids=["generic", "bindclip", "flowclip", "geometry"],
 )
 def test_every_template_block_is_used_and_exists(module):
     """The blocks a section asks for are the blocks its template file defines."""
@@ -376,7 +405,7 @@ def test_every_template_block_is_used_and_exists(module):
 def test_report_code_keeps_markdown_out_of_python():
     """The issue's goal: no line of the report's Python over 120 characters."""
     files = [ROOT / "stages/report.py"]
-    files += [ROOT / f"pipeline/scorers/{family}/report.py" for family in ("bindclip", "flowclip")]
+    files += [ROOT / f"pipeline/scorers/{family}/report.py" for family in ("bindclip", "flowclip", "geometry")]
     files += sorted((ROOT / "pipeline/report").glob("*.py"))
     long = [
         (f.name, i)
@@ -402,3 +431,25 @@ def test_bindclip_robustness_splits_slices_by_their_paired_ci():
     assert split["losses"] == "down (-10.0 [-18.0, -2.0])"
     assert split["ties"] == "tie (+0.0 [-3.0, +3.0]), edge (+1.0 [+0.0, +2.0])"
     assert robustness(rows[2:])["gains"] == "none"
+
+
+def test_geometry_goals_read_the_measured_numbers():
+    from pipeline.scorers.geometry.report import goals
+
+    def v(x):
+        return {"value": x}
+
+    numbers = {
+        "shapes-retrieval": {"clip": {"R@1": v(0.1)}, "ridge-fgw": {"R@1": v(0.95)}},
+        "shapes-multi": {"clip": {"R@10": v(0.3)}, "fgw": {"R@10": v(0.5)}, "steer-multi": {"R@10": v(0.2)}},
+    }
+    soft = {"shapes-multi": {m: {"diff": d} for m, d in (("R@1", 0.02), ("R@5", -0.01), ("R@10", -0.03), ("nDCG@10", -0.01))}}
+    bench = {"variants": {"fgw": {"k": 20, "ms_per_query": 12.0}}, "fgw_batched_vs_loop": {"speedup": 25.0}}
+    got = {c["goal"]: c for c in goals(numbers, soft, bench)}
+    assert got["ridge-fgw R@1 >= 0.90 on shapes-retrieval"]["met"]
+    twice = got["shapes-multi: best reranker R@10 >= 2 x clip"]
+    assert not twice["met"] and twice["by"] == pytest.approx(-0.1) and twice["variant"] == "fgw"
+    assert got["shapes-multi: steer-multi R@10 below clip"]["met"]
+    assert got["shapes-multi: Hungarian wins R@1, FGW wins R@5/R@10/nDCG@10"]["met"]
+    assert not got["reranking at K = 20 <= 10 ms per query"]["met"]
+    assert got["FGW batched >= 10x the per-problem POT loop"]["met"]

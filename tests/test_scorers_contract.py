@@ -16,6 +16,10 @@ DIMS = FeatureDims(grid=(3, 4), d_v=16, d_t=12, embed_dim=8, context_length=12)
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
+def _scores_choices(name: str) -> bool:
+    return create_scorer(name, dims=DIMS, proj=random_projections()).scores_choices
+
+
 def random_projections(dims: FeatureDims = DIMS, seed: int = 0) -> Projections:
     g = torch.Generator().manual_seed(seed)
     return Projections(
@@ -54,7 +58,20 @@ def _scores(scorer, image, text_a, text_b):
     return scorer.score(image, text_a)
 
 
-@pytest.mark.parametrize("name", SCORERS.names())
+# Scorers of choice items; the retrieval-only ones (geometry-aware rerankers) are checked below.
+CHOICE_SCORERS = [n for n in SCORERS.names() if _scores_choices(n)]
+RETRIEVAL_ONLY = [n for n in SCORERS.names() if not _scores_choices(n)]
+
+
+@pytest.mark.parametrize("name", RETRIEVAL_ONLY)
+def test_retrieval_only_scorers_are_rerankers_that_refuse_choice_items(name):
+    scorer = create_scorer(name, dims=DIMS, proj=random_projections())
+    assert scorer.reranker and not scorer.pairwise and scorer.base == "clip"
+    with pytest.raises(RuntimeError, match="retrieval suites only"):
+        scorer.score(random_image(2), random_text([3, 4], seed=1))
+
+
+@pytest.mark.parametrize("name", CHOICE_SCORERS)
 def test_shape_finiteness_and_gradients(name):
     torch.manual_seed(0)
     scorer = create_scorer(name, dims=DIMS, proj=random_projections())
@@ -76,7 +93,7 @@ def test_shape_finiteness_and_gradients(name):
             assert p.grad.abs().sum() > 0, f"{name}: zero gradient for {pname}"
 
 
-@pytest.mark.parametrize("name", SCORERS.names())
+@pytest.mark.parametrize("name", CHOICE_SCORERS)
 def test_option_scores_decide_like_the_scorer(name):
     scorer = create_scorer(name, dims=DIMS, proj=random_projections())
     image = random_image(4)

@@ -43,7 +43,7 @@ class ReverseReranker(Reranker):
         self.k = k
         self.calls: list[dict] = []
 
-    def rerank(self, query, candidates, shortlist, gallery=None):
+    def rerank(self, query, candidates, shortlist, gallery=None, queries=None):
         self.calls.append({"n_query": len(query), "n_candidates": len(candidates), "shortlist": shortlist.clone(),
                            "gallery": gallery, "embed": candidates.embed.clone()})  # fmt: skip
         Q, K = shortlist.shape
@@ -60,7 +60,7 @@ class TableReranker(Reranker):
         super().__init__()
         self.table, self.k = torch.as_tensor(table, dtype=torch.float64), k
 
-    def rerank(self, query, candidates, shortlist, gallery=None):
+    def rerank(self, query, candidates, shortlist, gallery=None, queries=None):
         q = query.ids[:, 0]  # [Q]
         return self.table[q[:, None], gallery[shortlist]]  # [Q, K]
 
@@ -235,7 +235,7 @@ def test_reranker_errors_name_the_bad_value(retrieval_case):
         score_retrieval(bad, store, manifest, index, 256)
 
     class WrongShape(ReverseReranker):
-        def rerank(self, query, candidates, shortlist, gallery=None):
+        def rerank(self, query, candidates, shortlist, gallery=None, queries=None):
             return torch.zeros(len(query))
 
     with pytest.raises(ValueError, match=r"returned shape \(16,\), expected \[Q, K\] = \(16, 3\)"):

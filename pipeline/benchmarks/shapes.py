@@ -15,14 +15,17 @@ folder; images are relative to ``<root>/images``). Columns beyond the common
   per-category accuracy with strict ``>``, ``total`` and the length-matched slices (ours);
 * ``shapes-retrieval``: one row per gallery image with ``captions = [query]`` and ``group``;
   scores ``[n_queries, n_gallery]`` over ``gallery_images(manifest)`` -> ``R@1``, ``R@5``,
-  ``R@10``, ``nDCG@10``;
+  ``R@10``, ``nDCG@10``, ``mean-rank`` (:mod:`pipeline.benchmarks.retrieval`);
+* ``shapes-multi``: the same rows and metrics over galleries of 27 near-duplicates of 3-5
+  objects (``group``; ``variant`` base / colour-swap / colour-change / position-swap / move);
+  headline ``R@10``;
 * ``shapes-train`` / ``shapes-dev``: ``family`` (8 families), ``[pos, neg]`` -> per-family
   accuracy (strict ``>``) and ``mean`` (the COCO-families metric).
 
-Retrieval (ours, single relevant image per query, binary relevance): ties are pessimistic,
-``rank = 1 + #{gallery images other than the target scoring >= the target}``;
-``R@k = [rank <= k]`` and ``nDCG@10 = 1 / log2(1 + rank)`` if ``rank <= 10`` else 0 (the
-ideal DCG is 1).
+Object columns (:mod:`pipeline.benchmarks.retrieval`): ``object_names``, ``object_boxes``,
+``phrases``, ``relations`` on shapes-retrieval and shapes-multi; ``object_names`` and
+``object_boxes`` (of ``image``) on shapes-train and shapes-dev. ``object_names`` and
+``phrases`` are caption columns, so extract encodes each phrase once.
 """
 
 from __future__ import annotations
@@ -34,14 +37,18 @@ import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks.aro import attribution_units, order_units, relation_units
-from pipeline.benchmarks.base import SUITES, Suite, Units, gallery_images, relative_image_path
+from pipeline.benchmarks.base import SUITES, Suite, Units, relative_image_path
 from pipeline.benchmarks.coco_families import FAMILIES, family_units
+from pipeline.benchmarks.retrieval import (
+    OBJECT_CAPTION_COLUMNS,
+    RETRIEVAL_METRICS,
+    STEERING_COLUMNS,
+    retrieval_units,
+)
 from pipeline.benchmarks.sugarcrepe import METRIC_NAMES as SUGARCREPE_METRICS
 from pipeline.benchmarks.sugarcrepe import sugarcrepe_units
 from pipeline.benchmarks.whatsup import CONTROLLED_METRICS, whatsup_units
 from pipeline.manifests import read_manifest
-
-RETRIEVAL_METRICS = ("R@1", "R@5", "R@10", "nDCG@10")
 
 
 def read_world_manifest(root: Path, suite: str) -> pd.DataFrame:
@@ -61,34 +68,6 @@ def read_world_manifest(root: Path, suite: str) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------- metrics
-
-
-def target_ranks(scores: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """[n_queries] 1-based rank of each query's target, ties pessimistic:
-    ``rank = 1 + #{j != target : scores[q, j] >= scores[q, target]}``; NaN ranks last.
-
-    Args:
-        scores: [n_queries, n_gallery] query-image scores.
-        target: [n_queries] gallery index of each query's relevant image.
-    """
-    scores = np.asarray(scores, dtype=float)
-    scores = np.where(np.isnan(scores), -np.inf, scores)
-    t = scores[np.arange(len(target)), target][:, None]  # [n_queries, 1]
-    return (scores >= t).sum(axis=1)  # the target itself supplies the 1
-
-
-def retrieval_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units]:
-    """R@1, R@5, R@10 and nDCG@10, one unit per query (row); ``scores``: [n_queries,
-    n_gallery] over ``gallery_images(manifest)``."""
-    gallery = {img: j for j, img in enumerate(gallery_images(manifest))}
-    if np.shape(scores) != (len(manifest), len(gallery)):
-        raise ValueError(
-            f"retrieval scores have shape {np.shape(scores)}, expected {(len(manifest), len(gallery))}"
-        )
-    rank = target_ranks(scores, np.array([gallery[img] for img in manifest["image"]]))
-    units = {f"R@{k}": Units((rank <= k).astype(float)) for k in (1, 5, 10)}
-    units["nDCG@10"] = Units(np.where(rank <= 10, 1.0 / np.log2(1.0 + rank), 0.0))
-    return units
 
 
 def shapes_aro_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units]:
@@ -138,6 +117,13 @@ _SPECS = {
         "R@1",
         "text-to-image retrieval",
     ),
+    "shapes-multi": (
+        "retrieval",
+        retrieval_units,
+        RETRIEVAL_METRICS,
+        "R@10",
+        "multi-object retrieval among near-duplicates",
+    ),
     "shapes-train": (
         "choice",
         family_units,
@@ -154,11 +140,19 @@ _SPECS = {
     ),
 }
 
-# Training/dev pairs also carry the counterfactual and flipped images, the flipped captions
-# and a paraphrase: extract encodes them so training reads everything from the cache.
-_PAIR_COLUMNS = {
-    "image_columns": ("image", "cf_image", "flip_image"),
-    "caption_columns": ("captions", "flip_captions", "paraphrase"),
+# Training/dev pairs also carry the counterfactual and flipped images, the flipped captions,
+# a paraphrase and the image's object names: extract encodes them so training reads
+# everything from the cache. Retrieval suites add their object and query phrases.
+_COLUMNS = {
+    "shapes-retrieval": {"caption_columns": ("captions", *OBJECT_CAPTION_COLUMNS, *STEERING_COLUMNS)},
+    "shapes-multi": {"caption_columns": ("captions", *OBJECT_CAPTION_COLUMNS, *STEERING_COLUMNS)},
+    **{
+        name: {
+            "image_columns": ("image", "cf_image", "flip_image"),
+            "caption_columns": ("captions", "flip_captions", "paraphrase", "object_names"),
+        }
+        for name in ("shapes-train", "shapes-dev")
+    },
 }
 
 for _name, (_task, _units, _metrics, _headline, _what) in _SPECS.items():
@@ -172,6 +166,6 @@ for _name, (_task, _units, _metrics, _headline, _what) in _SPECS.items():
             metric_names=_metrics,
             headline=_headline,
             description=f"shapes world, {_what}: root = world folder (manifests/{_name}.parquet, images/)",
-            **(_PAIR_COLUMNS if _name in ("shapes-train", "shapes-dev") else {}),
+            **_COLUMNS.get(_name, {}),
         ),
     )

@@ -9,7 +9,9 @@ Architectures are data (open_clip JSON configs), weights are a separate axis (``
   ``pretrained`` is ``openai`` (open_clip downloads/looks up the HF cache), a file path to a
   state dict, or ``none`` (random init: how the real architecture is tested offline).
 * ``toy``: the shapes-world CLIP, config ``configs/toy-vit.json`` shipped here, weights from the
-  ``toyclip`` stage's safetensors checkpoint.
+  ``toyclip`` stage's safetensors checkpoint; ``toy-small`` (``configs/toy-vit-small.json``:
+  width 64, 3 + 2 layers, joint space 64) is the second encoder of ``pipeline
+  compare-encoders``, trained the same way.
 
 Layer convention (stored in every cache): ``early_layer = l`` is the output of the l-th
 transformer block, 1-based, i.e. HF ``hidden_states[l]`` and open_clip block index ``l - 1``;
@@ -87,6 +89,17 @@ ENCODERS.register(
         toy=True,
     ),
 )
+ENCODERS.register(
+    "toy-small",
+    EncoderSpec(
+        name="toy-small",
+        open_clip_model="toy-vit-small",
+        early_layer=1,
+        default_pretrained="toyclip",
+        weights_hint="run `pipeline compare-encoders` (it trains the small toy CLIP first)",
+        toy=True,
+    ),
+)
 
 
 class WeightsUnavailableError(RuntimeError):
@@ -97,7 +110,7 @@ def register_toy_configs() -> None:
     """Make the shipped configs (``configs/*.json``) known to open_clip (idempotent)."""
     import open_clip
 
-    if "toy-vit" not in open_clip.list_models():
+    if not {"toy-vit", "toy-vit-small"} <= set(open_clip.list_models()):
         open_clip.add_model_config(CONFIG_DIR)
 
 

@@ -18,7 +18,7 @@ from torch import nn
 
 # open_clip config name -> output channels of the stride-2 3x3 convolutions (one per halving
 # of the patch size: 2 ** len == patch_size)
-VISION_STEMS: dict[str, tuple[int, ...]] = {"toy-vit": (32, 64, 128)}
+VISION_STEMS: dict[str, tuple[int, ...]] = {"toy-vit": (32, 64, 128), "toy-vit-small": (16, 32, 64)}
 
 
 class ConvStem(nn.Module):

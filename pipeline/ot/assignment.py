@@ -5,7 +5,8 @@ on numpy per problem; at the sizes of a rerank shortlist, n <= ~20 objects, the 
 loop is as fast as POT's batched proximal solver on a CPU, see ``stack.md`` §4).
 
 * :func:`hungarian` — one-to-one assignment :math:`\min_\sigma \sum_i C_{i\sigma(i)}`
-  (``scipy.optimize.linear_sum_assignment``); rectangular problems match ``min(n, m)`` pairs.
+  (``scipy.optimize.linear_sum_assignment``); rectangular problems match ``min(n, m)`` pairs;
+  padded rows / columns (masks) are never matched.
 * :func:`fused_gromov_wasserstein` — the FGW distance [Vayer et al. 2019]
 
   .. math::
@@ -13,6 +14,8 @@ loop is as fast as POT's batched proximal solver on a CPU, see ``stack.md`` §4)
       + \alpha \sum_{ijkl} (C^{(1)}_{ik} - C^{(2)}_{jl})^2 T_{ij} T_{kl},
 
   ``alpha = 0`` is plain Wasserstein on ``M``, ``alpha = 1`` plain Gromov–Wasserstein.
+  :func:`pipeline.ot.fgw.fused_gromov_wasserstein_batched` solves the same problem batched
+  in torch (same iterations, padded batches, multi-channel structures).
 """
 
 from __future__ import annotations
@@ -26,26 +29,50 @@ def _np(x: torch.Tensor | np.ndarray) -> np.ndarray:
     return x.detach().cpu().double().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
-def hungarian(C: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Batched exact assignment.
+def hungarian(
+    C: torch.Tensor | np.ndarray,
+    mask_rows: torch.Tensor | np.ndarray | None = None,
+    mask_cols: torch.Tensor | np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Batched exact assignment, padding-aware.
+
+    Each problem is solved on its valid rows and columns only, so padded entries (any
+    values, NaN included) are never matched.
 
     Args:
         C: [B, n, m] (or [n, m]) cost matrices.
+        mask_rows: [B, n] (or [n]) bool, False for padded rows; all valid if None.
+        mask_cols: [B, m] (or [m]) bool, False for padded columns; all valid if None.
 
     Returns:
-        cols: [B, n] int column matched to each row (-1 for unmatched rows when n > m);
-        cost: [B] mean matched cost over the ``min(n, m)`` matched pairs.
+        cols: [B, n] int column matched to each row (-1 for padded rows and for rows left
+        unmatched when there are more valid rows than columns);
+        cost: [B] mean matched cost over the ``min(n_valid, m_valid)`` matched pairs
+        (NaN for a problem with no valid row or column).
     """
     C = _np(C)
     squeeze = C.ndim == 2
     C = C[None] if squeeze else C
-    B, n, _ = C.shape
+    B, n, m = C.shape
+    rows_ok = (
+        np.ones((B, n), dtype=bool)
+        if mask_rows is None
+        else np.broadcast_to(_np(mask_rows).astype(bool), (B, n))
+    )
+    cols_ok = (
+        np.ones((B, m), dtype=bool)
+        if mask_cols is None
+        else np.broadcast_to(_np(mask_cols).astype(bool), (B, m))
+    )
     cols = np.full((B, n), -1, dtype=np.int64)
-    cost = np.zeros(B)
+    cost = np.full(B, np.nan)
     for k in range(B):
-        r, c = linear_sum_assignment(C[k])
-        cols[k, r] = c
-        cost[k] = C[k, r, c].mean()
+        ri, ci = np.flatnonzero(rows_ok[k]), np.flatnonzero(cols_ok[k])
+        if len(ri) == 0 or len(ci) == 0:
+            continue
+        r, c = linear_sum_assignment(C[k][np.ix_(ri, ci)])
+        cols[k, ri[r]] = ci[c]
+        cost[k] = C[k, ri[r], ci[c]].mean()
     return (cols[0], cost[0]) if squeeze else (cols, cost)
 
 

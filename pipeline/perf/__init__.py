@@ -8,4 +8,8 @@ and sizes), never asserted by tests; what tests assert is that the compared path
 * :mod:`~pipeline.perf.scoring`: each scorer from the cache against re-encoding its items,
   batched as CLIP_benchmark does.
 * :mod:`~pipeline.perf.sinkhorn`: the batched Sinkhorn against POT's per-problem loop.
+* :mod:`~pipeline.perf.fgw`: the batched exact FGW against POT's per-problem loop (and its
+  entropic batch solver), values and time per problem.
+* :mod:`~pipeline.perf.rerank`: the geometry-aware rerankers' cost per query, its growth
+  with K and the number of objects, and the FGW comparison at the toy's sizes.
 """

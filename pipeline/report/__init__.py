@@ -74,7 +74,8 @@ class ReportContext:
         if variant not in self.scorers_:
             from pipeline.scorers.checkpoints import load_scorer
 
-            self.scorers_[variant] = load_scorer(variant, self.store, self.score.checkpoints)
+            options = self.score.options.get(variant)
+            self.scorers_[variant] = load_scorer(variant, self.store, self.score.checkpoints, options=options)
         return self.scorers_[variant]
 
     def figure(self, name: str, fig) -> str:

@@ -8,6 +8,9 @@
   tasks a variant has.
 * ``whatsup_mcnemar``: the What'sUp-style pair criterion, exact McNemar over pairs.
 * ``family_table``: a suite's metrics per variant, one column each.
+* ``variant_means``: each variant's all-task and binding means (:data:`ALL_TASKS`,
+  :data:`BINDING_TASKS`) with CIs and its paired difference to the baseline, the numbers
+  ``pipeline compare-encoders`` keeps per encoder.
 
 ``results`` is the report stage's ``load_results``: ``{suite: {"manifest": df, "scores":
 {variant: [n, K]}}}``.
@@ -39,6 +42,23 @@ ARO_TASKS: tuple[Task, ...] = (
     ("shapes-aro", "order"),
 )
 SUGARCREPE_TASKS: tuple[Task, ...] = tuple(("shapes-sugarcrepe", c) for c in CATEGORIES)
+WHATSUP: tuple[Task, ...] = (("shapes-whatsup", "individual"),)
+# Every task of the all-task mean: the seed's 11-task mean, on the shapes suites.
+ALL_TASKS: tuple[Task, ...] = (
+    *SUGARCREPE_TASKS,
+    *ARO_TASKS,
+    *WHATSUP,
+    ("shapes-retrieval", "R@1"),
+)
+# The binding mean: attribute / object swaps, ARO relation and attribution, spatial arrangement.
+BINDING_TASKS: tuple[Task, ...] = (
+    ("shapes-sugarcrepe", "swap-att"),
+    ("shapes-sugarcrepe", "swap-obj"),
+    ("shapes-aro", "relation"),
+    ("shapes-aro", "attribution"),
+    *WHATSUP,
+)
+MEANS = {"all-task": ALL_TASKS, "binding": BINDING_TASKS}
 
 
 @dataclass
@@ -155,3 +175,30 @@ def family_table(results: dict, variants: list[str], suite: str = "shapes-dev") 
         if v in entry["scores"]
     }
     return pd.DataFrame(cols)
+
+
+def variant_means(
+    results: dict, variants: Sequence[str], baseline: str = "clip", n_resamples: int = 10_000, seed: int = 0
+) -> dict[str, dict]:
+    """Per scored variant: each of :data:`MEANS` over the tasks it shares with ``baseline``
+    (a pairwise scorer has no retrieval task), its value with a 95% CI and, for the other
+    variants, the paired difference to ``baseline`` on the same tasks; plus every task's
+    value. ``{variant: {"means": {name: {...}}, "tasks": {"suite/metric": value}}}``."""
+    out: dict[str, dict] = {}
+    for v in variants:
+        units = task_units(results, ALL_TASKS, v)
+        if not units:
+            continue
+        means = {}
+        for name, tasks in MEANS.items():
+            shared = common_tasks(results, tasks, [v, baseline])
+            ci = mean_ci(results, shared, v, n_resamples, seed)
+            if ci is None:
+                continue
+            entry = {"value": ci.estimate, "lo": ci.lo, "hi": ci.hi, "tasks": ["/".join(t) for t in shared]}
+            c = None if v == baseline else compare_mean(results, shared, v, baseline, n_resamples, seed, name)
+            if c is not None:
+                entry.update(diff=c.diff, diff_lo=c.lo, diff_hi=c.hi, p=c.p)
+            means[name] = entry
+        out[v] = {"means": means, "tasks": {"/".join(t): u.statistic() for t, u in units.items()}}
+    return out

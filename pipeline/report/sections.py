@@ -12,6 +12,8 @@
 * ``image-replacement`` (46): each replaced variant on the ARO- and SugarCrepe-style
   tasks with its own image, under Shuffle and under Fixed (``score.replacements``), against
   chance: a scorer that reads the image falls toward chance when the image is replaced.
+* ``encoder-comparison`` (47): ``pipeline compare-encoders``' summary when present: each
+  variant's all-task and binding means on every compared encoder, Δ against ``clip``.
 * ``performance`` (90): the measurements that ``pipeline bench ...`` and ``pipeline
   probes`` left in the report folder.
 
@@ -21,6 +23,7 @@ Family sections (e.g. BindCLIP's, order 50) sit between these and the performanc
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -306,6 +309,44 @@ def image_replacement(ctx: ReportContext) -> list[str]:
     return [
         "## Image replacement",
         TEXT("image-replacement", modes=", ".join(modes)),
+        md_table(header, rows),
+    ]
+
+
+def mean_cell(entry: dict | None, diff: bool = False) -> str:
+    """One mean of ``variant_means`` as "value [lo, hi]" (or its difference to the baseline)."""
+    if not entry or (diff and "diff" not in entry):
+        return "–"
+    if diff:
+        return points_ci(entry["diff"], entry["diff_lo"], entry["diff_hi"])
+    return pct_ci(entry["value"], entry["lo"], entry["hi"])
+
+
+@section("encoder-comparison", order=47)
+def encoder_comparison(ctx: ReportContext) -> list[str]:
+    """``pipeline compare-encoders``' summary (``report.encoders``): each variant's all-task
+    and binding means per encoder, with CIs and the paired difference to ``clip`` on the
+    same encoder; a pointer to the command when it has not been run."""
+    path = Path(ctx.cfg.encoders)
+    try:
+        summary = json.loads(path.read_text())
+        encoders = summary["encoders"]
+    except (OSError, ValueError, KeyError):
+        return ["## Encoder comparison", TEXT("no-encoder-comparison", path=str(path))]
+    rows = []
+    for variant in summary.get("variants", []):
+        for name in ("all-task", "binding"):
+            cells = []
+            for enc in encoders.values():
+                entry = enc["variants"].get(variant, {}).get("means", {}).get(name)
+                cells += [mean_cell(entry), mean_cell(entry, diff=True)]
+            rows.append([f"`{variant}`", name, *cells])
+    header = ["variant", "mean"]
+    for enc, e in encoders.items():
+        header += [f"{enc} ({e['open_clip_model']})", f"Δ vs `{BASELINE}`"]
+    return [
+        "## Encoder comparison",
+        TEXT("encoder-comparison", path=str(path), encoders=", ".join(f"`{e}`" for e in encoders)),
         md_table(header, rows),
     ]
 

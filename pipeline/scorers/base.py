@@ -42,10 +42,14 @@ class Scorer(nn.Module):
         uses_grids: False if it reads the pooled embeddings only (the store then skips the
             patch grids and token states: ``FeatureStore.images(rows, grids=False)``).
         reranker: True for retrieval rerankers (:class:`Reranker`).
+        scores_choices: False for scorers of retrieval suites only (the geometry-aware
+            rerankers read object boxes and phrases that choice items do not carry); the
+            score stage skips choice suites for them.
     """
 
     pairwise: ClassVar[bool] = False
     reranker: ClassVar[bool] = False
+    scores_choices: ClassVar[bool] = True
     trainable: ClassVar[bool] = False
     uses_grids: ClassVar[bool] = True
 
@@ -92,12 +96,19 @@ class Reranker(Scorer):
     base: str = "clip"
     k: int = 20
 
+    def prepare(self, store, manifest, index: dict, suite: str = "") -> None:
+        """Called once per retrieval suite before any ``rerank`` (``store``: the feature
+        store; ``manifest`` and ``index`` as ``pipeline.scoring.suite_inputs`` returns
+        them): rerankers that read per-query or per-image annotations (object boxes,
+        phrases) build them here. The default does nothing."""
+
     def rerank(
         self,
         query: TextFeatures,
         candidates: ImageFeatures,
         shortlist: torch.Tensor,
         gallery: torch.Tensor | None = None,
+        queries: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[Q, K] score of query q against its k-th shortlisted image (higher = better).
 
@@ -112,6 +123,8 @@ class Reranker(Scorer):
                 ``gallery_images(manifest)``), for rerankers that read per-image
                 annotations such as object boxes; None when scoring choice items.
                 Implementations accept it and may ignore it.
+            queries: [Q] int64 manifest row of each query (the order ``prepare`` saw);
+                None when scoring choice items. Accepted, and may be ignored, likewise.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement rerank")
 

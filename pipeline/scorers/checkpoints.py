@@ -32,11 +32,14 @@ def checkpoint_dir(variant: str, checkpoints: str | Path) -> Path:
 
 
 def load_scorer(
-    variant: str, store: FeatureStore, checkpoints: str | Path, ckpt_dir: Path | None = None
+    variant: str, store: FeatureStore, checkpoints: str | Path, ckpt_dir: Path | None = None, options: dict | None = None
 ) -> Scorer:
-    """Build ``variant`` for this store; trained scorers load their checkpoint and the
-    scorer options chosen at training time (``config.json`` ``scorer_kwargs``, e.g. q0)."""
-    scorer = create_scorer(variant, dims=store.dims, proj=store.projections())
+    """Build ``variant`` for this store; ``options`` are its factory's keyword options
+    (``score.options``); trained scorers load their checkpoint and the options chosen at
+    training time (``config.json`` ``scorer_kwargs``, e.g. q0, which win). A checkpoint
+    that records the store it was fitted on (``store_fingerprint``) is refused for another."""
+    options = dict(options or {})
+    scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **options)
     if not scorer.trainable:
         return scorer.eval()
     from safetensors.torch import load_file
@@ -44,13 +47,19 @@ def load_scorer(
     ckpt_dir = ckpt_dir or checkpoint_dir(variant, checkpoints)
     ckpt = ckpt_dir / "model.safetensors"
     if not ckpt.is_file():
-        raise FileNotFoundError(
-            f"{variant} is trained but {ckpt} does not exist; run `pipeline train --variant {ckpt_dir.name}`"
-        )
+        how = "pipeline ridge" if ckpt_dir.name == "ridge-fgw" else f"pipeline train --variant {ckpt_dir.name}"
+        raise FileNotFoundError(f"{variant} is trained but {ckpt} does not exist; run `{how}`")
     config = ckpt_dir / "config.json"
-    kwargs = json.loads(config.read_text()).get("scorer_kwargs", {}) if config.is_file() else {}
+    record = json.loads(config.read_text()) if config.is_file() else {}
+    fitted_on = record.get("store_fingerprint")
+    if fitted_on is not None and fitted_on != store.root.attrs.get("fingerprint_id"):
+        raise ValueError(
+            f"{ckpt} was fitted on another feature store ({fitted_on}); refit it on this one "
+            f"({store.root.attrs.get('fingerprint_id')})"
+        )
+    kwargs = record.get("scorer_kwargs", {})
     if kwargs:
-        scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **kwargs)
+        scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **{**options, **kwargs})
     scorer.load_state_dict(load_file(ckpt))
     return scorer.eval()
 

@@ -7,7 +7,9 @@ Modules, in dependency order:
 * ``render``: Pillow rendering (anti-aliased, textured background) and PNG bytes;
 * ``captions``: claims, their truth in a scene, templates, paraphrases, flips,
   grounding, the ARO word-order shuffles, BPE length;
-* ``suites``: the evaluation suites item by item (What'sUp, ARO, SugarCrepe, retrieval);
+* ``suites``: the evaluation suites item by item (What'sUp, ARO, SugarCrepe, retrieval) and
+  the object columns (``object_names``, ``object_boxes``, ``phrases``, ``relations``);
+* ``multi``: shapes-multi, galleries of near-duplicate 3-5-object scenes;
 * ``families``: shapes-train / shapes-dev pairs of the eight families, with
   counterfactual and mirrored images;
 * ``batches``: ``training_batch`` for the toy CLIP;

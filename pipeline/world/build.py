@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from pipeline.config import SHAPES_SUITES, WorldConfig
 from pipeline.world.families import pair_item
+from pipeline.world.multi import multi_items
 from pipeline.world.render import mirror, render, save_png
 from pipeline.world.scenes import COLOURS, RELATIONS, SHAPES, SIZES, SPLITS
 from pipeline.world.suites import (
@@ -37,7 +38,8 @@ from pipeline.world.suites import (
     whatsup_items,
 )
 
-WORLD_VERSION = 2  # bump when a change alters any image or manifest (2: length-matched add-* items)
+WORLD_VERSION = 3  # bump when a change alters any image or manifest (2: length-matched add-* items;
+# 3: object columns on shapes-retrieval / -train / -dev, the shapes-multi suite)
 
 # suite -> (config field with its count, units of work for that count, items of one unit)
 SuiteSpec = tuple[str, Callable[[int], int], Callable[[int, int], list[Item]]]
@@ -58,6 +60,7 @@ SUITE_SPECS: dict[str, SuiteSpec] = {
         lambda n: n,
         lambda seed, k: retrieval_items(seed, k),
     ),
+    "shapes-multi": ("n_multi_groups", lambda n: n, lambda seed, k: multi_items(seed, k)),
     "shapes-train": ("n_train", lambda n: n, lambda seed, k: [pair_item(seed, "shapes-train", k)]),
     "shapes-dev": ("n_dev", lambda n: n, lambda seed, k: [pair_item(seed, "shapes-dev", k)]),
 }

@@ -5,7 +5,9 @@ A caption is the rendering of a *claim*, a tiny logical form:
 * ``Has(present, absent)``: objects that exist and objects that do not ("a red circle and
   no blue square");
 * ``Rel(a, rel, b)``: a spatial relation, ``rel`` in left/right/above/below/front/behind;
-* ``Side(a, side)``: the object is on the left/right side of the picture.
+* ``Side(a, side)``: the object is on the left/right side of the picture;
+* ``And(parts)``: every relation of ``parts`` holds (a chain, "a red circle left of a blue
+  square which is above a green star"; shapes-multi).
 
 Objects are named by a ``Ref`` (shape, optional colour, optional size); a ref matches every
 object with those attributes. ``truth(claim, scene)`` is three-valued (True / False /
@@ -16,7 +18,7 @@ words (split on single spaces; no punctuation) and, per word, which ref of the c
 names, so grounding (word -> box) and part-of-speech tags come for free: shapes are
 nouns, colours and sizes adjectives (the ARO order shuffles need only these). Paraphrases
 are the other templates and, for relations, the converse ("X left of Y" <-> "Y right of
-X"). Captions stay under ~20 open_clip BPE tokens.
+X"). Captions stay under ~20 open_clip BPE tokens (``And`` chains: up to 30).
 """
 
 from __future__ import annotations
@@ -87,15 +89,25 @@ class Side:
     side: str
 
 
-Claim = Has | Rel | Side
+@dataclass(frozen=True)
+class And:
+    """Every relation in ``parts`` holds; a ref named twice names the same object."""
+
+    parts: tuple[Rel, ...]
+
+
+Claim = Has | Rel | Side | And
 
 
 def refs(claim: Claim) -> tuple[Ref, ...]:
-    """The claim's refs in tag order (caption words are tagged with these indices)."""
+    """The claim's refs in tag order (caption words are tagged with these indices); an
+    ``And`` lists each distinct ref once, in the order of first mention."""
     if isinstance(claim, Has):
         return claim.present + claim.absent
     if isinstance(claim, Rel):
         return (claim.a, claim.b)
+    if isinstance(claim, And):
+        return tuple(dict.fromkeys(r for p in claim.parts for r in (p.a, p.b)))
     return (claim.a,)
 
 
@@ -110,9 +122,17 @@ def _any3(values: list[bool | None]) -> bool | None:
     return False if all(v is False for v in values) else None
 
 
+def _all3(values: list[bool | None]) -> bool | None:
+    if any(v is False for v in values):
+        return False
+    return True if all(v is True for v in values) else None
+
+
 def truth(claim: Claim, scene: Scene) -> bool | None:
     """Whether ``claim`` holds in ``scene``: True, False or None (ambiguous)."""
     objs = scene.objects
+    if isinstance(claim, And):
+        return _all3([truth(p, scene) for p in claim.parts])
     if isinstance(claim, Has):
         present = all(any(r.matches(o) for o in objs) for r in claim.present)
         absent = all(not r.matches(o) for r in claim.absent for o in objs)
@@ -133,6 +153,8 @@ def flip_claim(claim: Claim) -> Claim:
         return Rel(claim.a, swap.get(claim.rel, claim.rel), claim.b)
     if isinstance(claim, Side):
         return Side(claim.a, swap[claim.side])
+    if isinstance(claim, And):
+        return And(tuple(flip_claim(p) for p in claim.parts))
     return claim
 
 
@@ -231,8 +253,40 @@ def _join(
     return out
 
 
+def _say_and(claim: And) -> Caption:
+    """One template: ``A rel B`` for the first part, ``which is rel C`` for a part whose
+    subject is the previous part's object, ``and A rel B`` otherwise; a ref is ``a ...`` at
+    its first mention and ``the <shape>`` after it (``the`` + all its words where another
+    ref has the same shape)."""
+    rs = refs(claim)
+    tag = {r: k for k, r in enumerate(rs)}
+    seen: set[Ref] = set()
+
+    def np_(r: Ref) -> list[tuple[str, int | None]]:
+        if r not in seen:
+            seen.add(r)
+            return _np(r, tag[r], "a")
+        if sum(x.shape == r.shape for x in rs) == 1:
+            return [("the", None), (r.shape, tag[r])]
+        return _np(r, tag[r], "the")
+
+    pairs: list[tuple[str, int | None]] = []
+    for k, p in enumerate(claim.parts):
+        rel = [(w, None) for w in REL_WORDS[p.rel][1].split()]
+        if k == 0:
+            pairs += np_(p.a) + rel + np_(p.b)
+        elif p.a == claim.parts[k - 1].b:
+            pairs += [("which", None), ("is", None)] + rel + np_(p.b)
+        else:
+            pairs += [("and", None)] + np_(p.a) + rel + np_(p.b)
+    return Caption(tuple(w for w, _ in pairs), tuple(t for _, t in pairs))
+
+
 def say(claim: Claim, style: int = 0) -> Caption:
-    """Render ``claim`` with template ``style`` (taken modulo the number of templates)."""
+    """Render ``claim`` with template ``style`` (taken modulo the number of templates;
+    an ``And`` has one)."""
+    if isinstance(claim, And):
+        return _say_and(claim)
     if isinstance(claim, Rel):
         w = REL_WORDS[claim.rel]
         slots = {

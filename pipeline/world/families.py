@@ -25,10 +25,11 @@ with left/right exchanged: still true / false of the mirror), a ``paraphrase`` o
 object; ``neg_ground_boxes``/``neg_ground_positions`` the same for the words of neg that by
 themselves name exactly one object of the (true) scene (:func:`pipeline.world.grounding.grounding` with ``by_word``: in a false
 caption, where each word's referent is); ``cf_scene`` is the counterfactual's scene graph
-(JSON, like ``scene``). Item
-``k`` belongs to family ``FAMILIES[k % 8]`` (balanced); shapes-train draws from the
-``train`` hash buckets, shapes-dev from ``validation``. Every item is checked
-with ``captions.truth`` on the scene, the counterfactual and the mirror.
+(JSON, like ``scene``); ``object_names`` / ``object_boxes`` list the objects of ``image``'s
+scene (:func:`pipeline.world.suites.object_columns`), for fitting phrase -> object maps on
+the training split. Item ``k`` belongs to family ``FAMILIES[k % 8]`` (balanced);
+shapes-train draws from the ``train`` hash buckets, shapes-dev from ``validation``. Every
+item is checked with ``captions.truth`` on the scene, the counterfactual and the mirror.
 """
 
 from __future__ import annotations
@@ -70,7 +71,15 @@ from pipeline.world.scenes import (
     scene_ok,
     scene_rng,
 )
-from pipeline.world.suites import MAX_TRIES, Item, base_row, pair_relation, pair_scene, scene_json
+from pipeline.world.suites import (
+    MAX_TRIES,
+    Item,
+    base_row,
+    object_columns,
+    pair_relation,
+    pair_scene,
+    scene_json,
+)
 
 SUITE_SPLITS = {"shapes-train": "train", "shapes-dev": "validation"}
 
@@ -266,6 +275,7 @@ def pair_item(seed: int, suite: str, index: int) -> Item:
             ground_positions=positions,
             neg_ground_boxes=neg_boxes,
             neg_ground_positions=neg_positions,
+            **object_columns(scene),  # the image's objects (not the cf's or the mirror's)
         )
         images = [(image, scene, False), (cf_image, cf, False), (flip_image, scene, True)]
         extra = {"cf_scene": cf, "flip_scene": scene.flipped(), "pos": pos, "neg": neg}

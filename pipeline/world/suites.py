@@ -21,6 +21,16 @@ under ``captions.truth``; a proposal that is ambiguous is redrawn.
   other bindings and arrangements; each scene's caption is true of it and false of the
   other four. Groups use distinct (shape pair, colour pair) combinations (588 exist),
   so with up to 588 groups every query has exactly one true image in the gallery.
+  (shapes-multi, galleries of 30 near-duplicates of 3-5 objects, is :mod:`pipeline.world.multi`.)
+
+Object columns (the contract of :mod:`pipeline.benchmarks.retrieval`, :func:`object_columns`):
+``object_names`` / ``object_boxes`` list the row image's scene objects in scene order, each
+named ``"<colour> <shape>"`` (unique in every scene; no caption needs the size to tell two
+objects apart) with its exact ``Obj.box()``; ``phrases`` / ``relations`` are read from the
+claim behind the query caption, not from its text: its asserted refs in the order the caption
+names them, and ``[i, rel, j]`` for each relation it states (the world's relation names,
+which are already the contract's words: left/right/above/below, front/behind).
+``steer_pos`` / ``steer_neg`` are the query's steering prompts (:func:`steering_prompts`).
 """
 
 from __future__ import annotations
@@ -36,10 +46,12 @@ from pipeline.world.captions import (
     HAS_TEMPLATES,
     N_STYLES,
     RELATION_NAMES,
+    And,
     Claim,
     Has,
     Ref,
     Rel,
+    asserted,
     bpe_len,
     caption,
     clear_relations,
@@ -112,6 +124,49 @@ class Item:
 def scene_json(scene: Scene) -> str:
     """The scene graph as compact JSON (objects with boxes), for the ``scene`` column."""
     return json.dumps(scene.to_dict(), separators=(",", ":"))
+
+
+def object_name(o: Obj) -> str:
+    """The phrase captions use for ``o``: ``"<colour> <shape>"``."""
+    return f"{o.colour} {o.shape}"
+
+
+def claim_phrases(claim: Claim) -> tuple[list[str], list[list]]:
+    """``(phrases, relations)`` of a claim: its asserted refs' words in caption order and
+    ``[i, rel, j]`` (phrase i stands in ``rel`` to phrase j) for each relation it states."""
+    rs = asserted(claim)
+    index = {r: k for k, r in enumerate(rs)}
+    parts = claim.parts if isinstance(claim, And) else (claim,) if isinstance(claim, Rel) else ()
+    return [" ".join(r.words()) for r in rs], [[index[p.a], p.rel, index[p.b]] for p in parts]
+
+
+def steering_prompts(claim: Claim) -> tuple[list[str], list[str]]:
+    """``(steer_pos, steer_neg)`` of a claim, one contrast per asserted ref that has a
+    colour: c+ the ref's own words ("red circle"), c- the same shape with the colour of the
+    next ref (cyclically) whose colour differs ("blue circle"), the binding CLIP confuses."""
+    rs = asserted(claim)
+    pos, neg = [], []
+    for k, r in enumerate(rs):
+        others = [o for o in rs[k + 1 :] + rs[:k] if o.colour is not None and o.colour != r.colour]
+        if r.colour is not None and others:
+            pos.append(" ".join(r.words()))
+            neg.append(" ".join(replace(r, colour=others[0].colour).words()))
+    return pos, neg
+
+
+def object_columns(scene: Scene, claim: Claim | None = None) -> dict:
+    """``object_names`` and ``object_boxes`` (JSON, exact ``Obj.box()``) of ``scene``'s
+    objects; with ``claim``, also the query caption's ``phrases`` and ``relations`` (JSON)
+    and its steering prompts ``steer_pos`` / ``steer_neg``."""
+    cols = {
+        "object_names": [object_name(o) for o in scene.objects],
+        "object_boxes": json.dumps([list(o.box()) for o in scene.objects]),
+    }
+    if claim is not None:
+        phrases, relations = claim_phrases(claim)
+        steer_pos, steer_neg = steering_prompts(claim)
+        cols.update(phrases=phrases, relations=json.dumps(relations), steer_pos=steer_pos, steer_neg=steer_neg)
+    return cols
 
 
 def base_row(
@@ -478,6 +533,7 @@ def retrieval_items(seed: int, index: int, suite: str = "shapes-retrieval") -> l
             image = f"{suite}/{sid}/v{v}.png"
             row = base_row(f"{sid}/v{v}", image, [caption(claim, style)], 0, "retrieval", scene)
             row["group"] = sid
+            row.update(object_columns(scene, claim))
             items.append(Item(row, [(image, scene, False)], scene, [claim]))
         return items
     raise _give_up("retrieval", sid)

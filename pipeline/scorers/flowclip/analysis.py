@@ -37,8 +37,12 @@ import torch
 from pipeline.benchmarks.coco_families import FAMILIES
 from pipeline.features import ImageFeatures, TextFeatures
 from pipeline.report.compare import (
+    ALL_TASKS,
     ARO_TASKS,
+    BINDING_TASKS,
+    MEANS,
     SUGARCREPE_TASKS,
+    WHATSUP,
     Task,
     common_tasks,
     compare_mean,
@@ -51,23 +55,6 @@ from pipeline.stats import mcnemar_exact
 BASELINE = "clip"
 VARIANTS = ("global-m", "flowclip", "flowclip-cimr")  # the family's scored variants
 LADDER = (BASELINE, *VARIANTS)  # each rung adds one thing: M, then ICER, then CIMR
-WHATSUP: tuple[Task, ...] = (("shapes-whatsup", "individual"),)
-# Every task of the all-task mean: the seed's 11-task mean, on the shapes suites.
-ALL_TASKS: tuple[Task, ...] = (
-    *SUGARCREPE_TASKS,
-    *ARO_TASKS,
-    *WHATSUP,
-    ("shapes-retrieval", "R@1"),
-)
-# The binding mean: attribute / object swaps, ARO relation and attribution, spatial arrangement.
-BINDING_TASKS: tuple[Task, ...] = (
-    ("shapes-sugarcrepe", "swap-att"),
-    ("shapes-sugarcrepe", "swap-obj"),
-    ("shapes-aro", "relation"),
-    ("shapes-aro", "attribution"),
-    *WHATSUP,
-)
-MEANS = {"all-task": ALL_TASKS, "binding": BINDING_TASKS}
 # Slices of the corrections table (units = items): the test suites, then the dev families.
 TEST_CORRECTION_TASKS: tuple[Task, ...] = (*SUGARCREPE_TASKS, *ARO_TASKS, *WHATSUP)
 CORRECTION_TASKS: tuple[Task, ...] = (

@@ -1,0 +1,514 @@
+"""Real-data text -> image retrieval suites whose rows carry object boxes, for the
+geometry-aware rerankers (COCO instances + captions, Visual Genome scene graphs).
+
+Every row is one gallery image and its query (``captions = [query]``, ``correct = 0``,
+``category = "retrieval"``) plus the object columns of :mod:`pipeline.benchmarks.retrieval`:
+``object_names`` / ``object_boxes`` (the image's annotated objects, boxes normalised to [0, 1]
+by the image's width and height, y down, clipped) and ``phrases`` / ``relations`` (the
+query's object phrases and the relations between them). Metric: ``retrieval_units``
+(R@1, R@5, R@10, nDCG@10, mean-rank) over the gallery of all rows. No image is opened.
+
+* ``coco-objects``: COCO val2017. Files under the COCO root: ``annotations/instances_val2017.json``
+  and ``annotations/captions_val2017.json`` (``annotations_trainval2017.zip`` from
+  cocodataset.org; other splits, e.g. ``val2014`` from ``annotations_trainval2014.zip``, via
+  ``CocoObjectsConfig.split``). ``image = <split>/<file_name>``; the query is the image's
+  first caption by annotation id; objects are the non-crowd instances (category names),
+  the ``max_objects`` largest by box area. COCO has no scene graph of its captions, so
+  ``phrases`` / ``relations`` come from ``split_phrases(query)``.
+* ``vg-objects`` (every image with a relationship) and ``vg-objects-5k`` (the first 5,000 of
+  them by image id): Visual Genome v1.4 / v1.2. Files under the VG root: ``image_data.json``,
+  ``objects.json``, ``relationships.json`` and, optional, ``attributes.json``
+  (visualgenome.org, "Download"). ``image = VG_100K[_2]/<id>.jpg``, the folder read from the
+  image's ``url``. The query states the image's first ``n_relations`` relationships
+  (file order, skipping ones without names/predicate or joining an object to itself),
+  ``"<subject> <predicate> <object>"`` joined with ``" and "``; names are prefixed by the
+  object's first ``max_attributes`` attributes when ``attributes.json`` is present. The
+  scene annotation gives ``phrases`` (the distinct objects the query mentions, by object_id)
+  and ``relations`` directly, and ``phrase_objects`` (VG only) is each phrase's index in
+  ``object_names``: the query's objects are always kept, the rest of the cap goes to the
+  largest other objects.
+
+Object lists (both) are sorted by box area, largest first, ties by annotation/object id.
+
+``split_phrases`` (the caption splitter), its rule: lowercase the caption, tokenise words
+(``&`` -> ``and``; ``;``/``:`` -> ``,``), then scan left to right matching the longest entry
+of one table at each position:
+
+* conjunctions (``,``, ``and``, ``with``, ``while``, ``or``, ``as well as`` ...) end the
+  current phrase and cancel a relation still waiting for its object;
+* relations (spatial: ``left of`` and its ``to the``/``on the`` forms, ``on top of``, ``in
+  front of``, ``next to``, ``behind``, ``above``, ``on``, ``in`` ...; verbs: ``holding``,
+  ``riding``, ``wearing`` ...; posture verb + spatial relation: ``sitting on``, ``parked
+  next to`` ...; participles: ``covered with``, ``filled with`` ...) end the current phrase;
+  the relation joins the last phrase before it (i) to the first phrase after it (j),
+  ``(i, relation, j)``. Two relations with no words between them merge (``riding on``);
+  a relation with no phrase before it, or none after it before a conjunction or the end,
+  is dropped. ``to/on the left (side) of`` -> ``left of`` (same for right); other
+  relations keep the caption's words;
+* positions without a second object (``on the left``, ``in the background``, ``on the left
+  side of the picture`` ...) end the phrase and are dropped.
+
+Each phrase loses leading articles (``a``, ``an``, ``the``), a leading ``there is/are``,
+``photo/picture/image of`` and trailing copulas (``is``, ``are`` ...); empty phrases vanish.
+Limits: no parser, so a relation binds only the nearest phrases ("a man and a woman on a
+bench" relates only the woman), ``of`` stays inside phrases ("plate of food"), coordinated
+modifiers split ("black and white dog" -> "black", "white dog"), ``with`` never becomes a
+relation, unknown verbs stay inside the phrase ("a dog chewing a bone" -> one phrase), and
+``between`` relates only its first argument.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline.benchmarks.base import SUITES, Suite, relative_image_path, require_file
+from pipeline.benchmarks.retrieval import (
+    OBJECT_CAPTION_COLUMNS,
+    RETRIEVAL_METRICS,
+    retrieval_units,
+)
+
+# ---------------------------------------------------------------------------- the splitter
+
+
+def _entries(text: str) -> tuple[str, ...]:
+    """``"a|b c|d"`` -> ``("a", "b c", "d")`` (table entries may have several words)."""
+    return tuple(" ".join(e.split()) for e in text.split("|"))
+
+
+_SIDES = {
+    f"{pre}{side}{suf}": f"{side} of"
+    for side in ("left", "right")
+    for pre in ("", "to the ", "on the ", "at the ")
+    for suf in (" of", " side of", " hand side of")
+    if not (pre == "" and suf != " of")
+}
+_SPATIAL = {
+    **_SIDES,
+    **{w: w for w in _entries(
+        "on|in|at|by|onto|into|over|above|below|under|underneath|beneath|atop|on top of|"
+        "behind|in front of|in back of|next to|beside|near|close to|inside|outside|across|"
+        "across from|along|against|around|between|through|toward|towards|facing|alongside|"
+        "among|amongst"
+    )},
+    "inside of": "inside",
+    "outside of": "outside",
+}  # fmt: skip
+_VERBS = _entries(
+    "holding|holds|riding|rides|wearing|wears|carrying|carries|eating|eats|drinking|"
+    "watching|pulling|pushing|throwing|catching|kicking|hitting|swinging|using|chasing|"
+    "feeding|petting|hugging|covering|surrounding|overlooking|crossing|approaching|cutting|"
+    "reading|flying|has|have|having|contains|containing|looking at|playing with|"
+    "surrounded by|covered with|covered in|covered by|filled with|full of|topped with|"
+    "made of|dressed in|pulled by|attached to|tied to|connected to|mounted on"
+)
+_POSTURES = _entries(  # combined with every spatial relation: "sitting on", "parked next to"
+    "sitting|sits|standing|stands|lying|lies|laying|lays|parked|hanging|hangs|walking|"
+    "running|perched|resting|leaning|placed|floating|stacked|displayed|located|seen|shown|"
+    "posing|waiting"
+)
+_CONJUNCTIONS = _entries(
+    ",|and|with|while|whilst|or|but|plus|as well as|along with|together with|that|which|"
+    "who|where|as"
+)
+_POSITIONS = tuple(  # a place in the frame, no second object: "on the left (of the picture)"
+    f"{place}{tail}"
+    for place in _entries(
+        "on the left|on the right|on the left side|on the right side|on the side|to the left|"
+        "to the right|to the side|in the middle|in the center|in the centre|in the background|"
+        "in the foreground|in the distance|in the corner|in the front|in the back|at the top|"
+        "at the bottom|at the left|at the right|at the side|at the front|at the back|"
+        "on the top|on the bottom"
+    )
+    for tail in ("", " of the picture", " of the image", " of the photo", " of the frame")
+)
+
+
+def _phrase_table() -> dict[tuple[str, ...], tuple[str, str]]:
+    """Token tuple -> (kind, canonical words); kind ``rel``, ``conj`` or ``skip``."""
+    table: dict[tuple[str, ...], tuple[str, str]] = {}
+    for surface, canon in _SPATIAL.items():
+        table[tuple(surface.split())] = ("rel", canon)
+    for verb in _VERBS:
+        table[tuple(verb.split())] = ("rel", verb)
+    for posture in _POSTURES:
+        for surface, canon in _SPATIAL.items():
+            table[(posture, *surface.split())] = ("rel", f"{posture} {canon}")
+        for pos in _POSITIONS:  # "sitting on the left": a position, not "sitting on" + "left"
+            table[(posture, *pos.split())] = ("skip", pos)
+    for conj in _CONJUNCTIONS:
+        table[tuple(conj.split())] = ("conj", conj)
+    for pos in _POSITIONS:
+        table[tuple(pos.split())] = ("skip", pos)
+    return table
+
+
+_TABLE = _phrase_table()
+_MAX_LEN = max(len(k) for k in _TABLE)
+_TOKEN = re.compile(r"[a-z0-9]+(?:['\-][a-z0-9]+)*|,")
+_LEADING = ("a", "an", "the", "there", "is", "are", "was", "were")
+_PREFIXES = (("photo", "of"), ("picture", "of"), ("image", "of"), ("close", "up", "of"))
+_TRAILING = ("is", "are", "was", "were", "be", "being", "been")
+
+
+def _clean(tokens: list[str]) -> str:
+    """The phrase of ``tokens`` without leading articles/``there is``/``photo of`` and
+    trailing copulas."""
+    changed = True
+    while changed and tokens:
+        changed = False
+        while tokens and tokens[0] in _LEADING:
+            tokens, changed = tokens[1:], True
+        for pre in _PREFIXES:
+            if tuple(tokens[: len(pre)]) == pre:
+                tokens, changed = tokens[len(pre) :], True
+    while tokens and tokens[-1] in _TRAILING:
+        tokens = tokens[:-1]
+    return " ".join(tokens)
+
+
+def split_phrases(caption: str) -> tuple[list[str], list[tuple[int, str, int]]]:
+    """The object phrases of ``caption`` and the relations between them (the rule and its
+    limits are in the module docstring).
+
+    Returns:
+        ``(phrases, relations)``: lowercase phrases in caption order, and ``(i, relation, j)``
+        with ``i < j`` phrase indices (i before the relation words, j after).
+
+    Example:
+        ``split_phrases("a red circle to the left of a blue square")`` ->
+        ``(["red circle", "blue square"], [(0, "left of", 1)])``.
+    """
+    text = re.sub(r"[;:]", ",", caption.lower().replace("&", " and "))
+    tokens = _TOKEN.findall(text)
+    phrases: list[str] = []
+    relations: list[tuple[int, str, int]] = []
+    current: list[str] = []
+    pending: tuple[int, str] | None = None  # (subject phrase, relation) awaiting its object
+
+    def close() -> bool:
+        nonlocal current, pending
+        phrase, current = _clean(current), []
+        if not phrase:
+            return False
+        phrases.append(phrase)
+        if pending is not None:
+            relations.append((pending[0], pending[1], len(phrases) - 1))
+            pending = None
+        return True
+
+    k = 0
+    while k < len(tokens):
+        match = next(
+            (
+                (n, _TABLE[key])
+                for n in range(min(_MAX_LEN, len(tokens) - k), 0, -1)
+                if (key := tuple(tokens[k : k + n])) in _TABLE
+            ),
+            None,
+        )
+        if match is None:
+            current.append(tokens[k])
+            k += 1
+            continue
+        n, (kind, words) = match
+        k += n
+        if kind != "rel":  # a conjunction or a lone position: the phrase ends here
+            close()
+            pending = None
+        elif not close() and pending is not None:  # adjacent relation words merge
+            pending = (pending[0], f"{pending[1]} {words}")
+        else:
+            pending = (len(phrases) - 1, words) if phrases else None
+    close()
+    return phrases, relations
+
+
+# ---------------------------------------------------------------------------- shared helpers
+
+
+def _norm_box(x: float, y: float, w: float, h: float, width: float, height: float) -> list[float]:
+    """Pixel ``[x, y, w, h]`` -> ``[x0, y0, x1, y1]`` / image size, clipped to [0, 1]."""
+
+    def clip(v: float) -> float:
+        return round(min(max(v, 0.0), 1.0), 6)
+
+    return [clip(x / width), clip(y / height), clip((x + w) / width), clip((y + h) / height)]
+
+
+def _image_size(meta: dict, item: str) -> tuple[float, float]:
+    width, height = float(meta.get("width") or 0), float(meta.get("height") or 0)
+    if width <= 0 or height <= 0:
+        raise ValueError(
+            f"{item}: width/height {meta.get('width')}x{meta.get('height')} must be > 0"
+        )
+    return width, height
+
+
+def _row(
+    item: str,
+    image: str,
+    caption: str,
+    names: list[str],
+    boxes: list[list[float]],
+    phrases: list[str],
+    relations: list[tuple[int, str, int]],
+) -> dict:
+    """One manifest row with the object columns (boxes and relations as JSON)."""
+    return {
+        "item_id": item,
+        "image": image,
+        "captions": [caption],
+        "correct": 0,
+        "category": "retrieval",
+        "object_names": list(names),
+        "object_boxes": json.dumps(boxes),
+        "phrases": list(phrases),
+        "relations": json.dumps([[i, r, j] for i, r, j in relations]),
+    }
+
+
+def _load_json(path: Path):
+    with open(path) as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------------------- COCO
+
+COCO_SOURCE = (
+    "download annotations_trainval{year}.zip from cocodataset.org "
+    "(images.cocodataset.org/annotations/) and unzip it under the COCO root"
+)
+
+
+@dataclass(frozen=True)
+class CocoObjectsConfig:
+    split: str = "val2017"  # annotations/{instances,captions}_<split>.json, images <split>/
+    limit: int | None = None  # keep the first `limit` captioned images by image id (None: all)
+    max_objects: int = 8  # objects kept per image: the largest by box area
+
+
+def build_coco_objects(root: Path, cfg: CocoObjectsConfig | None = None) -> pd.DataFrame:
+    """The COCO object-retrieval manifest from the instances + captions files under ``root``."""
+    cfg = cfg or CocoObjectsConfig()
+    source = COCO_SOURCE.format(year=cfg.split[-4:])
+    inst_path = require_file(root, f"annotations/instances_{cfg.split}.json", source)
+    cap_path = require_file(root, f"annotations/captions_{cfg.split}.json", source)
+    first_caption: dict[int, tuple[int, str]] = {}
+    for a in _load_json(cap_path)["annotations"]:
+        best = first_caption.get(a["image_id"])
+        if best is None or a["id"] < best[0]:
+            first_caption[a["image_id"]] = (a["id"], a["caption"].strip())
+    inst = _load_json(inst_path)
+    cats = {c["id"]: c["name"] for c in inst["categories"]}
+    images = {im["id"]: im for im in inst["images"]}
+    anns: dict[int, list[dict]] = {}
+    for a in inst["annotations"]:
+        if not a.get("iscrowd", 0):
+            anns.setdefault(a["image_id"], []).append(a)
+
+    ids = sorted(i for i in images if i in first_caption)
+    rows = []
+    for image_id in ids[: cfg.limit]:
+        im, item = images[image_id], str(image_id)
+        width, height = _image_size(im, f"COCO image {image_id}")
+        objs = sorted(anns.get(image_id, []), key=lambda a: (-a["bbox"][2] * a["bbox"][3], a["id"]))
+        objs = objs[: cfg.max_objects]
+        unknown = sorted({a["category_id"] for a in objs} - set(cats))
+        if unknown:
+            raise ValueError(f"COCO image {image_id}: unknown category ids {unknown}")
+        caption = first_caption[image_id][1]
+        phrases, relations = split_phrases(caption)
+        rows.append(
+            {
+                **_row(
+                    item,
+                    relative_image_path(f"{cfg.split}/{im['file_name']}", item),
+                    caption,
+                    [cats[a["category_id"]] for a in objs],
+                    [_norm_box(*a["bbox"], width, height) for a in objs],
+                    phrases,
+                    relations,
+                ),
+                "image_id": image_id,
+            }
+        )
+    if not rows:
+        raise ValueError(f"no captioned image in {inst_path} / {cap_path}")
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------- Visual Genome
+
+VG_SOURCE = (
+    "download it (v1.4 or v1.2, zipped JSON) from visualgenome.org/api/v0/api_home.html "
+    "and unzip it under the VG root"
+)
+
+
+@dataclass(frozen=True)
+class VgObjectsConfig:
+    limit: int | None = None  # keep the first `limit` images (by id) with a relationship
+    max_objects: int = 8  # objects kept per image: the query's, then the largest others
+    n_relations: int = 2  # relationships per query, the image's first valid ones
+    max_attributes: int = 1  # attributes prefixed to a query object's name (attributes.json)
+
+
+def _vg_id(entry: dict) -> int:
+    return int(entry["image_id"] if "image_id" in entry else entry["id"])
+
+
+def _vg_name(obj: dict) -> str:
+    names = obj.get("names") or [obj.get("name")]
+    return " ".join(str(names[0] or "").lower().split())
+
+
+def _vg_box(obj: dict) -> tuple[float, float, float, float]:
+    return float(obj["x"]), float(obj["y"]), float(obj["w"]), float(obj["h"])
+
+
+def _vg_image_path(meta: dict, image_id: int) -> str:
+    """``<folder>/<file>`` from the image url (``.../VG_100K_2/1.jpg``), else ``VG_100K/<id>.jpg``."""
+    parts = str(meta.get("url") or "").rstrip("/").split("/")
+    rel = "/".join(parts[-2:]) if len(parts) >= 2 and parts[-2] else f"VG_100K/{image_id}.jpg"
+    return relative_image_path(rel, f"VG image {image_id}")
+
+
+def _vg_query(rels: list[dict], n: int) -> list[tuple[dict, str, dict]]:
+    """The first ``n`` relationships with names, a predicate and two distinct objects."""
+    out = []
+    for r in rels:
+        s, o = r["subject"], r["object"]
+        pred = " ".join(str(r.get("predicate", "")).lower().split())
+        if pred and _vg_name(s) and _vg_name(o) and s["object_id"] != o["object_id"]:
+            out.append((s, pred, o))
+            if len(out) == n:
+                break
+    return out
+
+
+def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataFrame:
+    """The Visual Genome object-retrieval manifest from the files under ``root``; the
+    files are read one at a time, keeping only what the selected images need."""
+    cfg = cfg or VgObjectsConfig()
+    meta_path = require_file(root, "image_data.json", VG_SOURCE)
+    rel_path = require_file(root, "relationships.json", VG_SOURCE)
+    obj_path = require_file(root, "objects.json", VG_SOURCE)
+    attr_path = Path(root) / "attributes.json"
+
+    queries: dict[int, list[tuple[dict, str, dict]]] = {}
+    for entry in sorted(_load_json(rel_path), key=_vg_id):
+        if cfg.limit is not None and len(queries) >= cfg.limit:
+            break
+        if q := _vg_query(entry.get("relationships") or [], cfg.n_relations):
+            queries[_vg_id(entry)] = q
+    if not queries:
+        raise ValueError(f"no image in {rel_path} has a usable relationship")
+    meta = {_vg_id(m): m for m in _load_json(meta_path) if _vg_id(m) in queries}
+    missing = sorted(set(queries) - set(meta))
+    if missing:
+        raise ValueError(f"images {missing[:5]} of relationships.json are not in {meta_path}")
+    objects: dict[int, dict[int, dict]] = {i: {} for i in queries}
+    for entry in _load_json(obj_path):
+        if (i := _vg_id(entry)) in objects:
+            for o in entry.get("objects") or []:
+                if _vg_name(o):
+                    objects[i].setdefault(o["object_id"], o)  # dedup by object_id
+    mentioned = {(i, x["object_id"]) for i, q in queries.items() for s, _, o in q for x in (s, o)}
+    attrs: dict[tuple[int, int], list[str]] = {}
+    if attr_path.is_file() and cfg.max_attributes > 0:
+        for entry in _load_json(attr_path):
+            if (i := _vg_id(entry)) not in queries:
+                continue
+            for o in entry.get("attributes") or []:
+                if (i, o["object_id"]) in mentioned and (i, o["object_id"]) not in attrs:
+                    clean = (" ".join(str(a).lower().split()) for a in o.get("attributes") or [])
+                    attrs[(i, o["object_id"])] = list(dict.fromkeys(a for a in clean if a))
+
+    rows = []
+    for image_id, query in queries.items():
+        item = str(image_id)
+        width, height = _image_size(meta[image_id], f"VG image {image_id}")
+        objs = objects[image_id]
+        ids: list[int] = []  # the query's objects, first mention first
+        for s, _, o in query:
+            for x in (s, o):
+                objs.setdefault(x["object_id"], x)  # a query object missing from objects.json
+                if x["object_id"] not in ids:
+                    ids.append(x["object_id"])
+
+        def area(oid: int, objs=objs) -> tuple[float, int]:
+            _, _, w, h = _vg_box(objs[oid])
+            return -w * h, oid
+
+        others = sorted((oid for oid in objs if oid not in ids), key=area)
+        kept = sorted([*ids, *others[: max(cfg.max_objects - len(ids), 0)]], key=area)
+        phrases = [
+            " ".join([*attrs.get((image_id, oid), [])[: cfg.max_attributes], _vg_name(objs[oid])])
+            for oid in ids
+        ]
+        relations = [(ids.index(s["object_id"]), p, ids.index(o["object_id"])) for s, p, o in query]
+        caption = " and ".join(f"{phrases[i]} {p} {phrases[j]}" for i, p, j in relations)
+        coco_id = meta[image_id].get("coco_id")
+        rows.append(
+            {
+                **_row(
+                    item,
+                    _vg_image_path(meta[image_id], image_id),
+                    caption,
+                    [_vg_name(objs[oid]) for oid in kept],
+                    [_norm_box(*_vg_box(objs[oid]), width, height) for oid in kept],
+                    phrases,
+                    relations,
+                ),
+                "phrase_objects": [kept.index(oid) for oid in ids],
+                "image_id": image_id,
+                "coco_id": None if coco_id is None else int(coco_id),
+            }
+        )
+    df = pd.DataFrame(rows)
+    df["coco_id"] = df["coco_id"].astype("Int64")
+    return df
+
+
+# ---------------------------------------------------------------------------- registration
+
+_ENTRIES = {
+    "coco-objects": (
+        partial(build_coco_objects, cfg=CocoObjectsConfig()),
+        "COCO val2017 first captions, instance boxes: root = COCO root holding "
+        "annotations/instances_val2017.json and captions_val2017.json; images under root/val2017/",
+    ),
+    "vg-objects": (
+        partial(build_vg_objects, cfg=VgObjectsConfig()),
+        "Visual Genome relationship queries, object boxes: root = VG root holding "
+        "image_data.json, objects.json, relationships.json (attributes.json optional); "
+        "images under root/VG_100K[_2]/",
+    ),
+    "vg-objects-5k": (
+        partial(build_vg_objects, cfg=VgObjectsConfig(limit=5000)),
+        "vg-objects on the first 5,000 images (by id) with a relationship",
+    ),
+}
+OBJECT_SUITES = tuple(_ENTRIES)
+
+for _name, (_build, _what) in _ENTRIES.items():
+    SUITES.register(
+        _name,
+        Suite(
+            name=_name,
+            task="retrieval",
+            build_manifest=_build,
+            units=retrieval_units,
+            metric_names=RETRIEVAL_METRICS,
+            headline="R@1",
+            description=_what,
+            caption_columns=("captions", *OBJECT_CAPTION_COLUMNS),
+        ),
+    )

@@ -1,0 +1,189 @@
+r"""Per-object decomposition from the cache (methods.md §3): the object sets the
+geometry-aware rerankers align.
+
+* Image side: one embedding per annotated object (``object_boxes``), the mean of the cached
+  final-layer patch features inside the box, projected into the joint space
+  (``final @ visual_proj``, the projection that maps CLS to the pooled embedding) and
+  unit-normalised *(ours; the paper re-encodes crops)*. The patches of a box are
+  :func:`pipeline.world.grounding.box_cells` (every patch at least a quarter covered, and
+  the one holding the centre). The object's position is its box centre.
+* Query side: one embedding per object phrase (``phrases``, encoded at extract like every
+  caption): its pooled text embedding, unit-normalised. Positions come from the relation
+  structure (``relations``): :func:`relation_positions` lays the phrases out on a grid so
+  that each stated relation holds (``left``: phrase j one unit right of phrase i, ``above``:
+  one unit below it, y down; their converses likewise), phrases joined by no geometric
+  relation share the origin of their component.
+* Structures (:func:`structure`), per set: ``offset`` — the signed 2-D offsets
+  :math:`C_{ik} = x_k - x_i` (two channels), which tell *left of* from *right of*;
+  ``distance`` — :math:`\lVert x_k - x_i \rVert`, which cannot (it is invariant to
+  reflections). Each set's structure is scaled to a largest entry of 1, so a query's unit
+  layout and an image's normalised box centres are comparable.
+
+Sets are padded to the batch's largest set with ``mask`` False; the solvers give padded
+entries zero mass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from pipeline.benchmarks.retrieval import parse_boxes, parse_relations
+from pipeline.cache import FeatureStore
+from pipeline.world.grounding import box_cells
+
+STRUCTURES = ("offset", "distance")
+# Relation words with a direction in the image plane -> (dx, dy) from phrase i to phrase j
+# ("i left of j": j lies one unit to the right of i; y grows downwards like the grid).
+DIRECTIONS: dict[str, tuple[float, float]] = {
+    "left": (1.0, 0.0),
+    "left of": (1.0, 0.0),
+    "to the left of": (1.0, 0.0),
+    "right": (-1.0, 0.0),
+    "right of": (-1.0, 0.0),
+    "to the right of": (-1.0, 0.0),
+    "above": (0.0, 1.0),
+    "on top of": (0.0, 1.0),
+    "on": (0.0, 1.0),
+    "over": (0.0, 1.0),
+    "below": (0.0, -1.0),
+    "under": (0.0, -1.0),
+    "beneath": (0.0, -1.0),
+}
+
+
+@dataclass
+class ObjectSets:
+    """N padded object sets: embeddings, validity and positions."""
+
+    embed: torch.Tensor  # [N, n, D] unit-norm object (or phrase) embeddings, 0 where padded
+    mask: torch.Tensor  # [N, n] bool, True for real objects
+    pos: torch.Tensor  # [N, n, 2] positions (box centres, or the relation layout)
+
+    def __len__(self) -> int:
+        return self.embed.shape[0]
+
+    def index(self, idx: torch.Tensor) -> ObjectSets:
+        return ObjectSets(self.embed[idx], self.mask[idx], self.pos[idx])
+
+
+def pad_sets(embeds: list[torch.Tensor], positions: list[torch.Tensor], dim: int) -> ObjectSets:
+    """Pad per-item ``[n_i, D]`` embeddings and ``[n_i, 2]`` positions into :class:`ObjectSets`."""
+    n = max([len(e) for e in embeds] + [1])
+    out = ObjectSets(torch.zeros(len(embeds), n, dim), torch.zeros(len(embeds), n, dtype=torch.bool), torch.zeros(len(embeds), n, 2))
+    for i, (e, p) in enumerate(zip(embeds, positions, strict=True)):
+        out.embed[i, : len(e)], out.mask[i, : len(e)], out.pos[i, : len(e)] = e, True, p
+    return out
+
+
+def relation_positions(relations: list[tuple[int, str, int]], n: int) -> torch.Tensor:
+    """[n, 2] a layout of ``n`` phrases in which every directional relation holds: a
+    breadth-first walk from each unplaced phrase places its neighbours one unit away in
+    the relation's direction (:data:`DIRECTIONS`); non-directional relations place nothing."""
+    edges: dict[int, list[tuple[int, np.ndarray]]] = {i: [] for i in range(n)}
+    for i, rel, j in relations:
+        d = DIRECTIONS.get(rel.strip().lower())
+        if d is not None:
+            edges[i].append((j, np.array(d)))
+            edges[j].append((i, -np.array(d)))
+    pos = np.zeros((n, 2))
+    placed = np.zeros(n, dtype=bool)
+    for start in range(n):
+        if placed[start]:
+            continue
+        placed[start] = True
+        queue = [start]
+        while queue:
+            i = queue.pop(0)
+            for j, d in edges[i]:
+                if not placed[j]:
+                    pos[j], placed[j] = pos[i] + d, True
+                    queue.append(j)
+    return torch.from_numpy(pos).float()
+
+
+def structure(sets: ObjectSets, kind: str = "offset") -> torch.Tensor:
+    """[N, n, n, c] structure matrices of each set (c = 2 for ``offset``, 1 for
+    ``distance``), zero on padded pairs, each set scaled to a largest absolute entry of 1."""
+    if kind not in STRUCTURES:
+        raise ValueError(f"unknown structure {kind!r}; valid: {', '.join(STRUCTURES)}")
+    diff = sets.pos[:, None, :, :] - sets.pos[:, :, None, :]  # [N, n, n, 2]: x_k - x_i
+    c = diff if kind == "offset" else diff.norm(dim=-1, keepdim=True)
+    pair = (sets.mask[:, :, None] & sets.mask[:, None, :])[..., None]  # [N, n, n, 1]
+    c = torch.where(pair, c, 0.0)
+    scale = c.abs().flatten(1).amax(1).clamp_min(1e-6)  # [N]
+    return c / scale[:, None, None, None]
+
+
+def feature_cost(query: ObjectSets, image: ObjectSets) -> torch.Tensor:
+    """[B, n, m] ``1 - cosine`` between query b's phrases and image b's objects (pairs
+    aligned along B); padded pairs cost 0 and carry no mass in the solvers."""
+    cost = 1.0 - torch.einsum("bnd,bmd->bnm", query.embed, image.embed)
+    return torch.where(query.mask[:, :, None] & image.mask[:, None, :], cost, 0.0)
+
+
+def gallery_rows_of(manifest: pd.DataFrame, gallery: list[str]) -> np.ndarray:
+    """[G] manifest row of each gallery image's first appearance (its object annotation)."""
+    first = {img: i for i, img in reversed(list(enumerate(manifest["image"])))}
+    return np.array([first[g] for g in gallery], dtype=np.int64)
+
+
+def require_columns(manifest: pd.DataFrame, columns: tuple[str, ...], suite: str = "") -> None:
+    missing = [c for c in columns if c not in manifest]
+    if missing:
+        raise ValueError(
+            f"suite {suite or '(retrieval)'} has no {', '.join(missing)} column(s): the geometry-aware "
+            f"rerankers need object boxes and query phrases in the manifest (pipeline.benchmarks.retrieval)"
+        )
+
+
+@torch.no_grad()
+def image_objects(store: FeatureStore, image_rows: np.ndarray, boxes: list[np.ndarray], batch_size: int = 256) -> ObjectSets:
+    """Object sets of images ``image_rows`` [G] (store rows) with ``boxes[g]`` [m_g, 4]:
+    each object's mean final-layer patch feature inside its box, in the joint space."""
+    proj = store.projections().visual_proj  # [d_v, D]
+    grid = store.dims.grid
+    embeds: list[torch.Tensor] = []
+    for start in range(0, len(image_rows), batch_size):
+        feats = store.images(image_rows[start : start + batch_size], grids=True)
+        joint = feats.final @ proj  # [b, R, D]
+        for k, b in enumerate(boxes[start : start + batch_size]):
+            if len(b) == 0:
+                embeds.append(torch.zeros(0, proj.shape[1]))
+                continue
+            w = box_cells(torch.as_tensor(b, dtype=torch.float32), grid).float()  # [m, R]
+            emb = (w @ joint[k]) / w.sum(1, keepdim=True)  # [m, D]
+            embeds.append(F.normalize(emb, dim=-1))
+    centres = [torch.as_tensor((b[:, :2] + b[:, 2:]) / 2, dtype=torch.float32).reshape(-1, 2) for b in boxes]
+    return pad_sets(embeds, centres, proj.shape[1])
+
+
+@torch.no_grad()
+def text_sets(store: FeatureStore, rows: np.ndarray, positions: list[torch.Tensor]) -> ObjectSets:
+    """Object sets of phrase rows ``rows`` [N, n] (store text rows, -1 = pad): unit-norm
+    pooled phrase embeddings, laid out at ``positions[i]`` [n_i, 2]."""
+    rows = np.asarray(rows).reshape(len(rows), -1)
+    flat = rows[rows >= 0]
+    emb = F.normalize(store.texts(flat, grids=False).embed, dim=-1) if len(flat) else torch.zeros(0, store.dims.embed_dim)
+    counts = (rows >= 0).sum(1)
+    splits = list(torch.split(emb, counts.tolist()))
+    return pad_sets(splits, positions, store.dims.embed_dim)
+
+
+def suite_objects(store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray], gallery: list[str], suite: str = "") -> tuple[ObjectSets, ObjectSets]:
+    """(query sets [n_queries], gallery sets [n_gallery]) of one retrieval suite: the
+    queries' phrases with their relation layout, the gallery images' annotated objects."""
+    require_columns(manifest, ("object_boxes", "phrases", "relations"), suite)
+    if "phrases" not in index:
+        raise ValueError(f"the store has no phrases rows for suite {suite}: rerun `pipeline extract` (phrases are a caption column)")
+    rows = gallery_rows_of(manifest, gallery)
+    boxes = [parse_boxes(manifest["object_boxes"].iloc[r]) for r in rows]
+    images = image_objects(store, index["image"].reshape(len(manifest), -1)[rows, 0], boxes)
+    phrase_rows = index["phrases"].reshape(len(manifest), -1)
+    n = (phrase_rows >= 0).sum(1)
+    layout = [relation_positions(parse_relations(cell, int(k)), int(k)) for cell, k in zip(manifest["relations"], n, strict=True)]
+    return text_sets(store, phrase_rows, layout), images

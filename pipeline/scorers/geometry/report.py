@@ -1,0 +1,372 @@
+"""Geometry-aware retrieval's section of the report (registered as ``geometry``).
+
+Shown when a geometry variant (``fgw``, ``hungarian``, ``fgw-hungarian``, ``ridge-fgw``,
+``steer``, ``steer-multi``) was scored on a retrieval suite: every variant's R@1, R@5, R@10,
+nDCG@10 and mean rank with 95% bootstrap CIs and Δ against ``clip``; the seed's
+hard-versus-soft comparison (Hungarian against FGW, paired); the steering table; the
+reranking cost from ``pipeline bench rerank``; one query's phrases matched to its top
+candidates' objects, drawn; and the issue's goals as measured. The numbers also go to
+``geometry.json``. The prose is ``report.md`` beside this file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipeline.benchmarks import SUITES
+from pipeline.benchmarks.retrieval import LOWER_IS_BETTER, RETRIEVAL_METRICS
+from pipeline.report import ReportContext, section
+from pipeline.report.compare import task_units
+from pipeline.report.markdown import md_table, pct
+from pipeline.report.sections import read_bench
+from pipeline.report.templates import Templates
+from pipeline.stats import bootstrap_ci, units_bootstrap
+
+TEXT = Templates("pipeline.scorers.geometry", "report.md")
+BASELINE = "clip"
+RERANKERS = ("fgw", "hungarian", "fgw-hungarian", "ridge-fgw")
+STEERING = ("steer", "steer-multi")
+VARIANTS = (*RERANKERS, *STEERING)
+RERANK_BENCH = "bench/rerank.json"  # `pipeline bench rerank`
+PICTURED = ("shapes-multi", "ridge-fgw")  # the suite and variant of the matching picture
+
+
+def _fmt(metric: str, x: float) -> str:
+    return f"{x:.2f}" if metric in LOWER_IS_BETTER else pct(x)
+
+
+def _diff(metric: str, d: float, lo: float, hi: float) -> str:
+    if metric in LOWER_IS_BETTER:
+        return f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+    return f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+
+def retrieval_suites(ctx: ReportContext) -> list[str]:
+    return [
+        s
+        for s, e in ctx.results.items()
+        if SUITES.get(s).task == "retrieval" and any(v in e["scores"] for v in VARIANTS)
+    ]
+
+
+def metric_rows(
+    ctx: ReportContext, suite: str, variants: list[str]
+) -> tuple[list[list[str]], dict[str, Any]]:
+    """Table rows (variant × metric cells) and their numbers for ``geometry.json``."""
+    tasks = [(suite, m) for m in RETRIEVAL_METRICS]
+    base = task_units(ctx.results, tasks, BASELINE)
+    rows, numbers = [], {}
+    for v in variants:
+        units = task_units(ctx.results, tasks, v)
+        if not units:
+            continue
+        cells, numbers[v] = [], {}
+        for t in tasks:
+            u = units.get(t)
+            if u is None:
+                cells.append("–")
+                continue
+            ci = bootstrap_ci(u.values, n_resamples=ctx.cfg.bootstrap, seed=ctx.cfg.seed)
+            cell = f"{_fmt(t[1], ci.estimate)} [{_fmt(t[1], ci.lo)}, {_fmt(t[1], ci.hi)}]"
+            entry = {"value": ci.estimate, "lo": ci.lo, "hi": ci.hi}
+            if v != BASELINE and t in base:
+                r = units_bootstrap(u, base[t], n_resamples=ctx.cfg.bootstrap, seed=ctx.cfg.seed)
+                cell += f"<br>Δ {_diff(t[1], r.diff, r.lo, r.hi)}"
+                entry.update(diff=r.diff, diff_lo=r.lo, diff_hi=r.hi, p=r.p)
+            cells.append(cell)
+            numbers[v][t[1]] = entry
+        rows.append([f"`{v}`", *cells])
+    return rows, numbers
+
+
+def hard_vs_soft(ctx: ReportContext, suite: str) -> dict[str, Any] | None:
+    """Hungarian minus FGW per metric (paired over queries), the seed's comparison."""
+    tasks = [(suite, m) for m in RETRIEVAL_METRICS]
+    h, f = task_units(ctx.results, tasks, "hungarian"), task_units(ctx.results, tasks, "fgw")
+    if not h or not f:
+        return None
+    out = {}
+    for t in tasks:
+        r = units_bootstrap(h[t], f[t], n_resamples=ctx.cfg.bootstrap, seed=ctx.cfg.seed)
+        out[t[1]] = {
+            "hungarian": h[t].statistic(),
+            "fgw": f[t].statistic(),
+            "diff": r.diff,
+            "lo": r.lo,
+            "hi": r.hi,
+            "p": r.p,
+        }
+    return out
+
+
+def goals(
+    numbers: dict[str, dict], soft: dict[str, Any], bench: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The issue's goals on the shapes world, each with its measured values and verdict."""
+    checks = []
+
+    def value(suite, v, m):
+        return numbers.get(suite, {}).get(v, {}).get(m, {}).get("value")
+
+    r1 = value("shapes-retrieval", "ridge-fgw", "R@1")
+    if r1 is not None:
+        checks.append(
+            {
+                "goal": "ridge-fgw R@1 >= 0.90 on shapes-retrieval",
+                "value": r1,
+                "met": r1 >= 0.90,
+                "by": r1 - 0.90,
+                "clip": value("shapes-retrieval", BASELINE, "R@1"),
+            }
+        )
+    clip10 = value("shapes-multi", BASELINE, "R@10")
+    if clip10 is not None:
+        best = max(
+            ((value("shapes-multi", v, "R@10") or -1.0, v) for v in RERANKERS), default=(-1.0, None)
+        )
+        if best[1] is not None and best[0] >= 0:
+            checks.append(
+                {
+                    "goal": "shapes-multi: best reranker R@10 >= 2 x clip",
+                    "value": best[0],
+                    "variant": best[1],
+                    "clip": clip10,
+                    "met": best[0] >= 2 * clip10,
+                    "by": best[0] - 2 * clip10,
+                }
+            )
+        sm = value("shapes-multi", "steer-multi", "R@10")
+        if sm is not None:
+            checks.append(
+                {
+                    "goal": "shapes-multi: steer-multi R@10 below clip",
+                    "value": sm,
+                    "clip": clip10,
+                    "met": sm < clip10,
+                    "by": clip10 - sm,
+                }
+            )
+    for suite, s in soft.items():
+        if s:
+            found = s["R@1"]["diff"] > 0 and all(
+                s[m]["diff"] < 0 for m in ("R@5", "R@10", "nDCG@10")
+            )
+            checks.append(
+                {
+                    "goal": f"{suite}: Hungarian wins R@1, FGW wins R@5/R@10/nDCG@10",
+                    "met": found,
+                    "values": {m: s[m]["diff"] for m in ("R@1", "R@5", "R@10", "nDCG@10")},
+                }
+            )
+    ms = [
+        r.get("ms_per_query")
+        for r in bench.get("variants", {}).values()
+        if isinstance(r, dict) and r.get("k") == 20
+    ]
+    if ms:
+        checks.append(
+            {
+                "goal": "reranking at K = 20 <= 10 ms per query",
+                "value": max(ms),
+                "met": max(ms) <= 10.0,
+            }
+        )
+    fgw = bench.get("fgw_batched_vs_loop", {})
+    if isinstance(fgw, dict) and "speedup" in fgw:
+        checks.append(
+            {
+                "goal": "FGW batched >= 10x the per-problem POT loop",
+                "value": fgw["speedup"],
+                "met": fgw["speedup"] >= 10,
+            }
+        )
+    return checks
+
+
+@section("geometry", order=60)
+def geometry_section(ctx: ReportContext) -> list[str]:
+    """Every geometry-aware analysis of the scored variants ([] without any)."""
+    suites = retrieval_suites(ctx)
+    if not suites:
+        return []
+    parts = ["## Geometry-aware retrieval", TEXT("intro")]
+    numbers, soft = {}, {}
+    for suite in suites:
+        variants = [v for v in (BASELINE, *VARIANTS) if v in ctx.results[suite]["scores"]]
+        rows, numbers[suite] = metric_rows(ctx, suite, variants)
+        parts += [f"### {suite}", md_table(["variant", *RETRIEVAL_METRICS], rows)]
+        soft[suite] = hard_vs_soft(ctx, suite)
+    parts += ["### Hard (Hungarian) against soft (FGW) matching", TEXT("hard-vs-soft")]
+    rows = [
+        [
+            s,
+            m,
+            pct(d["hungarian"]) if m not in LOWER_IS_BETTER else f"{d['hungarian']:.2f}",
+            pct(d["fgw"]) if m not in LOWER_IS_BETTER else f"{d['fgw']:.2f}",
+            _diff(m, d["diff"], d["lo"], d["hi"]),
+            f"{d['p']:.3f}",
+        ]
+        for s, x in soft.items()
+        if x
+        for m, d in x.items()
+    ]
+    parts.append(md_table(["suite", "metric", "hungarian", "fgw", "Δ hungarian − fgw", "p"], rows))
+    parts += ["### Steering", TEXT("steering")]
+    rows = [
+        [s, f"`{v}`", m, _diff(m, e["diff"], e["diff_lo"], e["diff_hi"])]
+        for s, by in numbers.items()
+        for v in STEERING
+        if v in by
+        for m, e in by[v].items()
+        if "diff" in e
+    ]
+    parts.append(md_table(["suite", "variant", "metric", f"Δ vs `{BASELINE}`"], rows))
+    bench = read_bench(ctx.out / RERANK_BENCH)
+    parts += ["### Reranking cost", *cost_part(bench)]
+    parts += matching_part(ctx)
+    checks = goals(numbers, soft, bench)
+    ctx.json_files["geometry.json"] = {"metrics": numbers, "hard_vs_soft": soft, "goals": checks}
+    rows = [[c["goal"], "met" if c["met"] else "**missed**", _goal_value(c)] for c in checks]
+    parts += ["### Goals as measured", md_table(["goal", "verdict", "measured"], rows)]
+    return parts
+
+
+def _goal_value(c: dict[str, Any]) -> str:
+    if "values" in c:
+        return (
+            ", ".join(f"{m} {100 * d:+.1f}" for m, d in c["values"].items())
+            + " (Hungarian − FGW, points)"
+        )
+    text = f"{c['value']:.3g}"
+    if "clip" in c and c["clip"] is not None:
+        text += f" (clip {c['clip']:.3g})"
+    if "by" in c and not c["met"]:
+        text += f", short by {abs(c['by']):.3g}"
+    return text
+
+
+def cost_part(bench: dict[str, Any]) -> list[str]:
+    if not bench:
+        return [TEXT("no-rerank-bench")]
+    rows = [
+        [
+            f"`{v}`",
+            str(r["k"]),
+            str(r.get("objects", "–")),
+            f"{r['ms_per_query']:.2f}",
+            f"{r['queries_per_s']:,.0f}",
+        ]
+        for v, r in bench.get("variants", {}).items()
+        if isinstance(r, dict)
+    ]
+    rows += [
+        [
+            f"`{r['variant']}`",
+            str(r["k"]),
+            str(r.get("objects", "–")),
+            f"{r['ms_per_query']:.2f}",
+            f"{r['queries_per_s']:,.0f}",
+        ]
+        for r in bench.get("scaling", [])
+    ]
+    parts = [TEXT("cost"), md_table(["variant", "K", "objects", "ms / query", "queries / s"], rows)]
+    fgw = bench.get("fgw_batched_vs_loop")
+    if isinstance(fgw, dict) and fgw:
+        parts.append(
+            TEXT(
+                "fgw-speed",
+                **{k: fgw[k] for k in ("batched_ms", "loop_ms", "speedup", "max_abs_diff")},
+            )
+        )
+    return parts
+
+
+def matching_part(ctx: ReportContext) -> list[str]:
+    """One query of ``PICTURED``: its phrases matched to the top candidates' objects."""
+    suite, variant = PICTURED
+    entry = ctx.results.get(suite)
+    if entry is None or variant not in entry["scores"]:
+        return []
+    fig = matching_figure(ctx, suite, variant)
+    if fig is None:
+        return []
+    return [
+        "### One query, matched",
+        TEXT("matching", suite=suite, variant=variant),
+        f"![matching]({ctx.figure('geometry-matching.png', fig)})",
+    ]
+
+
+def pictured_query(manifest, scores: np.ndarray, clip: np.ndarray | None) -> int:
+    """The first query whose target ``scores`` rank first and frozen CLIP does not (else 0)."""
+    from pipeline.benchmarks.base import gallery_images
+    from pipeline.benchmarks.retrieval import target_ranks
+
+    pos = {g: j for j, g in enumerate(gallery_images(manifest))}
+    target = np.array([pos[i] for i in manifest["image"]])
+    mine = target_ranks(scores, target)
+    theirs = target_ranks(clip, target) if clip is not None else np.full_like(mine, 2)
+    hits = np.flatnonzero((mine == 1) & (theirs > 1))
+    return int(hits[0]) if len(hits) else 0
+
+
+def matching_figure(ctx: ReportContext, suite: str, variant: str, n_candidates: int = 3):
+    """The pictured query's top candidates under ``variant``, each object box labelled with
+    the phrase its transport plan sends the most mass to (and that mass)."""
+    import json
+
+    import matplotlib.pyplot as plt
+    import torch
+    from matplotlib.patches import Rectangle
+    from PIL import Image
+
+    from pipeline.benchmarks.base import gallery_images
+    from pipeline.scoring import suite_inputs
+
+    entry = ctx.results[suite]
+    manifest, scores = entry["manifest"], entry["scores"][variant]
+    q = pictured_query(manifest, scores, entry["scores"].get(BASELINE))
+    top = np.argsort(-scores[q], kind="stable")[:n_candidates]
+    scorer = ctx.scorer(variant)
+    m_store, index = suite_inputs(ctx.store, suite)
+    if len(m_store) != len(manifest):
+        return None
+    scorer.prepare(ctx.store, m_store, index, suite)
+    q_sets, c_sets = scorer.pairs(
+        torch.as_tensor(top)[None], torch.arange(len(gallery_images(manifest))), torch.tensor([q])
+    )
+    plans = scorer.plans(q_sets, c_sets)  # [n, n_phr, n_obj]
+    phrases = list(manifest["phrases"].iloc[q])
+    gallery = gallery_images(manifest)
+    first = {g: i for i, g in reversed(list(enumerate(manifest["image"])))}
+    fig, axes = plt.subplots(1, len(top), figsize=(3.2 * len(top), 3.6))
+    for ax, j, plan in zip(np.atleast_1d(axes), top, plans, strict=True):
+        img = Image.open(entry["image_root"] / gallery[j]).convert("RGB")
+        ax.imshow(img)
+        w, h = img.size
+        boxes = json.loads(manifest["object_boxes"].iloc[first[gallery[j]]])
+        for o, (x0, y0, x1, y1) in enumerate(boxes):
+            ax.add_patch(
+                Rectangle(
+                    (x0 * w, y0 * h), (x1 - x0) * w, (y1 - y0) * h, fill=False, color="white", lw=1
+                )
+            )
+            mass = plan[: len(phrases), o]
+            if mass.sum() > 0:
+                i = int(mass.argmax())
+                ax.text(
+                    x0 * w,
+                    y0 * h - 1,
+                    f"{phrases[i]} {float(mass[i]):.2f}",
+                    color="yellow",
+                    fontsize=6,
+                    va="bottom",
+                )
+        hit = " (target)" if gallery[j] == manifest["image"].iloc[q] else ""
+        ax.set_title(f"rank {list(top).index(j) + 1}{hit}", fontsize=8)
+        ax.axis("off")
+    fig.suptitle(f"{variant}: “{manifest['captions'].iloc[q][0]}”", fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,185 @@
+r"""The geometry-aware rerankers (methods.md §3): a global-CLIP shortlist of ``k`` gallery
+images per query, reordered by how well the query's object phrases align with each
+candidate's annotated objects.
+
+For a query with phrases :math:`P = (p_i)` laid out by its relations and a candidate with
+objects :math:`O = (o_j)` at their box centres (:mod:`pipeline.scorers.geometry.objects`):
+
+* ``fgw``: :math:`-\mathrm{FGW}_\alpha(M, C^P, C^O)` with feature cost
+  :math:`M_{ij} = 1 - \cos(p_i, o_j)`, the structures :math:`C^P, C^O` of ``structure``
+  (signed offsets by default) and uniform weights on both sets; ``alpha`` weighs the
+  structure term, as in POT.
+* ``hungarian``: minus the mean feature cost of the best one-to-one matching of phrases to
+  objects (``scipy.optimize.linear_sum_assignment``); blind to the structure.
+* ``fgw-hungarian``: the ``fgw`` order, except that among its ``top`` best candidates the
+  one with the best Hungarian matching goes first (the paper's "Hungarian on the FGW
+  shortlist": hard assignment for rank 1, the soft order for the rest).
+* ``ridge-fgw``: ``fgw`` with every phrase embedding first mapped into the image-object
+  space by the ridge regression of :mod:`pipeline.scorers.geometry.ridge` (fitted on the
+  training split by ``pipeline ridge``), :math:`p_i \mapsto \mathrm{normalise}(p_i W + b)`.
+
+Only the shortlist reaches the solvers (:class:`pipeline.scorers.base.Reranker`): ``Q·k``
+small problems per suite, solved batched.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipeline.benchmarks.base import gallery_images
+from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
+from pipeline.ot.assignment import hungarian
+from pipeline.ot.fgw import fused_gromov_wasserstein_batched
+from pipeline.scorers.base import SCORERS, Reranker
+from pipeline.scorers.geometry.objects import ObjectSets, feature_cost, structure, suite_objects
+
+PAD_COST = 1e6  # cost of matching a phrase to a padded object (never chosen while a real one is free)
+
+
+def matched_cost(cost: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """[B] mean cost of the optimal one-to-one matching of the valid rows to the valid
+    columns of each ``cost`` [B, n, m] (``rows`` [B, n], ``cols`` [B, m] validity), over
+    the ``min(n_b, m_b)`` matched pairs."""
+    padded = torch.where(rows[:, :, None] & cols[:, None, :], cost, PAD_COST)
+    match, _ = hungarian(padded)  # [B, n] column of each row (-1 unmatched)
+    match = torch.from_numpy(match)
+    ok = rows & (match >= 0)
+    ok &= cols.gather(1, match.clamp_min(0))  # a real row matched to a real column
+    picked = cost.gather(2, match.clamp_min(0)[:, :, None])[..., 0]  # [B, n]
+    return torch.where(ok, picked, 0.0).sum(1) / ok.sum(1).clamp_min(1)
+
+
+class GeometryReranker(Reranker):
+    """Shared machinery: the suite's object sets (``prepare``) and the shortlist's problems.
+
+    Attributes:
+        k: shortlist length (K).
+        alpha: FGW's structure weight in [0, 1].
+        structure: ``offset`` or ``distance`` (:func:`pipeline.scorers.geometry.objects.structure`).
+    """
+
+    uses_grids = False  # the object sets are built once per suite in `prepare`
+    scores_choices: ClassVar[bool] = False
+
+    def __init__(self, k: int = 20, alpha: float = 0.5, structure: str = "offset", base: str = "clip", top: int = 5) -> None:
+        super().__init__()
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+        if structure not in ("offset", "distance"):
+            raise ValueError(f"structure must be 'offset' or 'distance', got {structure!r}")
+        self.k, self.alpha, self.structure, self.base, self.top = k, float(alpha), structure, base, int(top)
+        self._queries: ObjectSets | None = None
+        self._gallery: ObjectSets | None = None
+
+    def map_phrases(self, phrases: ObjectSets) -> ObjectSets:
+        """Phrase embeddings as the feature cost sees them (identity; ridge-fgw maps them)."""
+        return phrases
+
+    def prepare(self, store, manifest, index, suite: str = "") -> None:
+        queries, images = suite_objects(store, manifest, index, gallery_images(manifest), suite)
+        self._queries, self._gallery = self.map_phrases(queries), images
+
+    def pairs(self, shortlist: torch.Tensor, gallery: torch.Tensor, queries: torch.Tensor) -> tuple[ObjectSets, ObjectSets]:
+        """(query sets, candidate sets), both [Q * K], aligned pair by pair."""
+        if self._queries is None or gallery is None or queries is None:
+            raise RuntimeError(f"{type(self).__name__} reranks retrieval suites only, after prepare()")
+        Q, K = shortlist.shape
+        q = self._queries.index(queries.repeat_interleave(K))
+        c = self._gallery.index(gallery[shortlist.reshape(-1)])
+        return q, c
+
+    def _solve(self, q: ObjectSets, c: ObjectSets) -> tuple[torch.Tensor, torch.Tensor]:
+        M = feature_cost(q, c).double()
+        p = q.mask.double() / q.mask.sum(1, keepdim=True).clamp_min(1)
+        w = c.mask.double() / c.mask.sum(1, keepdim=True).clamp_min(1)
+        return fused_gromov_wasserstein_batched(
+            M, structure(q, self.structure).double(), structure(c, self.structure).double(), p, w, alpha=self.alpha
+        )
+
+    def fgw(self, q: ObjectSets, c: ObjectSets) -> torch.Tensor:
+        """[B] FGW value of each aligned pair (uniform weights on the real objects)."""
+        return self._solve(q, c)[0]
+
+    def plans(self, q: ObjectSets, c: ObjectSets) -> torch.Tensor:
+        """[B, n, m] FGW transport plans of the aligned pairs (the report's picture)."""
+        return self._solve(q, c)[1]
+
+    def hungarian(self, q: ObjectSets, c: ObjectSets) -> torch.Tensor:
+        """[B] mean matched feature cost of each aligned pair."""
+        return matched_cost(feature_cost(q, c).double(), q.mask, c.mask)
+
+
+class FGWReranker(GeometryReranker):
+    """Rerank the shortlist by minus the Fused Gromov–Wasserstein distance."""
+
+    def rerank(self, query: TextFeatures, candidates: ImageFeatures, shortlist: torch.Tensor, gallery=None, queries=None) -> torch.Tensor:
+        q, c = self.pairs(shortlist, gallery, queries)
+        return -self.fgw(q, c).reshape(shortlist.shape)
+
+
+class HungarianReranker(GeometryReranker):
+    """Rerank the shortlist by minus the mean cost of the best one-to-one matching."""
+
+    def rerank(self, query: TextFeatures, candidates: ImageFeatures, shortlist: torch.Tensor, gallery=None, queries=None) -> torch.Tensor:
+        q, c = self.pairs(shortlist, gallery, queries)
+        return -self.hungarian(q, c).reshape(shortlist.shape)
+
+
+class FGWHungarianReranker(GeometryReranker):
+    """The FGW order with the Hungarian best of FGW's ``top`` candidates moved first."""
+
+    def rerank(self, query: TextFeatures, candidates: ImageFeatures, shortlist: torch.Tensor, gallery=None, queries=None) -> torch.Tensor:
+        q, c = self.pairs(shortlist, gallery, queries)
+        score = -self.fgw(q, c).reshape(shortlist.shape)  # [Q, K]
+        match = -self.hungarian(q, c).reshape(shortlist.shape)
+        top = min(self.top, shortlist.shape[1])
+        best = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :top]  # [Q, top]
+        pick = best.gather(1, match.gather(1, best).argmax(1, keepdim=True))  # [Q, 1]
+        return score.scatter(1, pick, score.amax(1, keepdim=True) + 1.0)
+
+
+class RidgeFGWReranker(FGWReranker):
+    """``fgw`` on phrases mapped into the image-object space by a fitted ridge regression."""
+
+    trainable = True  # its weights come from `pipeline ridge`, loaded like a checkpoint
+
+    def __init__(self, dim: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.weight = nn.Parameter(torch.eye(dim), requires_grad=False)  # [D, D]
+        self.bias = nn.Parameter(torch.zeros(dim), requires_grad=False)  # [D]
+
+    def map_phrases(self, phrases: ObjectSets) -> ObjectSets:
+        mapped = F.normalize(phrases.embed @ self.weight + self.bias, dim=-1)
+        return ObjectSets(torch.where(phrases.mask[..., None], mapped, 0.0), phrases.mask, phrases.pos)
+
+
+def _options(kwargs: dict) -> dict:
+    return {k: kwargs[k] for k in ("k", "alpha", "structure", "base", "top") if k in kwargs}
+
+
+@SCORERS.register("fgw")
+def fgw(dims: FeatureDims, proj: Projections, **kwargs) -> FGWReranker:
+    """Shortlist by CLIP, rerank by per-object Fused Gromov-Wasserstein."""
+    return FGWReranker(**_options(kwargs))
+
+
+@SCORERS.register("hungarian")
+def hungarian_(dims: FeatureDims, proj: Projections, **kwargs) -> HungarianReranker:
+    """Shortlist by CLIP, rerank by the best one-to-one phrase-object matching."""
+    return HungarianReranker(**_options(kwargs))
+
+
+@SCORERS.register("fgw-hungarian")
+def fgw_hungarian(dims: FeatureDims, proj: Projections, **kwargs) -> FGWHungarianReranker:
+    """FGW order with Hungarian's pick among FGW's top candidates first."""
+    return FGWHungarianReranker(**_options(kwargs))
+
+
+@SCORERS.register("ridge-fgw")
+def ridge_fgw(dims: FeatureDims, proj: Projections, **kwargs) -> RidgeFGWReranker:
+    """FGW on phrases mapped to object embeddings by a ridge regression (pipeline ridge)."""
+    return RidgeFGWReranker(dims.embed_dim, **_options(kwargs))

@@ -1,0 +1,95 @@
+r"""The ridge mapper of ``ridge-fgw`` (methods.md §3): a linear map from phrase embeddings to
+per-object image embeddings, fitted in closed form on the training split.
+
+Training pairs are every annotated object of the training suite's images: the pooled
+embedding of its name (``object_names``, e.g. "red circle", encoded at extract) and its
+per-object image embedding (:func:`pipeline.scorers.geometry.objects.image_objects`), both
+unit-normalised. With centred matrices :math:`P, O \in \mathbb{R}^{N \times D}`
+
+.. math::
+    W = (P^\top P + \lambda I)^{-1} P^\top O, \qquad b = \bar o - \bar p W,
+
+the minimiser of :math:`\lVert P W - O \rVert_F^2 + \lambda \lVert W \rVert_F^2` with an
+unpenalised intercept. The checkpoint (``<out>/ridge-fgw/model.safetensors``) stores
+:math:`W, b`; its ``config.json`` the fit's configuration, the store's fingerprint and the
+training manifest's hash, so a fit on other data or features is never mistaken for this one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pipeline.benchmarks.retrieval import parse_boxes
+from pipeline.cache import FeatureStore
+from pipeline.scorers.geometry.objects import image_objects, require_columns
+
+VARIANT = "ridge-fgw"
+
+
+def training_pairs(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """(phrases [N, D], objects [N, D]): every annotated object of the suite's images, once
+    per distinct image."""
+    require_columns(manifest, ("object_names", "object_boxes"), suite)
+    if "object_names" not in index:
+        raise ValueError(f"the store has no object_names rows for {suite}: rerun `pipeline extract`")
+    image_rows = index["image"].reshape(len(manifest), -1)[:, 0]
+    _, first = np.unique(image_rows, return_index=True)
+    first = np.sort(first[image_rows[first] >= 0])
+    boxes = [parse_boxes(manifest["object_boxes"].iloc[i]) for i in first]
+    names = index["object_names"].reshape(len(manifest), -1)[first]  # [n_images, n_max]
+    counts = (names >= 0).sum(1)
+    if not np.array_equal(counts, [len(b) for b in boxes]):
+        raise ValueError(f"{suite}: object_names and object_boxes differ in length on some rows")
+    objects = image_objects(store, image_rows[first], boxes)
+    obj = objects.embed[objects.mask]  # [N, D] in row order
+    phr = F.normalize(store.texts(names[names >= 0], grids=False).embed, dim=-1)  # [N, D]
+    return phr, obj
+
+
+def fit_ridge(P: torch.Tensor, Y: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W [D, D_o], b [D_o]) of the ridge regression of the objects ``Y`` on the phrases
+    ``P`` (the module's O)."""
+    if lam < 0:
+        raise ValueError(f"ridge lambda must be >= 0, got {lam}")
+    P, Y = P.double(), Y.double()
+    mp, mo = P.mean(0), Y.mean(0)
+    Pc, Oc = P - mp, Y - mo
+    A = Pc.T @ Pc + lam * torch.eye(P.shape[1], dtype=P.dtype)
+    W = torch.linalg.solve(A, Pc.T @ Oc)
+    return W.float(), (mo - mp @ W).float()
+
+
+def r_squared(P: torch.Tensor, Y: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> float:
+    """Fraction of the objects' (``Y``) variance the map explains."""
+    resid = Y - (P @ W + b)
+    return float(1 - resid.pow(2).sum() / (Y - Y.mean(0)).pow(2).sum())
+
+
+def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], manifest_sha256: str) -> dict[str, Any]:
+    """Fit on ``cfg.suite`` and write ``<cfg.out>/ridge-fgw/{model.safetensors, config.json}``;
+    returns the config record. ``cfg``: :class:`pipeline.config.RidgeConfig`."""
+    from safetensors.torch import save_file
+
+    P, Y = training_pairs(store, manifest, index, cfg.suite)
+    W, b = fit_ridge(P, Y, cfg.lam)
+    out = Path(cfg.out) / VARIANT
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({"weight": W.contiguous(), "bias": b.contiguous()}, str(out / "model.safetensors"))
+    record = {
+        "variant": VARIANT,
+        "ridge": asdict(cfg),
+        "n_pairs": int(len(P)),
+        "train_r2": r_squared(P, Y, W, b),
+        "store_fingerprint": store.root.attrs.get("fingerprint_id"),
+        "manifest_sha256": manifest_sha256,
+        "scorer_kwargs": {},
+    }
+    (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record

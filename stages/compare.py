@@ -1,0 +1,121 @@
+"""Stage-like command `compare-encoders`: the same scorer variants on several encoders.
+
+Orchestration only. For each encoder of ``compare.encoders``: a toy encoder's weights are
+trained first (:func:`pipeline.encoders.toyclip.train_toyclip`, the ``toyclip`` section with
+the encoder's own open_clip config) unless its checkpoint already holds that config; its
+features are extracted into its own store; every trainable variant is trained on them
+through the one training loop (``train.<variant>`` with ``compare.seeds``); every variant is
+scored; then :func:`pipeline.report.compare.variant_means` summarises each encoder's
+variants into ``<metrics_out>/summary.json``, which the report's encoder-comparison section
+shows. With ``reuse_pipeline`` the pipeline's own encoder (``extract.model``) is read from
+what ``dvc repro`` scored, whose first training seed is the same model a one-seed run trains.
+Not a DVC stage: a second toy CLIP would push the default ``dvc repro`` past its time budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import (
+    CompareConfig,
+    ExtractConfig,
+    ScoreConfig,
+    ToyClipConfig,
+    TrainConfig,
+    WorldConfig,
+)
+
+
+def toy_weights(cfg: CompareConfig, toyclip: ToyClipConfig, encoder: str, open_clip_model: str, progress: bool) -> str:
+    """The toy encoder's checkpoint under ``<cfg.out>/<encoder>/toyclip``, trained unless
+    the one there was trained with exactly this configuration."""
+    from pipeline.encoders.toyclip import train_toyclip
+
+    tcfg = replace(toyclip, **cfg.toyclip, model=open_clip_model, out=str(Path(cfg.out) / encoder / "toyclip"))
+    ckpt = Path(tcfg.out) / "model.safetensors"
+    record = Path(tcfg.out) / "config.json"
+    if not (ckpt.is_file() and record.is_file() and json.loads(record.read_text()).get("toyclip") == asdict(tcfg)):
+        train_toyclip(tcfg, progress=progress)
+    return str(ckpt)
+
+
+def run(
+    cfg: CompareConfig,
+    toyclip: ToyClipConfig,
+    extract: ExtractConfig,
+    train: dict[str, TrainConfig],
+    score: ScoreConfig,
+    world: WorldConfig,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run the comparison; returns (and writes) the summary.
+
+    Args:
+        train: the ``train.<variant>`` configs of the trainable variants among ``cfg.variants``.
+    """
+    from pipeline.encoders import ENCODERS
+    from pipeline.report.compare import variant_means
+    from pipeline.scorers import SCORERS
+    from stages import extract as extract_stage
+    from stages import score as score_stage
+    from stages import train as train_stage
+    from stages.report import load_results
+
+    if len(cfg.encoders) < 2 or len(set(cfg.encoders)) != len(cfg.encoders):
+        raise ValueError(f"compare.encoders needs at least two distinct encoders, got {cfg.encoders}")
+    specs = {e: ENCODERS.get(e) for e in cfg.encoders}
+    for v in cfg.variants:
+        SCORERS.get(v)
+    unknown = sorted(set(cfg.suites) - set(score.suites) - set(extract.suites))
+    if unknown:
+        raise ValueError(f"compare.suites {unknown} are neither extracted nor scored by the pipeline")
+    summary: dict[str, Any] = {"variants": list(cfg.variants), "suites": list(cfg.suites), "encoders": {}}
+    for enc, spec in specs.items():
+        t0 = time.perf_counter()
+        sc = replace(
+            score,
+            encoder=enc,
+            variants=list(cfg.variants),
+            suites=list(cfg.suites),
+            seed_variants=[],
+            replacements=[],
+            replacement_variants=[],
+            checkpoints=str(Path(cfg.out) / enc / "checkpoints"),
+            scores_out=str(Path(cfg.out) / enc / "scores"),
+            metrics_out=str(Path(cfg.metrics_out) / enc),
+        )
+        reused = cfg.reuse_pipeline and enc == extract.model
+        if reused:
+            ext = extract
+            sc = replace(sc, checkpoints=score.checkpoints, scores_out=score.scores_out, metrics_out=score.metrics_out)
+        else:
+            if spec.toy:
+                ckpt = toy_weights(cfg, toyclip, enc, spec.open_clip_model, progress)
+                ext = replace(extract, model=enc, checkpoint=ckpt)
+            else:
+                ext = replace(extract, model=enc, pretrained=cfg.pretrained.get(enc, extract.pretrained))
+            extract_stage.run(ext, progress=progress)
+            for variant in cfg.variants:
+                if variant in train:
+                    tc = replace(train[variant], encoder=enc, seeds=list(cfg.seeds), out=sc.checkpoints)
+                    train_stage.run(tc, ext, progress=progress)
+            score_stage.run(sc, ext, progress=progress)
+        results = load_results(sc, ext, world)
+        summary["encoders"][enc] = {
+            "open_clip_model": spec.open_clip_model,
+            "reused_pipeline_scores": reused,
+            "scores": sc.scores_out,
+            "metrics": sc.metrics_out,
+            "seconds": round(time.perf_counter() - t0, 1),
+            "variants": variant_means(results, cfg.variants, n_resamples=cfg.bootstrap, seed=cfg.seed),
+        }
+    out = Path(cfg.metrics_out) / "summary.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    summary["config"] = dataclasses.asdict(cfg)
+    out.write_text(json.dumps(summary, indent=1) + "\n")
+    return summary

@@ -1,0 +1,110 @@
+"""`pipeline compare-encoders` end to end on two tiny random-init encoders: a tiny world,
+each encoder extracted into its own store, a trainable variant trained on each, every
+variant scored, the summary written and shown by the report section."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+
+SUITES = ["shapes-whatsup", "shapes-aro", "shapes-sugarcrepe", "shapes-retrieval", "shapes-train", "shapes-dev"]
+PARAMS = {
+    "world": {"seed": 0, "n_whatsup": 3, "n_aro": 4, "n_sugarcrepe": 3, "n_retrieval_groups": 2, "n_train": 16, "n_dev": 16, "suites": SUITES},
+    "extract": {"world": "cache/world", "out": "cache/features", "batch_size": 32, "suites": SUITES},
+    "train": {
+        "variants": ["global-m"],
+        "global-m": {"steps": 4, "batch_size": 8, "eval_every": 2, "seeds": [0], "lr": 1e-3},
+    },
+    "score": {"variants": ["clip", "global-m"], "suites": SUITES[:4] + ["shapes-dev"]},
+    "compare": {
+        "encoders": ["tiny-a", "tiny-b"],
+        "variants": ["clip", "global-m"],
+        "suites": SUITES[:4],
+        "pretrained": {"tiny-a": "none", "tiny-b": "none"},
+        "bootstrap": 200,
+    },
+}
+TINY = {  # the toy's input size and context length, far narrower
+    "embed_dim": 24,
+    "quick_gelu": True,
+    "vision_cfg": {"image_size": 64, "layers": 2, "width": 32, "patch_size": 16, "head_width": 16},
+    "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    import open_clip
+
+    from pipeline.encoders import ENCODERS, EncoderSpec
+
+    root = tmp_path_factory.mktemp("compare")
+    for name, layers in (("tiny-a", 2), ("tiny-b", 3)):  # two architectures, random init
+        cfg = {**TINY, "vision_cfg": {**TINY["vision_cfg"], "layers": layers}}
+        (root / f"{name}-vit.json").write_text(json.dumps(cfg))
+        open_clip.add_model_config(root / f"{name}-vit.json")
+        if name not in ENCODERS:
+            ENCODERS.register(name, EncoderSpec(name, f"{name}-vit", early_layer=1, default_pretrained="none"))
+    (root / "params.yaml").write_text(yaml.safe_dump(PARAMS))
+    runner = CliRunner()
+    old = os.getcwd()
+    os.chdir(root)
+    try:
+        for args in (["world", "--quiet"], ["compare-encoders", "--quiet"]):
+            result = runner.invoke(app, [*args, "--params", "params.yaml"])
+            assert result.exit_code == 0, f"{args}: {result.output}\n{result.exception!r}"
+        yield root
+    finally:
+        os.chdir(old)
+
+
+def test_each_encoder_gets_its_own_store_checkpoints_and_metrics(compared):
+    summary = json.loads((compared / "reports/encoders/summary.json").read_text())
+    assert list(summary["encoders"]) == ["tiny-a", "tiny-b"]
+    for enc in ("tiny-a", "tiny-b"):
+        assert (compared / f"cache/features/{enc}.zarr").is_dir()
+        assert (compared / f"cache/encoders/{enc}/checkpoints/global-m/model.safetensors").is_file()
+        for variant in ("clip", "global-m"):
+            record = json.loads((compared / f"reports/encoders/{enc}/{variant}/shapes-aro.json").read_text())
+            assert record["encoder"] == enc and record["variant"] == variant
+        means = summary["encoders"][enc]["variants"]
+        assert set(means) == {"clip", "global-m"}
+        for name in ("all-task", "binding"):
+            m = means["global-m"]["means"][name]
+            assert m["lo"] <= m["value"] <= m["hi"] and m["diff_lo"] <= m["diff"] <= m["diff_hi"]
+        assert "diff" not in means["clip"]["means"]["all-task"]  # the baseline has no Δ to itself
+    a, b = (summary["encoders"][e]["variants"]["clip"]["tasks"] for e in ("tiny-a", "tiny-b"))
+    assert a.keys() == b.keys() and a != b  # two encoders, two sets of numbers
+
+
+def test_the_report_section_shows_every_encoder(compared):
+    from pipeline.config import ReportConfig
+    from pipeline.report.sections import encoder_comparison
+
+    class Ctx:
+        cfg = ReportConfig(encoders=str(compared / "reports/encoders/summary.json"))
+
+    text = "\n".join(encoder_comparison(Ctx()))
+    assert "tiny-a (tiny-a-vit)" in text and "tiny-b (tiny-b-vit)" in text and "`global-m` | binding" in text
+    Ctx.cfg = ReportConfig(encoders=str(compared / "absent.json"))
+    assert "pipeline compare-encoders" in "\n".join(encoder_comparison(Ctx()))
+
+
+def test_one_encoder_is_refused(tmp_path):
+    from pipeline.config import (
+        CompareConfig,
+        ExtractConfig,
+        ScoreConfig,
+        ToyClipConfig,
+        WorldConfig,
+    )
+    from stages import compare
+
+    with pytest.raises(ValueError, match="at least two distinct encoders"):
+        compare.run(CompareConfig(encoders=["toy", "toy"]), ToyClipConfig(), ExtractConfig(), {}, ScoreConfig(), WorldConfig())

@@ -1,0 +1,214 @@
+"""The geometry-aware rerankers and steering (pipeline.scorers.geometry) on a tiny store
+whose retrieval suite carries object boxes, phrases, relations and steering prompts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from pipeline.benchmarks import SUITES, Suite
+from pipeline.benchmarks.retrieval import RETRIEVAL_METRICS, retrieval_units
+from pipeline.scorers import SCORERS, create_scorer
+from pipeline.scorers.geometry.objects import (
+    ObjectSets,
+    image_objects,
+    relation_positions,
+    structure,
+)
+from pipeline.scorers.geometry.rerankers import matched_cost
+from pipeline.scorers.geometry.ridge import fit_ridge, r_squared, training_pairs
+from pipeline.scoring import retrieval_rows, score_retrieval, suite_inputs
+from pipeline.world.grounding import box_cells
+
+COLOURS = ["red", "green", "blue", "yellow"]
+SHAPES = ["circle", "square", "star", "cross"]
+SUITE = "geo-test"
+N = 10  # gallery images = queries
+
+
+def _manifest(names: list[str]) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, img in enumerate(names):
+        c1, c2 = rng.choice(COLOURS, 2, replace=False)
+        s1, s2 = rng.choice(SHAPES, 2, replace=False)
+        a, b = f"{c1} {s1}", f"{c2} {s2}"
+        x = rng.uniform(0.1, 0.3)
+        rows.append(
+            {
+                "item_id": f"q{i}",
+                "image": img,
+                "captions": [f"a {a} left of a {b}"],
+                "correct": 0,
+                "category": "retrieval",
+                "object_names": [a, b],
+                "object_boxes": json.dumps([[x, 0.4, x + 0.2, 0.6], [x + 0.5, 0.4, x + 0.7, 0.6]]),
+                "phrases": [a, b],
+                "relations": json.dumps([[0, "left", 1]]),
+                "steer_pos": [a, b],
+                "steer_neg": [f"{c2} {s1}", f"{c1} {s2}"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def geo(tmp_path_factory, tiny_encoder):
+    """(store, manifest, index) of a 10-query retrieval suite with every object column."""
+    from pipeline.cache import FeatureStore, store_path
+    from pipeline.config import ExtractConfig
+    from stages import extract as extract_stage
+    from tests.conftest import make_images
+
+    tmp = tmp_path_factory.mktemp("geo")
+    names = make_images(tmp / "images", N)
+    _manifest(names).to_parquet(tmp / "geo.parquet", index=False)
+    SUITES.names()
+    SUITES.register(SUITE, Suite(
+        name=SUITE, task="retrieval", build_manifest=lambda root: pd.read_parquet(root),
+        units=retrieval_units, metric_names=RETRIEVAL_METRICS, headline="R@1",
+        caption_columns=("captions", "object_names", "phrases", "steer_pos", "steer_neg"),
+    ))  # fmt: skip
+    try:
+        cfg = ExtractConfig(model="tiny-test", suites=[SUITE], manifests={SUITE: str(tmp / "geo.parquet")},
+                            image_roots={SUITE: str(tmp / "images")}, out=str(tmp / "features"), batch_size=16)  # fmt: skip
+        extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+        store = FeatureStore.open(store_path(cfg))
+        manifest, index = suite_inputs(store, SUITE)
+        yield store, manifest, index
+    finally:
+        SUITES._entries.pop(SUITE)
+
+
+def _scorer(name, store, **kw):
+    return create_scorer(name, dims=store.dims, proj=store.projections(), **kw).eval()
+
+
+def test_object_embedding_is_the_projected_patch_mean_inside_the_box(geo):
+    store, manifest, index = geo
+    gallery_rows, _ = retrieval_rows(manifest, index)
+    boxes = [np.array(json.loads(b)) for b in manifest["object_boxes"]]
+    sets = image_objects(store, gallery_rows, boxes)
+    feats = store.images(gallery_rows[:1])
+    cells = box_cells(torch.tensor(boxes[0], dtype=torch.float32), store.dims.grid)[1]  # object 1
+    want = (feats.final[0, cells] @ store.projections().visual_proj).mean(0)
+    torch.testing.assert_close(sets.embed[0, 1], want / want.norm(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sets.pos[0, 1], torch.tensor((boxes[0][1, :2] + boxes[0][1, 2:]) / 2, dtype=torch.float32))
+
+
+def test_relation_layout_and_structures():
+    pos = relation_positions([(0, "left", 1), (1, "above", 2), (3, "holding", 0)], 4)
+    torch.testing.assert_close(pos, torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]))
+    assert relation_positions([(0, "right", 1)], 2)[1].tolist() == [-1.0, 0.0]
+    sets = ObjectSets(torch.zeros(2, 3, 4), torch.tensor([[True, True, False], [True, True, True]]),
+                      torch.tensor([[[0.0, 0.0], [0.5, 0.0], [9.0, 9.0]], [[0.0, 0.0], [0.0, 2.0], [1.0, 0.0]]]))  # fmt: skip
+    off, dist = structure(sets, "offset"), structure(sets, "distance")
+    assert off.shape == (2, 3, 3, 2) and dist.shape == (2, 3, 3, 1)
+    torch.testing.assert_close(off, -off.transpose(1, 2))  # offsets are antisymmetric
+    torch.testing.assert_close(dist, dist.transpose(1, 2))
+    assert off[0, 2].abs().sum() == 0 and off[0, :, 2].abs().sum() == 0  # padding is zero
+    assert off.abs().flatten(1).amax(1).tolist() == [1.0, 1.0]  # scaled per set
+    mirrored = ObjectSets(sets.embed, sets.mask, sets.pos * torch.tensor([-1.0, 1.0]))
+    torch.testing.assert_close(structure(mirrored, "distance"), dist)  # blind to reflection
+    assert not torch.allclose(structure(mirrored, "offset"), off)
+    with pytest.raises(ValueError, match="unknown structure"):
+        structure(sets, "angles")
+
+
+def test_matched_cost_ignores_padding_and_finds_the_planted_matching():
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(5)
+    cost = torch.from_numpy(rng.uniform(0.5, 1.0, (1, 5, 7)))
+    cost[0, np.arange(5), perm] = 0.1  # the planted matching
+    rows = torch.ones(1, 5, dtype=torch.bool)
+    cols = torch.tensor([[True] * 5 + [False] * 2])
+    cost[0, :, 5:] = -10.0  # padded columns would be the cheapest if they were allowed
+    torch.testing.assert_close(matched_cost(cost, rows, cols), torch.tensor([0.1], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", ["fgw", "hungarian", "fgw-hungarian"])
+def test_rerankers_never_change_the_order_outside_the_shortlist(geo, name):
+    store, manifest, index = geo
+    base = score_retrieval(_scorer("clip", store), store, manifest, index, 7)  # the batches the shortlist sees
+    final = score_retrieval(_scorer(name, store, k=4), store, manifest, index, 7)
+    order = np.argsort(-base, axis=1, kind="stable")
+    top, rest = order[:, :4], order[:, 4:]
+    rows = np.arange(N)[:, None]
+    np.testing.assert_array_equal(final[rows, rest], base[rows, rest])
+    assert (final[rows, top].min(1) > final[rows, rest].max(1)).all()
+    assert set(retrieval_units(manifest, final)) == set(RETRIEVAL_METRICS)
+
+
+def test_alpha_zero_fgw_ranks_like_optimal_transport_on_features(geo):
+    """With alpha = 0 FGW is OT on the feature cost; for two objects per side and uniform
+    weights the optimal plan is a matching, so its order equals Hungarian's."""
+    store, manifest, index = geo
+    a = score_retrieval(_scorer("fgw", store, k=N, alpha=0.0), store, manifest, index, 256)
+    b = score_retrieval(_scorer("hungarian", store, k=N), store, manifest, index, 256)
+    np.testing.assert_array_equal(np.argsort(-a, 1, kind="stable"), np.argsort(-b, 1, kind="stable"))
+
+
+def test_fgw_hungarian_puts_hungarians_pick_first_then_the_fgw_order(geo):
+    store, manifest, index = geo
+    fgw = score_retrieval(_scorer("fgw", store, k=N), store, manifest, index, 256)
+    hun = score_retrieval(_scorer("hungarian", store, k=N), store, manifest, index, 256)
+    both = score_retrieval(_scorer("fgw-hungarian", store, k=N, top=3), store, manifest, index, 256)
+    for q in range(N):
+        top3 = np.argsort(-fgw[q], kind="stable")[:3]
+        pick = top3[np.argmax(hun[q, top3])]
+        order = np.argsort(-both[q], kind="stable")
+        assert order[0] == pick
+        np.testing.assert_array_equal(order[1:], [g for g in np.argsort(-fgw[q], kind="stable") if g != pick])
+
+
+def test_ridge_recovers_a_planted_map_and_loads_like_a_checkpoint(geo, tmp_path):
+    g = torch.Generator().manual_seed(0)
+    P = torch.randn(200, 8, generator=g)
+    A, c = torch.randn(8, 6, generator=g), torch.randn(6, generator=g)
+    W, b = fit_ridge(P, P @ A + c, lam=0.0)
+    torch.testing.assert_close(W, A, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(b, c, atol=1e-4, rtol=1e-4)
+    assert r_squared(P, P @ A + c, W, b) == pytest.approx(1.0)
+    W1, _ = fit_ridge(P, P @ A + c, lam=1e4)
+    assert W1.norm() < 0.5 * A.norm()  # the penalty shrinks the map
+    store, manifest, index = geo
+    phr, obj = training_pairs(store, manifest, index, SUITE)
+    assert phr.shape == obj.shape == (2 * N, store.dims.embed_dim)
+    with pytest.raises(ValueError, match="object_boxes"):
+        training_pairs(store, manifest.drop(columns="object_boxes"), index, SUITE)
+
+
+def test_ridge_fgw_with_the_identity_map_equals_fgw(geo):
+    store, manifest, index = geo
+    ridge = _scorer("ridge-fgw", store, k=N)  # initial weights: identity, zero bias
+    a = score_retrieval(ridge, store, manifest, index, 256)
+    b = score_retrieval(_scorer("fgw", store, k=N), store, manifest, index, 256)
+    np.testing.assert_allclose(a, b)
+
+
+def test_steering(geo):
+    store, manifest, index = geo
+    clip = score_retrieval(_scorer("clip", store), store, manifest, index, 256)
+    zero = score_retrieval(_scorer("steer", store, beta=0.0), store, manifest, index, 256)
+    np.testing.assert_array_equal(np.argsort(-zero, 1, kind="stable"), np.argsort(-clip, 1, kind="stable"))
+    one, multi = (score_retrieval(_scorer(n, store, beta=0.7), store, manifest, index, 256) for n in ("steer", "steer-multi"))
+    assert not np.allclose(one, multi)  # two directions per query: the sum differs
+    # steer-multi's direction is the sum of each prompt pair's contrast
+    s = _scorer("steer-multi", store, beta=0.7)
+    s.prepare(store, manifest, index, SUITE)
+    e = lambda col: torch.nn.functional.normalize(store.texts(index[col][0], grids=False).embed, dim=-1)  # noqa: E731
+    torch.testing.assert_close(s._directions[0], (e("steer_pos") - e("steer_neg")).sum(0))
+
+
+def test_geometry_variants_are_registered_for_retrieval_only():
+    for name in ("fgw", "hungarian", "fgw-hungarian", "ridge-fgw", "steer", "steer-multi"):
+        assert name in SCORERS.names()
+    from pipeline.scorers.geometry.rerankers import FGWReranker
+
+    assert FGWReranker.scores_choices is False
+    with pytest.raises(ValueError, match="alpha"):
+        FGWReranker(alpha=1.5)
