@@ -176,10 +176,46 @@ def test_ridge_recovers_a_planted_map_and_loads_like_a_checkpoint(geo, tmp_path)
     W1, _ = fit_ridge(P, P @ A + c, lam=1e4)
     assert W1.norm() < 0.5 * A.norm()  # the penalty shrinks the map
     store, manifest, index = geo
-    phr, obj = training_pairs(store, manifest, index, SUITE)
+    phr, obj, image = training_pairs(store, manifest, index, SUITE)
     assert phr.shape == obj.shape == (2 * N, store.dims.embed_dim)
+    assert image.tolist() == [i for i in range(N) for _ in range(2)]
+    _, early, _ = training_pairs(store, manifest, index, SUITE, layer="early")
+    assert early.shape == (2 * N, store.dims.d_v)
     with pytest.raises(ValueError, match="object_boxes"):
         training_pairs(store, manifest.drop(columns="object_boxes"), index, SUITE)
+
+
+def test_ranking_auc_counts_pairs_of_different_phrases():
+    from pipeline.scorers.geometry.ridge import ranking_auc
+
+    P, W, b = torch.eye(2), torch.eye(2), torch.zeros(2)  # the map is the identity
+    assert ranking_auc(P, torch.eye(2), W, b) == 1.0  # each phrase nearest its own object
+    assert ranking_auc(P, torch.eye(2).flip(0), W, b) == 0.0  # objects swapped
+    assert ranking_auc(P, torch.tensor([[1.0, 0.0], [1.0, 0.0]]), W, b) == 0.0  # ties lose
+    P3 = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])  # phrases 0 and 1 are one phrase
+    Y3 = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    # pairs of different phrases: (0,2) 0<1 no, (1,2) 0<1 yes, (2,0) 1<1 no, (2,1) 0<1 yes
+    assert ranking_auc(P3, Y3, W, b) == 0.5
+
+
+def test_the_ridge_stage_keeps_the_held_out_best_grid_and_scoring_reads_it(geo, tmp_path):
+    from pipeline.config import RidgeConfig
+    from pipeline.scorers.checkpoints import load_scorer
+    from pipeline.scorers.geometry.ridge import fit
+
+    store, manifest, index = geo
+    record = fit(RidgeConfig(suite=SUITE, out=str(tmp_path)), store, manifest, index, "sha")
+    assert record["layer"] in ("final", "final-raw", "early")
+    assert record["layer"] == max(record["heldout_auc"], key=record["heldout_auc"].get)
+    assert record["scorer_kwargs"] == {"layer": record["layer"]}
+    scorer = load_scorer("ridge-fgw", store, tmp_path)
+    assert scorer.layer == record["layer"] and scorer.weight.shape[0] == store.dims.embed_dim
+    scores = score_retrieval(scorer, store, manifest, index, 256)
+    assert np.isfinite(scores).all()
+    other = tmp_path / "ridge-fgw" / "config.json"
+    other.write_text(other.read_text().replace(record["store_fingerprint"], "another-store"))
+    with pytest.raises(ValueError, match="fitted on another feature store"):
+        load_scorer("ridge-fgw", store, tmp_path)
 
 
 def test_ridge_fgw_with_the_identity_map_equals_fgw(geo):

@@ -78,28 +78,15 @@ _register_real("ViT-L-14-336", 5, "timm/vit_large_patch14_clip_336.openai")
 _register_real("ViT-L-14", 5, "timm/vit_large_patch14_clip_224.openai")
 _register_real("ViT-B-16", 3, "timm/vit_base_patch16_clip_224.openai")
 _register_real("ViT-B-32", 3, "timm/vit_base_patch32_clip_224.openai")
-ENCODERS.register(
-    "toy",
-    EncoderSpec(
-        name="toy",
-        open_clip_model="toy-vit",
-        early_layer=2,
-        default_pretrained="toyclip",
-        weights_hint="run `pipeline toyclip` (or `dvc repro toyclip`) to train the toy CLIP",
-        toy=True,
-    ),
-)
-ENCODERS.register(
-    "toy-small",
-    EncoderSpec(
-        name="toy-small",
-        open_clip_model="toy-vit-small",
-        early_layer=1,
-        default_pretrained="toyclip",
-        weights_hint="run `pipeline compare-encoders` (it trains the small toy CLIP first)",
-        toy=True,
-    ),
-)
+def _register_toy(name: str, config: str, early_layer: int, weights_hint: str) -> None:
+    ENCODERS.register(
+        name,
+        EncoderSpec(name, config, early_layer, default_pretrained="toyclip", weights_hint=weights_hint, toy=True),
+    )
+
+
+_register_toy("toy", "toy-vit", 2, "run `pipeline toyclip` (or `dvc repro toyclip`) to train the toy CLIP")
+_register_toy("toy-small", "toy-vit-small", 1, "run `pipeline compare-encoders` (it trains the small toy CLIP first)")
 
 
 class WeightsUnavailableError(RuntimeError):

@@ -4,7 +4,8 @@ geometry-aware rerankers align.
 * Image side: one embedding per annotated object (``object_boxes``), the mean of the cached
   final-layer patch features inside the box, projected into the joint space
   (``final @ visual_proj``, the projection that maps CLS to the pooled embedding) and
-  unit-normalised *(ours; the paper re-encodes crops)*. The patches of a box are
+  unit-normalised *(ours; the paper re-encodes crops)*; a fitted map (``ridge-fgw``) may read
+  another grid instead (:data:`OBJECT_LAYERS`), the one its fit held out best. The patches of a box are
   :func:`pipeline.world.grounding.box_cells` (every patch at least a quarter covered, and
   the one holding the centre). The object's position is its box centre.
 * Query side: one embedding per object phrase (``phrases``, encoded at extract like every
@@ -37,6 +38,11 @@ from pipeline.cache import FeatureStore
 from pipeline.world.grounding import box_cells
 
 STRUCTURES = ("offset", "distance")
+# Which cached grid an object's box mean reads: "final" in the joint space (final @
+# visual_proj, what CLS becomes; the spec's default), "final-raw" the same patches before the
+# projection, "early" the early-layer grid (raw residual stream). Only a fitted map
+# (ridge-fgw) can compare phrases with the last two.
+OBJECT_LAYERS = ("final", "final-raw", "early")
 # Relation words with a direction in the image plane -> (dx, dy) from phrase i to phrase j
 # ("i left of j": j lies one unit to the right of i; y grows downwards like the grid).
 DIRECTIONS: dict[str, tuple[float, float]] = {
@@ -141,25 +147,34 @@ def require_columns(manifest: pd.DataFrame, columns: tuple[str, ...], suite: str
         )
 
 
+def object_dim(store_dims, layer: str) -> int:
+    """Width of the object embeddings that ``layer`` gives (:data:`OBJECT_LAYERS`)."""
+    if layer not in OBJECT_LAYERS:
+        raise ValueError(f"unknown object layer {layer!r}; valid: {', '.join(OBJECT_LAYERS)}")
+    return store_dims.embed_dim if layer == "final" else store_dims.d_v
+
+
 @torch.no_grad()
-def image_objects(store: FeatureStore, image_rows: np.ndarray, boxes: list[np.ndarray], batch_size: int = 256) -> ObjectSets:
+def image_objects(store: FeatureStore, image_rows: np.ndarray, boxes: list[np.ndarray], layer: str = "final", batch_size: int = 256) -> ObjectSets:
     """Object sets of images ``image_rows`` [G] (store rows) with ``boxes[g]`` [m_g, 4]:
-    each object's mean final-layer patch feature inside its box, in the joint space."""
+    each object's mean patch feature inside its box, from the grid ``layer`` names
+    (:data:`OBJECT_LAYERS`; default the final layer in the joint space), unit-normalised."""
+    dim = object_dim(store.dims, layer)
     proj = store.projections().visual_proj  # [d_v, D]
     grid = store.dims.grid
     embeds: list[torch.Tensor] = []
     for start in range(0, len(image_rows), batch_size):
         feats = store.images(image_rows[start : start + batch_size], grids=True)
-        joint = feats.final @ proj  # [b, R, D]
+        joint = {"final": lambda f: f.final @ proj, "final-raw": lambda f: f.final, "early": lambda f: f.early}[layer](feats)  # [b, R, dim]
         for k, b in enumerate(boxes[start : start + batch_size]):
             if len(b) == 0:
-                embeds.append(torch.zeros(0, proj.shape[1]))
+                embeds.append(torch.zeros(0, dim))
                 continue
             w = box_cells(torch.as_tensor(b, dtype=torch.float32), grid).float()  # [m, R]
             emb = (w @ joint[k]) / w.sum(1, keepdim=True)  # [m, D]
             embeds.append(F.normalize(emb, dim=-1))
     centres = [torch.as_tensor((b[:, :2] + b[:, 2:]) / 2, dtype=torch.float32).reshape(-1, 2) for b in boxes]
-    return pad_sets(embeds, centres, proj.shape[1])
+    return pad_sets(embeds, centres, dim)
 
 
 @torch.no_grad()
@@ -174,15 +189,16 @@ def text_sets(store: FeatureStore, rows: np.ndarray, positions: list[torch.Tenso
     return pad_sets(splits, positions, store.dims.embed_dim)
 
 
-def suite_objects(store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray], gallery: list[str], suite: str = "") -> tuple[ObjectSets, ObjectSets]:
+def suite_objects(store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray], gallery: list[str], suite: str = "", layer: str = "final") -> tuple[ObjectSets, ObjectSets]:
     """(query sets [n_queries], gallery sets [n_gallery]) of one retrieval suite: the
-    queries' phrases with their relation layout, the gallery images' annotated objects."""
+    queries' phrases with their relation layout, the gallery images' annotated objects
+    (from the grid ``layer`` names)."""
     require_columns(manifest, ("object_boxes", "phrases", "relations"), suite)
     if "phrases" not in index:
         raise ValueError(f"the store has no phrases rows for suite {suite}: rerun `pipeline extract` (phrases are a caption column)")
     rows = gallery_rows_of(manifest, gallery)
     boxes = [parse_boxes(manifest["object_boxes"].iloc[r]) for r in rows]
-    images = image_objects(store, index["image"].reshape(len(manifest), -1)[rows, 0], boxes)
+    images = image_objects(store, index["image"].reshape(len(manifest), -1)[rows, 0], boxes, layer)
     phrase_rows = index["phrases"].reshape(len(manifest), -1)
     n = (phrase_rows >= 0).sum(1)
     layout = [relation_positions(parse_relations(cell, int(k)), int(k)) for cell, k in zip(manifest["relations"], n, strict=True)]

@@ -16,7 +16,8 @@ objects :math:`O = (o_j)` at their box centres (:mod:`pipeline.scorers.geometry.
   shortlist": hard assignment for rank 1, the soft order for the rest).
 * ``ridge-fgw``: ``fgw`` with every phrase embedding first mapped into the image-object
   space by the ridge regression of :mod:`pipeline.scorers.geometry.ridge` (fitted on the
-  training split by ``pipeline ridge``), :math:`p_i \mapsto \mathrm{normalise}(p_i W + b)`.
+  training split by ``pipeline ridge``), :math:`p_i \mapsto \mathrm{normalise}(p_i W + b)`;
+  the object embeddings read the grid the fit held out best (its checkpoint's ``layer``).
 
 Only the shortlist reaches the solvers (:class:`pipeline.scorers.base.Reranker`): ``Q·k``
 small problems per suite, solved batched.
@@ -35,7 +36,14 @@ from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatu
 from pipeline.ot.assignment import hungarian
 from pipeline.ot.fgw import fused_gromov_wasserstein_batched
 from pipeline.scorers.base import SCORERS, Reranker
-from pipeline.scorers.geometry.objects import ObjectSets, feature_cost, structure, suite_objects
+from pipeline.scorers.geometry.objects import (
+    OBJECT_LAYERS,
+    ObjectSets,
+    feature_cost,
+    object_dim,
+    structure,
+    suite_objects,
+)
 
 PAD_COST = 1e6  # cost of matching a phrase to a padded object (never chosen while a real one is free)
 
@@ -60,18 +68,23 @@ class GeometryReranker(Reranker):
         k: shortlist length (K).
         alpha: FGW's structure weight in [0, 1].
         structure: ``offset`` or ``distance`` (:func:`pipeline.scorers.geometry.objects.structure`).
+        layer: the grid the object embeddings read (``final`` in the joint space unless a
+            fitted map compares phrases with another: :data:`...objects.OBJECT_LAYERS`).
     """
 
     uses_grids = False  # the object sets are built once per suite in `prepare`
     scores_choices: ClassVar[bool] = False
 
-    def __init__(self, k: int = 20, alpha: float = 0.5, structure: str = "offset", base: str = "clip", top: int = 5) -> None:
+    def __init__(self, k: int = 20, alpha: float = 0.5, structure: str = "offset", base: str = "clip", top: int = 5, layer: str = "final") -> None:
         super().__init__()
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
         if structure not in ("offset", "distance"):
             raise ValueError(f"structure must be 'offset' or 'distance', got {structure!r}")
+        if layer not in OBJECT_LAYERS:
+            raise ValueError(f"layer must be one of {', '.join(OBJECT_LAYERS)}, got {layer!r}")
         self.k, self.alpha, self.structure, self.base, self.top = k, float(alpha), structure, base, int(top)
+        self.layer = layer
         self._queries: ObjectSets | None = None
         self._gallery: ObjectSets | None = None
 
@@ -80,7 +93,7 @@ class GeometryReranker(Reranker):
         return phrases
 
     def prepare(self, store, manifest, index, suite: str = "") -> None:
-        queries, images = suite_objects(store, manifest, index, gallery_images(manifest), suite)
+        queries, images = suite_objects(store, manifest, index, gallery_images(manifest), suite, self.layer)
         self._queries, self._gallery = self.map_phrases(queries), images
 
     def pairs(self, shortlist: torch.Tensor, gallery: torch.Tensor, queries: torch.Tensor) -> tuple[ObjectSets, ObjectSets]:
@@ -147,10 +160,11 @@ class RidgeFGWReranker(FGWReranker):
 
     trainable = True  # its weights come from `pipeline ridge`, loaded like a checkpoint
 
-    def __init__(self, dim: int, **kwargs) -> None:
+    def __init__(self, dim: int, out_dim: int | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.weight = nn.Parameter(torch.eye(dim), requires_grad=False)  # [D, D]
-        self.bias = nn.Parameter(torch.zeros(dim), requires_grad=False)  # [D]
+        out_dim = dim if out_dim is None else out_dim
+        self.weight = nn.Parameter(torch.eye(dim, out_dim), requires_grad=False)  # [D, D_o]
+        self.bias = nn.Parameter(torch.zeros(out_dim), requires_grad=False)  # [D_o]
 
     def map_phrases(self, phrases: ObjectSets) -> ObjectSets:
         mapped = F.normalize(phrases.embed @ self.weight + self.bias, dim=-1)
@@ -158,7 +172,7 @@ class RidgeFGWReranker(FGWReranker):
 
 
 def _options(kwargs: dict) -> dict:
-    return {k: kwargs[k] for k in ("k", "alpha", "structure", "base", "top") if k in kwargs}
+    return {k: kwargs[k] for k in ("k", "alpha", "structure", "base", "top", "layer") if k in kwargs}
 
 
 @SCORERS.register("fgw")
@@ -182,4 +196,5 @@ def fgw_hungarian(dims: FeatureDims, proj: Projections, **kwargs) -> FGWHungaria
 @SCORERS.register("ridge-fgw")
 def ridge_fgw(dims: FeatureDims, proj: Projections, **kwargs) -> RidgeFGWReranker:
     """FGW on phrases mapped to object embeddings by a ridge regression (pipeline ridge)."""
-    return RidgeFGWReranker(dims.embed_dim, **_options(kwargs))
+    options = _options(kwargs)
+    return RidgeFGWReranker(dims.embed_dim, object_dim(dims, options.get("layer", "final")), **options)

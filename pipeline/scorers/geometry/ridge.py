@@ -10,7 +10,14 @@ unit-normalised. With centred matrices :math:`P, O \in \mathbb{R}^{N \times D}`
     W = (P^\top P + \lambda I)^{-1} P^\top O, \qquad b = \bar o - \bar p W,
 
 the minimiser of :math:`\lVert P W - O \rVert_F^2 + \lambda \lVert W \rVert_F^2` with an
-unpenalised intercept. The checkpoint (``<out>/ridge-fgw/model.safetensors``) stores
+unpenalised intercept.
+
+Which grid the object embeddings read (:data:`~pipeline.scorers.geometry.objects.OBJECT_LAYERS`:
+the final layer in the joint space, the same patches before the projection, or the early
+layer) is chosen on the training split itself: every fifth training image is held out, the
+map is fitted on the rest for each grid, and the grid whose mapped phrases best rank their
+own held-out object above the others (:func:`ranking_auc`) is kept; the map is then refitted
+on every training object. The test suites never choose it. The checkpoint (``<out>/ridge-fgw/model.safetensors``) stores
 :math:`W, b`; its ``config.json`` the fit's configuration, the store's fingerprint and the
 training manifest's hash, so a fit on other data or features is never mistaken for this one.
 """
@@ -28,14 +35,15 @@ import torch.nn.functional as F
 
 from pipeline.benchmarks.retrieval import parse_boxes
 from pipeline.cache import FeatureStore
-from pipeline.scorers.geometry.objects import image_objects, require_columns
+from pipeline.scorers.geometry.objects import OBJECT_LAYERS, image_objects, require_columns
 
 VARIANT = "ridge-fgw"
 
 
-def training_pairs(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str = "") -> tuple[torch.Tensor, torch.Tensor]:
-    """(phrases [N, D], objects [N, D]): every annotated object of the suite's images, once
-    per distinct image."""
+def training_pairs(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str = "", layer: str = "final") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(phrases [N, D], objects [N, D_o], image [N]): every annotated object of the suite's
+    images, once per distinct image, its object embedding read from ``layer``'s grid, and the
+    position of its image among those images (for image-disjoint held-out splits)."""
     require_columns(manifest, ("object_names", "object_boxes"), suite)
     if "object_names" not in index:
         raise ValueError(f"the store has no object_names rows for {suite}: rerun `pipeline extract`")
@@ -47,10 +55,11 @@ def training_pairs(store: FeatureStore, manifest, index: dict[str, np.ndarray], 
     counts = (names >= 0).sum(1)
     if not np.array_equal(counts, [len(b) for b in boxes]):
         raise ValueError(f"{suite}: object_names and object_boxes differ in length on some rows")
-    objects = image_objects(store, image_rows[first], boxes)
-    obj = objects.embed[objects.mask]  # [N, D] in row order
+    objects = image_objects(store, image_rows[first], boxes, layer)
+    obj = objects.embed[objects.mask]  # [N, D_o] in row order
     phr = F.normalize(store.texts(names[names >= 0], grids=False).embed, dim=-1)  # [N, D]
-    return phr, obj
+    image = torch.arange(len(first))[:, None].expand_as(objects.mask)[objects.mask]  # [N]
+    return phr, obj, image
 
 
 def fit_ridge(P: torch.Tensor, Y: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,12 +81,34 @@ def r_squared(P: torch.Tensor, Y: torch.Tensor, W: torch.Tensor, b: torch.Tensor
     return float(1 - resid.pow(2).sum() / (Y - Y.mean(0)).pow(2).sum())
 
 
+def ranking_auc(P: torch.Tensor, Y: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> float:
+    """How often a mapped phrase is closer (cosine) to its own object than to another object
+    of a different phrase, over every such pair: 1 is perfect, 0.5 chance."""
+    S = F.normalize(P @ W + b, dim=-1) @ F.normalize(Y, dim=-1).T  # [N, N]
+    other = (P @ P.T) < 1 - 1e-6  # pairs of different phrases
+    return float(((S < S.diag()[:, None]) & other).sum() / other.sum().clamp_min(1))
+
+
+def choose_layer(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str, lam: float) -> tuple[str, dict[str, float]]:
+    """The grid whose held-out ranking AUC is highest (every fifth image held out), and the
+    AUC of each."""
+    aucs = {}
+    for layer in OBJECT_LAYERS:
+        P, Y, image = training_pairs(store, manifest, index, suite, layer)
+        held = image % 5 == 4
+        W, b = fit_ridge(P[~held], Y[~held], lam)
+        aucs[layer] = ranking_auc(P[held], Y[held], W, b)
+    return max(OBJECT_LAYERS, key=lambda layer: aucs[layer]), aucs
+
+
 def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], manifest_sha256: str) -> dict[str, Any]:
-    """Fit on ``cfg.suite`` and write ``<cfg.out>/ridge-fgw/{model.safetensors, config.json}``;
-    returns the config record. ``cfg``: :class:`pipeline.config.RidgeConfig`."""
+    """Choose the grid on held-out training images, fit on ``cfg.suite`` and write
+    ``<cfg.out>/ridge-fgw/{model.safetensors, config.json}``; returns the config record.
+    ``cfg``: :class:`pipeline.config.RidgeConfig`."""
     from safetensors.torch import save_file
 
-    P, Y = training_pairs(store, manifest, index, cfg.suite)
+    layer, aucs = choose_layer(store, manifest, index, cfg.suite, cfg.lam)
+    P, Y, _ = training_pairs(store, manifest, index, cfg.suite, layer)
     W, b = fit_ridge(P, Y, cfg.lam)
     out = Path(cfg.out) / VARIANT
     out.mkdir(parents=True, exist_ok=True)
@@ -87,9 +118,11 @@ def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], m
         "ridge": asdict(cfg),
         "n_pairs": int(len(P)),
         "train_r2": r_squared(P, Y, W, b),
+        "layer": layer,
+        "heldout_auc": aucs,
         "store_fingerprint": store.root.attrs.get("fingerprint_id"),
         "manifest_sha256": manifest_sha256,
-        "scorer_kwargs": {},
+        "scorer_kwargs": {"layer": layer},
     }
     (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
     return record

@@ -1,0 +1,100 @@
+"""One geometry-aware retrieval trial on the pipeline's cache, away from the pipeline's outputs.
+
+    .venv/bin/python scripts/geometry_trial.py VARIANT [key=YAML ...] [--suite S ...] [--lam L]
+
+e.g. ``scripts/geometry_trial.py fgw structure=distance``. Builds ``VARIANT`` with
+``score.options[VARIANT]`` from ``params.yaml`` plus the overrides (a trained ``ridge-fgw``
+loads ``score.checkpoints``; ``--lam`` refits the ridge map in memory on the ``ridge`` section's
+suite instead), scores it on each retrieval suite (default shapes-retrieval and shapes-multi)
+and prints R@1, R@5, R@10, nDCG@10 and mean rank with their 95% bootstrap CIs, and the paired
+difference to frozen CLIP. It reads ``cache/features`` and never writes there. The geometry
+rows of ``docs/trials.md`` rerun this way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("variant")
+    ap.add_argument("overrides", nargs="*", help="key=YAML factory options")
+    ap.add_argument("--suite", action="append", default=None)
+    ap.add_argument("--lam", type=float, default=None, help="refit ridge-fgw's map with this penalty")
+    ap.add_argument("--params", default=str(ROOT / "params.yaml"))
+    ap.add_argument("--oracle", action="store_true", help="image objects = their names' text embeddings (an upper bound: perfect object embeddings)")
+    args = ap.parse_args()
+
+    import torch
+
+    from pipeline.benchmarks import SUITES
+    from pipeline.cache import open_store
+    from pipeline.config import ExtractConfig, RidgeConfig, ScoreConfig, load_config
+    from pipeline.scorers.checkpoints import load_scorer
+    from pipeline.scorers.geometry.ridge import fit_ridge, training_pairs
+    from pipeline.scoring import drop_missing, score_retrieval, suite_inputs
+    from pipeline.stats import bootstrap_ci, units_bootstrap
+
+    score = load_config(ScoreConfig, args.params, "score")
+    options = dict(score.options.get(args.variant, {}))
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"override {item!r}: expected key=YAML")
+        options[key] = yaml.safe_load(value)
+    store = open_store(load_config(ExtractConfig, args.params, "extract"))
+    if args.lam is None:
+        scorer = load_scorer(args.variant, store, score.checkpoints, options=options)
+    else:
+        from pipeline.scorers import create_scorer
+
+        scorer = create_scorer(args.variant, dims=store.dims, proj=store.projections(), **options).eval()
+        ridge = load_config(RidgeConfig, args.params, "ridge")
+        m, idx = suite_inputs(store, ridge.suite)
+        P, Y, _ = training_pairs(store, m, idx, ridge.suite, options.get("layer", "final"))
+        W, b = fit_ridge(P, Y, args.lam)
+        with torch.no_grad():
+            scorer.weight.copy_(W), scorer.bias.copy_(b)
+    if args.oracle:
+        prepare = scorer.prepare
+
+        def oracle_prepare(store_, manifest, index, suite=""):
+            from pipeline.benchmarks.base import gallery_images
+            from pipeline.scorers.geometry.objects import gallery_rows_of, text_sets
+
+            prepare(store_, manifest, index, suite)
+            rows = gallery_rows_of(manifest, gallery_images(manifest))
+            names = index["object_names"].reshape(len(manifest), -1)[rows]
+            oracle = text_sets(store_, names, [p[m] for p, m in zip(scorer._gallery.pos, scorer._gallery.mask)])
+            scorer._gallery = oracle
+
+        scorer.prepare = oracle_prepare
+    clip = load_scorer("clip", store, score.checkpoints)
+    out = {"variant": args.variant, "options": options, "lam": args.lam, "suites": {}}
+    for suite_name in args.suite or ["shapes-retrieval", "shapes-multi"]:
+        suite = SUITES.get(suite_name)
+        manifest, index = suite_inputs(store, suite_name)
+        manifest, index, _ = drop_missing(manifest, index)
+        units = suite.units(manifest, score_retrieval(scorer, store, manifest, index, score.batch_size, suite=suite_name))
+        base = suite.units(manifest, score_retrieval(clip, store, manifest, index, score.batch_size))
+        rows = {}
+        for metric, u in units.items():
+            ci = bootstrap_ci(u.values, n_resamples=2000)
+            d = units_bootstrap(u, base[metric], n_resamples=2000)
+            rows[metric] = {"value": ci.estimate, "lo": ci.lo, "hi": ci.hi, "clip": base[metric].statistic(), "diff": d.diff, "diff_lo": d.lo, "diff_hi": d.hi}
+            print(f"{suite_name:17s} {metric:9s} {ci.estimate:7.3f} [{ci.lo:.3f}, {ci.hi:.3f}]  clip {base[metric].statistic():.3f}  Δ {d.diff:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]")
+        out["suites"][suite_name] = rows
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
