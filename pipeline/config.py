@@ -152,8 +152,9 @@ class RidgeConfig:
 class CompareConfig:
     """The same scorer variants on several encoders (``pipeline compare-encoders``).
 
-    Each encoder gets its own feature store (``<extract.out>/<encoder>.zarr``), checkpoints
-    and scores under ``<out>/<encoder>/``, and metrics under ``<metrics_out>/<encoder>/``;
+    Each encoder gets its own feature store, checkpoints and scores under ``<out>/<encoder>/``
+    (``features/<encoder>.zarr``, never inside ``extract.out``), and metrics under
+    ``<metrics_out>/<encoder>/``;
     the other sections of ``params.yaml`` (``extract``, ``train.<variant>``, ``score``,
     ``toyclip``) supply every setting not named here, so the encoders differ in nothing else.
     """

@@ -3,7 +3,8 @@
 Orchestration only. For each encoder of ``compare.encoders``: a toy encoder's weights are
 trained first (:func:`pipeline.encoders.toyclip.train_toyclip`, the ``toyclip`` section with
 the encoder's own open_clip config) unless its checkpoint already holds that config; its
-features are extracted into its own store; every trainable variant is trained on them
+features are extracted into its own store under ``<out>/<encoder>/features`` (outside
+``extract.out``, which is the ``extract`` stage's output); every trainable variant is trained on them
 through the one training loop (``train.<variant>`` with ``compare.seeds``); every variant is
 scored; then :func:`pipeline.report.compare.variant_means` summarises each encoder's
 variants into ``<metrics_out>/summary.json``, which the report's encoder-comparison section
@@ -94,11 +95,12 @@ def run(
             ext = extract
             sc = replace(sc, checkpoints=score.checkpoints, scores_out=score.scores_out, metrics_out=score.metrics_out)
         else:
+            features = str(Path(cfg.out) / enc / "features")  # never inside the pipeline's own store folder
             if spec.toy:
                 ckpt = toy_weights(cfg, toyclip, enc, spec.open_clip_model, progress)
-                ext = replace(extract, model=enc, checkpoint=ckpt)
+                ext = replace(extract, model=enc, checkpoint=ckpt, out=features)
             else:
-                ext = replace(extract, model=enc, pretrained=cfg.pretrained.get(enc, extract.pretrained))
+                ext = replace(extract, model=enc, pretrained=cfg.pretrained.get(enc, extract.pretrained), out=features)
             extract_stage.run(ext, progress=progress)
             for variant in cfg.variants:
                 if variant in train:

@@ -68,7 +68,8 @@ def test_each_encoder_gets_its_own_store_checkpoints_and_metrics(compared):
     summary = json.loads((compared / "reports/encoders/summary.json").read_text())
     assert list(summary["encoders"]) == ["tiny-a", "tiny-b"]
     for enc in ("tiny-a", "tiny-b"):
-        assert (compared / f"cache/features/{enc}.zarr").is_dir()
+        assert (compared / f"cache/encoders/{enc}/features/{enc}.zarr").is_dir()
+        assert not (compared / f"cache/features/{enc}.zarr").exists()  # not the extract stage's output
         assert (compared / f"cache/encoders/{enc}/checkpoints/global-m/model.safetensors").is_file()
         for variant in ("clip", "global-m"):
             record = json.loads((compared / f"reports/encoders/{enc}/{variant}/shapes-aro.json").read_text())
