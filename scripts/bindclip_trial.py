@@ -32,6 +32,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts.trials import write_trial_params  # noqa: E402
+
 SUITES = ["shapes-whatsup", "shapes-aro", "shapes-sugarcrepe", "shapes-dev"]
 GOAL_SLICES = [
     ("shapes-whatsup", "individual"),
@@ -141,10 +143,7 @@ def main() -> None:
     out, base = args.out.resolve(), yaml.safe_load(args.params.resolve().read_text())
     os.chdir(ROOT)  # the cache's paths (params.yaml, store attributes) are relative to the repo
     params = trial_params(base, args.name, out, args.overrides)
-    root = out / args.name
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
+    root, path = write_trial_params(params, out, args.name)
     extract = load_config(ExtractConfig, path, "extract")
     start = time.time()
     train_stage.run(load_train_config(path, "bindclip"), extract, progress=True)

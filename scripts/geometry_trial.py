@@ -74,7 +74,7 @@ def main() -> None:
             prepare(store_, manifest, index, suite)
             rows = gallery_rows_of(manifest, gallery_images(manifest))
             names = index["object_names"].reshape(len(manifest), -1)[rows]
-            oracle = text_sets(store_, names, [p[m] for p, m in zip(scorer._gallery.pos, scorer._gallery.mask)])
+            oracle = text_sets(store_, names, [p[m] for p, m in zip(scorer._gallery.pos, scorer._gallery.mask, strict=True)])
             scorer._gallery = oracle
 
         scorer.prepare = oracle_prepare

@@ -16,8 +16,8 @@ from pipeline.benchmarks.objects import (
     VgObjectsConfig,
     build_coco_objects,
     build_vg_objects,
-    split_phrases,
 )
+from pipeline.benchmarks.phrases import split_phrases
 from pipeline.benchmarks.retrieval import (
     OBJECT_COLUMNS,
     RETRIEVAL_METRICS,

@@ -24,8 +24,9 @@ from pipeline.world.multi import (
     RELATION_KINDS,
     multi_items,
 )
+from pipeline.world.retrieval import retrieval_items
 from pipeline.world.scenes import CLEAR, Obj, Scene, relation_value
-from pipeline.world.suites import claim_phrases, object_columns, retrieval_items
+from pipeline.world.suites import claim_phrases, object_columns
 
 CANONICAL = {"left", "right", "above", "below"}
 N_GROUPS = 3  # one group of each size: 3, 4 and 5 objects

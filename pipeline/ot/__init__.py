@@ -4,14 +4,15 @@
     P, log = sinkhorn_log(C, a, b, epsilon=0.1, n_iters=64, mask_rows=..., mask_cols=...)
 
 * ``sinkhorn`` — batched, differentiable log-domain Sinkhorn (balanced entropic OT).
-* ``fgw`` — batched exact Fused Gromov–Wasserstein (conditional gradient, exact batched LP step)
-  and the batched exact OT it uses.
+* ``fgw`` — batched exact Fused Gromov–Wasserstein (conditional gradient).
+* ``transport`` — batched exact OT (a transportation simplex), FGW's linear step.
 * ``assignment`` — Hungarian assignment (scipy) and Fused Gromov–Wasserstein (POT) wrappers.
 """
 
 from pipeline.ot.assignment import fused_gromov_wasserstein, hungarian
-from pipeline.ot.fgw import emd_batched, fused_gromov_wasserstein_batched
+from pipeline.ot.fgw import fused_gromov_wasserstein_batched
 from pipeline.ot.sinkhorn import SinkhornLog, sinkhorn_log, sinkhorn_log_kernel
+from pipeline.ot.transport import emd_batched
 
 __all__ = [
     "SinkhornLog",

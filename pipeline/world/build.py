@@ -27,13 +27,13 @@ from pipeline.config import SHAPES_SUITES, WorldConfig
 from pipeline.world.families import pair_item
 from pipeline.world.multi import multi_items
 from pipeline.world.render import mirror, render, save_png
+from pipeline.world.retrieval import retrieval_items
 from pipeline.world.scenes import COLOURS, RELATIONS, SHAPES, SIZES, SPLITS
 from pipeline.world.suites import (
     ARO_CATEGORIES,
     SUGARCREPE_CATEGORIES,
     Item,
     aro_item,
-    retrieval_items,
     sugarcrepe_item,
     whatsup_items,
 )

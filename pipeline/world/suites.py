@@ -21,7 +21,8 @@ under ``captions.truth``; a proposal that is ambiguous is redrawn.
   other bindings and arrangements; each scene's caption is true of it and false of the
   other four. Groups use distinct (shape pair, colour pair) combinations (588 exist),
   so with up to 588 groups every query has exactly one true image in the gallery.
-  (shapes-multi, galleries of 30 near-duplicates of 3-5 objects, is :mod:`pipeline.world.multi`.)
+  (its builder is :mod:`pipeline.world.retrieval`; shapes-multi, galleries of near-duplicates
+  of 3-5 objects, is :mod:`pipeline.world.multi`.)
 
 Object columns (the contract of :mod:`pipeline.benchmarks.retrieval`, :func:`object_columns`):
 ``object_names`` / ``object_boxes`` list the row image's scene objects in scene order, each
@@ -35,7 +36,6 @@ which are already the contract's words: left/right/above/below, front/behind).
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass, field, replace
 
@@ -226,7 +226,7 @@ def check(claims: list[Claim], scene: Scene, correct: int | list[bool]) -> bool:
     return all(truth(c, scene) is w for c, w in zip(claims, want, strict=True))
 
 
-def _give_up(kind: str, sid: str) -> RuntimeError:
+def give_up(kind: str, sid: str) -> RuntimeError:
     return RuntimeError(f"{kind}: no valid item for {sid} in {MAX_TRIES} proposals")
 
 
@@ -264,7 +264,7 @@ def whatsup_items(seed: int, index: int, suite: str = "shapes-whatsup") -> list[
             items.append(Item(row, [(image, scene, False)], scene, opts))
         if len(items) == 4:
             return items
-    raise _give_up("whatsup", sid)
+    raise give_up("whatsup", sid)
 
 
 # ------------------------------------------------------------------------------ shapes-aro
@@ -322,7 +322,7 @@ def aro_item(seed: int, category: str, index: int, suite: str = "shapes-aro") ->
             row = base_row(sid, image, texts, correct, category, scene)
             row.update(extra)
             return Item(row, [(image, scene, False)], scene, claims)
-    raise _give_up(f"aro-{category}", sid)
+    raise give_up(f"aro-{category}", sid)
 
 
 # ------------------------------------------------------------------------------ shapes-sugarcrepe
@@ -462,78 +462,4 @@ def sugarcrepe_item(seed: int, category: str, index: int, suite: str = "shapes-s
         row = base_row(sid, image, texts, 0, category, scene)
         row["length_matched"] = bpe_len(texts[0]) == bpe_len(texts[1])
         return Item(row, [(image, scene, False)], scene, [pos, neg])
-    raise _give_up(f"sugarcrepe-{category}", sid)
-
-
-# ------------------------------------------------------------------------------ shapes-retrieval
-
-
-def retrieval_combos(seed: int) -> list[tuple[tuple[str, str], tuple[str, str]]]:
-    """All (shape pair, colour pair) combinations in a seeded order (group g takes g-th)."""
-    combos = [
-        (s, c)
-        for s in itertools.combinations(SHAPES, 2)
-        for c in itertools.combinations(COLOURS, 2)
-    ]
-    rng = scene_rng(seed, 0, "retrieval/combos")
-    return [combos[i] for i in rng.permutation(len(combos))]
-
-
-def retrieval_items(seed: int, index: int, suite: str = "shapes-retrieval") -> list[Item]:
-    """Group ``index``: five scenes of two shapes and two colours, one caption each.
-
-    With ``A = colour1 shape1`` and ``B = colour2 shape2`` along the group's axis:
-    v0 ``A rel B``, v1 ``B rel A`` (positions swapped), v2 and v3 the colours swapped
-    between the shapes (in both orders), v4 ``A rel' B`` on the other axis.
-    """
-    sid, rng = holdout(seed, "retrieval", index)
-    combos = retrieval_combos(seed)
-    (s1, s2), (c1, c2) = combos[index % len(combos)]
-    if rng.random() < 0.5:
-        s1, s2 = s2, s1
-    for _ in range(MAX_TRIES):
-        size = {s1: list(SIZES)[int(rng.integers(2))], s2: list(SIZES)[int(rng.integers(2))]}
-        horizontal = rng.random() < 0.5
-        rel, rel_other = ("left", "above") if horizontal else ("above", "left")
-        pairs = [
-            ((c1, s1), (c2, s2)),
-            ((c2, s2), (c1, s1)),
-            ((c2, s1), (c1, s2)),
-            ((c1, s2), (c2, s1)),
-            ((c1, s1), (c2, s2)),
-        ]
-        claims = [
-            Rel(Ref(p[1], p[0]), rel if v < 4 else rel_other, Ref(q[1], q[0]))
-            for v, (p, q) in enumerate(pairs)
-        ]
-        scenes = []
-        for v, ((ca, sa), (cb, sb)) in enumerate(pairs):
-            first, second = (
-                make_obj(rng, sa, ca, size[sa], z=0),
-                make_obj(rng, sb, cb, size[sb], z=1),
-            )
-            along_h = horizontal if v < 4 else not horizontal
-            dist = max(CLEAR + 0.04, first.r + second.r + rng.uniform(0.04, 0.1))
-            mid = 0.5 + rng.uniform(-0.08, 0.08, size=2)
-            d = np.array([1.0, 0.0] if along_h else [0.0, 1.0])
-            pa = mid - d * dist / 2 + rng.uniform(-0.01, 0.01, size=2) * d[::-1]
-            pb = mid + d * dist / 2 + rng.uniform(-0.01, 0.01, size=2) * d[::-1]
-            objs = (
-                replace(first, x=float(pa[0]), y=float(pa[1])),
-                replace(second, x=float(pb[0]), y=float(pb[1])),
-            )
-            scenes.append(Scene(f"{sid}", objs, sample_background(rng)))
-        if not all(scene_ok(s) for s in scenes):
-            continue
-        if not all(check(claims, s, v) for v, s in enumerate(scenes)):
-            continue
-        style = int(rng.integers(N_STYLES))
-        items = []
-        for v, (scene, claim) in enumerate(zip(scenes, claims, strict=True)):
-            image = f"{suite}/{sid}/v{v}.png"
-            row = base_row(f"{sid}/v{v}", image, [caption(claim, style)], 0, "retrieval", scene)
-            row["group"] = sid
-            row.update(object_columns(scene, claim))
-            items.append(Item(row, [(image, scene, False)], scene, [claim]))
-        return items
-    raise _give_up("retrieval", sid)
+    raise give_up(f"sugarcrepe-{category}", sid)
