@@ -24,6 +24,7 @@ app.add_typer(bench_app, name="bench")
 
 Params = Annotated[Path, typer.Option("--params", help="params.yaml to read the stage section from")]
 Quiet = Annotated[bool, typer.Option("--quiet", help="no progress bars")]
+Device = Annotated[str | None, typer.Option(help="torch device: cpu, cuda, cuda:1, ... (default: the params file's)")]
 DEFAULT_PARAMS = Path("params.yaml")
 
 
@@ -86,9 +87,11 @@ def extract(
     params: Params = DEFAULT_PARAMS,
     model: Annotated[str | None, typer.Option(help="encoder key (see `pipeline encoders`)")] = None,
     pretrained: Annotated[str | None, typer.Option(help="openai | none | /path/to/weights")] = None,
+    init_seed: Annotated[int | None, typer.Option(help="seed of the random init (--pretrained none)")] = None,
     suite: Annotated[list[str] | None, typer.Option(help="suite(s) to encode (repeatable)")] = None,
     out: Annotated[str | None, typer.Option(help="store folder")] = None,
     batch_size: Annotated[int | None, typer.Option(help="images per forward pass")] = None,
+    device: Device = None,
     quiet: Quiet = False,
 ) -> None:
     """Run the frozen encoder once over every image and caption into a Zarr store."""
@@ -102,7 +105,8 @@ def extract(
             ExtractConfig,
             params,
             "extract",
-            {"model": model, "pretrained": pretrained, "suites": suite, "out": out, "batch_size": batch_size},
+            {"model": model, "pretrained": pretrained, "init_seed": init_seed, "suites": suite, "out": out,
+             "batch_size": batch_size, "device": device},  # fmt: skip
         )
         _echo_json(stage.run(cfg, progress=not quiet))
     except (UnknownNameError, WeightsUnavailableError, ValueError, FileNotFoundError, RuntimeError) as e:
@@ -115,6 +119,7 @@ def score(
     variant: Annotated[list[str] | None, typer.Option(help="scorer variant(s) (see `pipeline variants`)")] = None,
     suite: Annotated[list[str] | None, typer.Option(help="suite(s) to score")] = None,
     model: Annotated[str | None, typer.Option(help="encoder whose store to read")] = None,
+    device: Device = None,
     quiet: Quiet = False,
 ) -> None:
     """Score suites from the feature cache (never runs the backbone)."""
@@ -123,7 +128,7 @@ def score(
     from stages import score as stage
 
     try:
-        cfg = load_config(ScoreConfig, params, "score", {"variants": variant, "suites": suite, "encoder": model})
+        cfg = load_config(ScoreConfig, params, "score", {"variants": variant, "suites": suite, "encoder": model, "device": device})
         ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
         for rec in stage.run(cfg, ext, progress=not quiet):
             typer.echo(json.dumps(rec))
@@ -137,6 +142,7 @@ def train(
     variant: Annotated[str | None, typer.Option(help="trainable scorer variant (default: every one in train.variants)")] = None,
     steps: Annotated[int | None, typer.Option(help="optimisation steps")] = None,
     seed: Annotated[list[int] | None, typer.Option(help="training seed(s) (repeatable)")] = None,
+    device: Device = None,
     quiet: Quiet = False,
 ) -> None:
     """Train a scorer from the feature cache (the family's objectives, dev selection)."""
@@ -149,7 +155,7 @@ def train(
         if not variants:
             raise ValueError(f"{params} lists no train.variants; pass --variant")
         for name in variants:
-            cfg = load_train_config(params, name, {"steps": steps, "seeds": seed})
+            cfg = load_train_config(params, name, {"steps": steps, "seeds": seed, "device": device})
             ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
             _echo_json(stage.run(cfg, ext, progress=not quiet))
     except (UnknownNameError, ValueError, FileNotFoundError, RuntimeError) as e:
@@ -252,6 +258,19 @@ def manifest(
 
 
 @app.command()
+def manifests(params: Params = DEFAULT_PARAMS) -> None:
+    """Build every suite of manifests.roots from its official annotation files (no images)."""
+    from pipeline.config import ManifestsConfig, load_config
+    from pipeline.registry import UnknownNameError
+    from stages import manifests as stage
+
+    try:
+        _echo_json(stage.run(load_config(ManifestsConfig, params, "manifests")))
+    except (UnknownNameError, ValueError, FileNotFoundError) as e:
+        _fail(e)
+
+
+@app.command()
 def suites() -> None:
     """List every registered benchmark suite."""
     from pipeline.benchmarks import SUITES
@@ -274,11 +293,13 @@ def variants() -> None:
 @app.command()
 def encoders() -> None:
     """List the encoders `extract --model` accepts."""
-    from pipeline.encoders import ENCODERS
+    from pipeline.encoders import ENCODERS, open_clip_config
 
     for name in ENCODERS.names():
         spec = ENCODERS.get(name)
-        typer.echo(f"{name:14s} open_clip {spec.open_clip_model}, early layer {spec.early_layer}, weights {spec.default_pretrained}")
+        config = open_clip_config(spec, spec.default_pretrained)
+        files = f" (weights files and none: {spec.open_clip_model})" if config != spec.open_clip_model else ""
+        typer.echo(f"{name:22s} open_clip {config}, early layer {spec.early_layer}, weights {spec.default_pretrained}{files}")
 
 
 def _write_bench(name: str, command: str, results: dict, folder: str = "reports/bench") -> None:

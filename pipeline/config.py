@@ -75,6 +75,7 @@ class ExtractConfig:
 
     model: str = "toy"  # encoder key: toy, ViT-L-14-336, ViT-B-32, ... (see `pipeline encoders`)
     pretrained: str = "openai"  # weights tag/path for real models; "none" = random init
+    init_seed: int = 0  # seed of the random init (pretrained: none), recorded in the store fingerprint
     checkpoint: str = "cache/toyclip/model.safetensors"  # toy CLIP weights
     world: str = "cache/world"  # shapes world folder (manifests/ and images/ of shapes-* suites)
     suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES))  # suites to encode
@@ -86,6 +87,7 @@ class ExtractConfig:
     device: str = "cpu"  # torch device
     skip_missing: bool = False  # score without items whose image is missing (counted, reported)
     replace_mismatch: bool = False  # replace (not refuse) a store written by another encoder/schema
+    object_crops: bool = False  # also re-encode every object_boxes crop (object/* arrays; the geometry rerankers' objects: crops)
 
 
 @dataclass
@@ -97,7 +99,9 @@ class ScoreConfig:
     encoder: str = "toy"  # which store under extract.out
     batch_size: int = 256  # items per scoring batch
     seed_variants: list[str] = field(default_factory=list)  # trained variants also scored per training seed (<variant>@seed<k>)
+    seed_suites: list[str] = field(default_factory=list)  # suites the per-seed runs score ([] = every entry of `suites`)
     checkpoints: str = "cache/checkpoints"  # trained scorers: <checkpoints>/<variant>/
+    device: str = "cpu"  # torch device the scorers run on (features are read on the host, moved per batch)
     scores_out: str = "cache/scores"  # per-item scores: <scores_out>/<variant>/<suite>.parquet
     metrics_out: str = "reports/metrics"  # <metrics_out>/<variant>/<suite>.json
     replacements: list[str] = field(default_factory=list)  # image replacements also scored on choice suites ("shuffle", "fixed", "true"): <variant>@<mode>
@@ -122,8 +126,8 @@ class TrainConfig:
 
     variant: str = "bindclip"  # trainable scorer registry key (the section's name)
     encoder: str = "toy"  # which store under extract.out to read
-    train_suite: str = "shapes-train"  # training pairs (with cf/flip images and paraphrases)
-    dev_suite: str = "shapes-dev"  # checkpoint selection and the family's dev choices (never a test suite)
+    train_suite: str = "shapes-train"  # training pairs (with cf/flip images and paraphrases); a suite or a selection of its rows: coco-families[train] (its `split` column), suite[column=value]
+    dev_suite: str = "shapes-dev"  # checkpoint selection and the family's dev choices (never a test suite); e.g. coco-families[validation]
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one model per seed; the first is the one scored as `variant`
     steps: int = 300  # optimisation steps (BindCLIP paper: 3 epochs x 100 steps)
     batch_size: int = 64  # items per step (BindCLIP paper: 64)
@@ -136,6 +140,15 @@ class TrainConfig:
     objective: dict = field(default_factory=dict)  # options of the family's training hook (e.g. BindClipObjective fields)
     out: str = "cache/checkpoints"  # <out>/<variant>/model.safetensors (+ seed<k>/)
     threads: int = 2  # torch intra-op threads
+    device: str = "cpu"  # torch device of the scorer and of the training features (moved there once)
+
+
+@dataclass
+class ManifestsConfig:
+    """Real suites' manifests built from their official annotation files (``pipeline manifests``)."""
+
+    roots: dict[str, str] = field(default_factory=dict)  # suite -> folder holding its official annotation files (see `pipeline suites`)
+    out: str = "cache/manifests"  # <out>/<suite>.parquet (point extract.manifests.<suite> here)
 
 
 @dataclass
@@ -145,6 +158,7 @@ class RidgeConfig:
     encoder: str = "toy"  # which store under extract.out
     suite: str = "shapes-train"  # training pairs: every annotated object (object_names, object_boxes)
     lam: float = 1.0  # ridge penalty on the map (intercept unpenalised)
+    objects: str = "box-mean"  # object embeddings the map targets: box-mean (grid chosen on held-out images) or crops (extract.object_crops)
     out: str = "cache/checkpoints"  # <out>/ridge-fgw/{model.safetensors, config.json}
 
 

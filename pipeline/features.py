@@ -10,7 +10,9 @@ They hold torch tensors for a batch of B rows; dims are named once here:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -76,3 +78,26 @@ class TextFeatures:
         eot = self.mask.sum(-1, keepdim=True) - 1  # [B, 1] position of eot
         pos = torch.arange(self.mask.shape[1], device=self.mask.device)[None]
         return self.mask & (pos > 0) & (pos < eot)
+
+
+def to_device(x: Any, device: str | torch.device) -> Any:
+    """``x`` with every tensor moved to ``device``: tensors, and the tensors inside
+    dataclasses (``ImageFeatures``, a family's training data), dicts, lists and tuples;
+    anything else (a manifest, a number) is returned as it is. A no-op on ``x``'s device."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: to_device(getattr(x, f.name), device) for f in dataclasses.fields(x) if f.init})
+    if isinstance(x, dict):
+        return {k: to_device(v, device) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        moved = [to_device(v, device) for v in x]
+        return type(x)(*moved) if hasattr(x, "_fields") else type(x)(moved)
+    return x
+
+
+def module_device(module: torch.nn.Module) -> torch.device:
+    """The device of a module's first parameter or buffer (CPU for a module without any)."""
+    for t in (*module.parameters(), *module.buffers()):
+        return t.device
+    return torch.device("cpu")

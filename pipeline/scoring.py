@@ -6,7 +6,9 @@ outputs into the ``[n, K]`` score arrays the official metrics take.
     scores = score_choice(scorer, store, index, batch_size=256)   # [n, K_max], NaN pad
     shuffled = score_choice(scorer, store, index, 256, images=replacement_images(index, "shuffle"))
 
-Never loads the backbone: every feature comes from the store. A suite's index is refused
+Never loads the backbone: every feature comes from the store. Features are read on the host
+and each batch is moved to the scorer's device (:func:`pipeline.features.module_device`), so a
+scorer moved to a GPU scores there; rerankers and their shortlists stay on the host. A suite's index is refused
 when it is older than its manifest (hash), and items whose image was missing at extract
 are left out and counted, never silently dropped from a denominator.
 
@@ -31,6 +33,7 @@ from tqdm import tqdm
 
 from pipeline.benchmarks.base import Suite, gallery_images
 from pipeline.cache import FeatureStore
+from pipeline.features import module_device, to_device
 from pipeline.manifests import file_sha256, read_manifest
 from pipeline.scorers import Scorer, create_scorer, option_scores
 from pipeline.scorers.base import Reranker
@@ -124,11 +127,14 @@ def choice_batches(store: FeatureStore, index: dict[str, np.ndarray], batch_size
 
 
 @torch.no_grad()
-def score_choice(scorer: Scorer, store: FeatureStore, index: dict[str, np.ndarray], batch_size: int, desc: str = "", images: np.ndarray | None = None) -> np.ndarray:
+def score_choice(scorer: Scorer, store: FeatureStore, index: dict[str, np.ndarray], batch_size: int, desc: str = "", images: np.ndarray | None = None, reference: int | None = None) -> np.ndarray:
     """[n, K_max] option scores (NaN pad) for a choice suite.
 
     ``images`` [n] scores item i with store image row ``images[i]`` instead of its own
     (image replacement: :func:`replacement_images`); None scores every item with its own.
+    ``reference`` is the suite's ``Suite.pairwise_reference``: a pairwise scorer's option
+    k then scores ``s(I, c_k, c_reference)`` (the layout its official test reads, e.g.
+    SugarCrepe++ ITT), else the mean preference (:func:`pipeline.scorers.option_scores`).
     """
     out = np.full(index["captions"].shape, np.nan, dtype=np.float64)
     if images is not None and np.shape(images) != (len(out),):
@@ -137,8 +143,10 @@ def score_choice(scorer: Scorer, store: FeatureStore, index: dict[str, np.ndarra
         batch_size = max(batch_size, len(out))
     n_opts = (index["captions"] >= 0).sum(1)
     n_batches = sum(-(-int(c) // batch_size) for c in np.unique(n_opts, return_counts=True)[1])
+    device = module_device(scorer)
     for b, image, options in tqdm(choice_batches(store, index, batch_size, scorer.uses_grids, images), total=n_batches, desc=desc, leave=False, disable=not desc):
-        out[b, : len(options)] = option_scores(scorer, image, options).double().numpy()
+        image, options = to_device(image, device), to_device(options, device)
+        out[b, : len(options)] = option_scores(scorer, image, options, reference).double().cpu().numpy()
     return out
 
 
@@ -152,11 +160,12 @@ def retrieval_rows(manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> tupl
 
 def gallery_scores(scorer: Scorer, store: FeatureStore, gallery_rows: np.ndarray, query_rows: np.ndarray, batch_size: int) -> np.ndarray:
     """[n_queries, n_gallery] ``score_matrix`` of every query against the whole gallery."""
-    gallery = store.images(gallery_rows, grids=scorer.uses_grids)
+    device = module_device(scorer)
+    gallery = to_device(store.images(gallery_rows, grids=scorer.uses_grids), device)
     blocks = []
     for start in range(0, len(query_rows), batch_size):
-        texts = store.texts(query_rows[start : start + batch_size], grids=scorer.uses_grids)
-        blocks.append(scorer.score_matrix(gallery, texts).T.double().numpy())  # [b, n_gallery]
+        texts = to_device(store.texts(query_rows[start : start + batch_size], grids=scorer.uses_grids), device)
+        blocks.append(scorer.score_matrix(gallery, texts).T.double().cpu().numpy())  # [b, n_gallery]
     return np.concatenate(blocks)
 
 

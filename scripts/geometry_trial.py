@@ -5,7 +5,8 @@
 e.g. ``scripts/geometry_trial.py fgw structure=distance``. Builds ``VARIANT`` with
 ``score.options[VARIANT]`` from ``params.yaml`` plus the overrides (a trained ``ridge-fgw``
 loads ``score.checkpoints``; ``--lam`` refits the ridge map in memory on the ``ridge`` section's
-suite instead), scores it on each retrieval suite (default shapes-retrieval and shapes-multi)
+suite instead, onto the object embeddings the options name: ``objects=crops`` fits it on the
+re-encoded crops of a store extracted with ``extract.object_crops: true``), scores it on each retrieval suite (default shapes-retrieval and shapes-multi)
 and prints R@1, R@5, R@10, nDCG@10 and mean rank with their 95% bootstrap CIs, and the paired
 difference to frozen CLIP. It reads ``cache/features`` and never writes there. The geometry
 rows of ``docs/trials.md`` rerun this way.
@@ -60,7 +61,7 @@ def main() -> None:
         scorer = create_scorer(args.variant, dims=store.dims, proj=store.projections(), **options).eval()
         ridge = load_config(RidgeConfig, args.params, "ridge")
         m, idx = suite_inputs(store, ridge.suite)
-        P, Y, _ = training_pairs(store, m, idx, ridge.suite, options.get("layer", "final"))
+        P, Y, _ = training_pairs(store, m, idx, ridge.suite, options.get("layer", "final"), options.get("objects", "box-mean"))
         W, b = fit_ridge(P, Y, args.lam)
         with torch.no_grad():
             scorer.weight.copy_(W), scorer.bias.copy_(b)

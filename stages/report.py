@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
 from pipeline.manifests import read_manifest, resolve_source
 from pipeline.report import FIGURE_DPI, ReportContext, render
@@ -23,25 +25,38 @@ from pipeline.scoring import load_scores
 
 
 def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> dict[str, Any]:
-    """{suite: {"manifest": df, "image_root": path, "scores": {variant: [n, K]}}} for what
-    the score stage wrote (the configured variants, each seed variant's ``@seed<k>``, each replaced variant's
-    ``@<mode>``)."""
+    """{suite: {"manifest": df, "image_root": path, "scores": {variant: [n, K]}, "missing": [ids]}}
+    for what the score stage wrote (the configured variants, each seed variant's ``@seed<k>``,
+    each replaced variant's ``@<mode>``). Items the score stage left out because their image
+    was missing at extract are taken out of the manifest too and listed under ``missing``, so
+    every table's denominator is the scored items and the report can name what is left out."""
     out: dict[str, Any] = {}
     for suite in score.suites:
         src = resolve_source(suite, world.out, extract.manifests, extract.image_roots)
-        entry = {
-            "manifest": read_manifest(src.manifest),
-            "image_root": src.image_root,
-            "scores": {},
-        }
+        manifest = read_manifest(src.manifest)
+        entry = {"manifest": manifest, "image_root": src.image_root, "scores": {}, "missing": []}
         names = list(score.variants)
         for variant in score.seed_variants:
             names += sorted(p.name for p in Path(score.scores_out).glob(f"{variant}@seed*"))
         for variant in score.replaced:
             names += [f"{variant}@{mode}" for mode in score.replacements]
+        scored_ids = None
         for name in names:
-            if (Path(score.scores_out) / name / f"{suite}.parquet").is_file():
-                entry["scores"][name] = load_scores(score.scores_out, name, suite)
+            path = Path(score.scores_out) / name / f"{suite}.parquet"
+            if not path.is_file():
+                continue
+            ids = pd.read_parquet(path, columns=["item_id"])["item_id"].astype(str).tolist()
+            if scored_ids is None:
+                scored_ids = ids
+            elif ids != scored_ids:
+                raise ValueError(f"{path} scores other items than the suite's other variants; rerun `pipeline score`")
+            entry["scores"][name] = load_scores(score.scores_out, name, suite)
+        if scored_ids is not None and len(scored_ids) != len(manifest):
+            keep = manifest["item_id"].astype(str).isin(set(scored_ids)).to_numpy()
+            entry["missing"] = manifest.loc[~keep, "item_id"].astype(str).tolist()  # image missing at extract
+            entry["manifest"] = manifest[keep].reset_index(drop=True)
+            if entry["manifest"]["item_id"].astype(str).tolist() != scored_ids:
+                raise ValueError(f"the scores of {suite} do not follow its manifest's item order; rerun score")
         out[suite] = entry
     return out
 

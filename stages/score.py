@@ -13,12 +13,18 @@ also scores every choice suite with each item's image replaced
 retrieval suites and the per-seed runs (``<variant>@seed<k>``) are not replaced. Retrieval
 rerankers shortlist with their base scorer, loaded like any scored variant (a trained base
 from its checkpoint).
+
+``cfg.seed_variants`` are scored again per training seed (``<variant>@seed<k>``) on
+``cfg.seed_suites`` (default: every suite), for the report's seed spreads. The main run's
+checkpoint is the first seed's, so a seed folder with byte-identical weights and options
+gets the main run's outputs copied under its name instead of a second, identical scoring.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +36,8 @@ from pipeline.benchmarks.base import Suite
 from pipeline.cache import open_store
 from pipeline.config import ExtractConfig, ScoreConfig
 from pipeline.scorers import SCORERS
-from pipeline.scorers.checkpoints import load_scorer, seed_checkpoints
+from pipeline.manifests import file_sha256
+from pipeline.scorers.checkpoints import checkpoint_dir, load_scorer, seed_checkpoints
 from pipeline.scoring import (
     REPLACEMENTS,
     drop_missing,
@@ -83,15 +90,28 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
     if unknown:
         raise ValueError(f"score.replacement_variants {unknown} are not in score.variants")
     suites = [SUITES.get(s) for s in cfg.suites]
+    seed_suites = set(cfg.seed_suites or cfg.suites)
+    unknown = sorted(seed_suites - set(cfg.suites))
+    if unknown:
+        raise ValueError(f"score.seed_suites {unknown} are not in score.suites")
     store = open_store(extract)
     runs = [(v, v, None) for v in cfg.variants]  # (name in outputs, registry key, checkpoint)
     for variant in cfg.seed_variants:
         runs += [(f"{variant}@{d.name}", variant, d) for d in seed_checkpoints(variant, cfg.checkpoints)]
     records = []
+    scored: dict[str, list[dict[str, Any]]] = {}  # variant -> the records of its main run
     for name, variant, ckpt in runs:
+        if ckpt is not None and variant in scored and same_weights(ckpt, checkpoint_dir(variant, cfg.checkpoints)):
+            records += [copy_outputs(cfg, r, name) for r in scored[variant] if "@" not in r["variant"] and r["suite"] in seed_suites]
+            continue  # the main checkpoint is this seed's (the first seed's): same scores
         scorer = load_scorer(variant, store, cfg.checkpoints, ckpt, options=cfg.options.get(variant))
+        if not scorer.reranker:  # rerankers and their prepared objects stay on the host
+            scorer.to(cfg.device)
+        first = len(records)
         base = None  # a reranker's base scorer, loaded on its first retrieval suite
         for suite in suites:
+            if ckpt is not None and suite.name not in seed_suites:
+                continue
             manifest, index = suite_inputs(store, suite.name)
             manifest, index, n_missing = drop_missing(manifest, index)
             if n_missing:
@@ -100,13 +120,13 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
                 if scorer.pairwise:
                     continue  # pairwise caption scorers do not rank images
                 if scorer.reranker and base is None:
-                    base = load_scorer(scorer.base, store, cfg.checkpoints)
+                    base = load_scorer(scorer.base, store, cfg.checkpoints).to(cfg.device)
                 scores = score_retrieval(scorer, store, manifest, index, cfg.batch_size, base=base, suite=suite.name)
             elif not scorer.scores_choices:
                 continue  # retrieval-only rerankers (object boxes, phrases)
             else:
                 desc = f"{name} {suite.name}" if progress else ""
-                scores = score_choice(scorer, store, index, cfg.batch_size, desc)
+                scores = score_choice(scorer, store, index, cfg.batch_size, desc, reference=suite.pairwise_reference)
             extra = text_only_metrics(suite, store, manifest, index)
             records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, n_missing, extra))
             if suite.task == "retrieval" or ckpt is not None or name not in replaced:
@@ -114,6 +134,30 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
             for mode in cfg.replacements:
                 images = replacement_images(index, mode, cfg.replacement_seed)
                 desc = f"{name}@{mode} {suite.name}" if progress else ""
-                scores = score_choice(scorer, store, index, cfg.batch_size, desc, images=images)
+                scores = score_choice(scorer, store, index, cfg.batch_size, desc, images=images, reference=suite.pairwise_reference)
                 records.append(write_outputs(cfg, suite, f"{name}@{mode}", extract.model, manifest, scores, n_missing, extra))
+        if ckpt is None:
+            scored[variant] = records[first:]
     return records
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """Whether two checkpoint folders hold byte-identical weights and scorer options."""
+    for f in ("model.safetensors", "config.json"):
+        fa, fb = Path(a) / f, Path(b) / f
+        if fa.is_file() != fb.is_file() or (fa.is_file() and file_sha256(fa) != file_sha256(fb)):
+            return False
+    return (Path(a) / "model.safetensors").is_file()
+
+
+def copy_outputs(cfg: ScoreConfig, record: dict[str, Any], name: str) -> dict[str, Any]:
+    """Write one run's scores and metrics again under variant ``name`` (same weights)."""
+    src = Path(cfg.scores_out) / record["variant"] / f"{record['suite']}.parquet"
+    dst = Path(cfg.scores_out) / name / src.name
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    out = {**record, "variant": name}
+    metrics_path = Path(cfg.metrics_out) / name / f"{record['suite']}.json"
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    metrics_path.write_text(json.dumps(out, indent=2) + "\n")
+    return out

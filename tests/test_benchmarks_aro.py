@@ -99,6 +99,46 @@ def test_attribution_keeps_pairs_with_at_least_25_items(tmp_path):
     )
 
 
+# Image paths 1000 + i by BindCLIP's hash split: i = 1, 2, 6 train; 7, 14, 15 validation; 0, 3 holdout.
+SPLIT_OF = {1: "train", 2: "train", 6: "train", 7: "validation", 14: "validation", 15: "validation", 0: "holdout", 3: "holdout"}  # fmt: skip
+
+
+def test_split_figures_recompute_the_macro_within_each_split(tmp_path):
+    items = [(1, "on", True), (2, "under", False), (6, "near", True), (7, "on", True),
+             (14, "on", False), (0, "near", True), (3, "near", False)]  # fmt: skip
+    data = [_vg(i, relation_name=r) for i, r, _ in items]
+    (tmp_path / "visual_genome_relation.json").write_text(json.dumps(data))
+    m = SUITES.get("aro-relation").build_manifest(tmp_path)
+    assert m["split"].tolist() == [SPLIT_OF[i] for i, _, _ in items]
+    scores = np.array([[0.0, 1.0] if ok else [1.0, 0.0] for _, _, ok in items])
+    metrics = SUITES.get("aro-relation").metrics(m, scores)
+    assert metrics == {
+        "relation": pytest.approx((2 / 3 + 0) / 2),  # on 2/3, under 0/1; near excluded
+        "relation-micro": pytest.approx(4 / 7),
+        "relation-train": pytest.approx((1 + 0) / 2),  # on 1/1, under 0/1
+        "relation-validation": pytest.approx(1 / 2),  # on 1/2
+    }  # holdout holds only the excluded "near": no figure
+
+    items = [(1, "a_b", True), (2, "a_b", False), (6, "a_b", True), (7, "a_b", True),
+             (14, "c_d", True), (15, "c_d", False), (0, "c_d", True)]  # fmt: skip
+    data = [_vg(i, attributes=k.split("_")) for i, k, _ in items]
+    (tmp_path / "visual_genome_attribution.json").write_text(json.dumps(data))
+    m = SUITES.get("aro-attribution").build_manifest(tmp_path)
+    scores = np.array([[0.0, 1.0] if ok else [1.0, 0.0] for _, _, ok in items])
+    units = attribution_units(m, scores, min_count=2)
+    assert {k: u.statistic() for k, u in units.items()} == {
+        "attribution": pytest.approx((3 / 4 + 2 / 3) / 2),
+        "attribution-micro": pytest.approx(5 / 7),
+        "attribution-train": pytest.approx(2 / 3),  # a_b has 3 train items
+        "attribution-validation": pytest.approx(1 / 2),  # a_b has 1 validation item: dropped
+    }  # holdout: c_d has 1 item there, fewer than min_count
+    assert set(units["attribution-validation"].groups) == {"c_d"}
+    # without the split column: the same official figure and no split figures
+    unsplit = attribution_units(m.drop(columns="split"), scores, min_count=2)
+    assert set(unsplit) == {"attribution", "attribution-micro"}
+    assert unsplit["attribution"].statistic() == units["attribution"].statistic()
+
+
 def test_missing_and_escaping_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="visual_genome_relation.json.*gdown"):
         SUITES.get("aro-relation").build_manifest(tmp_path)

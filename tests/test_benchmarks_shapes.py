@@ -117,6 +117,7 @@ def test_retrieval_metrics_by_hand():
     assert units["R@10"].statistic() == pytest.approx(10 / 12)
     ndcg = np.where(expected <= 10, 1 / np.log2(1 + expected), 0)
     assert units["nDCG@10"].statistic() == pytest.approx(ndcg.mean())
+    assert units["mean-rank"].statistic() == pytest.approx(54 / 12)  # sum of the wanted ranks / 12
     assert SUITES.get("shapes-retrieval").metrics(m, scores) == {
         k: u.statistic() for k, u in units.items()
     }

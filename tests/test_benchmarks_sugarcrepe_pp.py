@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.sugarcrepe_pp import (
@@ -54,6 +55,93 @@ def test_itt_needs_both_positives_strictly_above_the_negative():
     assert SUITES.get("sugarcrepe-pp").metrics(m, scores) == {
         k: u.statistic() for k, u in units.items()
     }
+
+
+class TablePreference:
+    """A pairwise scorer with given preferences: ``s(I_i, c_a, c_b) = table[i, a, b]``
+    (antisymmetric), images and options passed as [B] index tensors."""
+
+    pairwise = True
+
+    def __init__(self, table: np.ndarray):
+        self.table = torch.tensor(table, dtype=torch.float64)
+
+    def score_pair(self, image, text_a, text_b):
+        return self.table[image.embed, text_a, text_b]
+
+
+class IndexImages:
+    """[B] image indices standing in for ``ImageFeatures`` (``embed`` and ``len`` are read)."""
+
+    def __init__(self, index: torch.Tensor):
+        self.embed = index
+
+    def __len__(self) -> int:
+        return len(self.embed)
+
+
+def _preferences(rows):
+    """[n, 3, 3] antisymmetric table from ``(s(P1, N), s(P2, N), s(P1, P2))`` per item."""
+    t = np.zeros((len(rows), 3, 3))
+    for i, (p1n, p2n, p12) in enumerate(rows):
+        t[i, 0, 2], t[i, 1, 2], t[i, 0, 1] = p1n, p2n, p12
+    return t - t.transpose(0, 2, 1)
+
+
+def test_itt_of_a_pairwise_scorer_is_the_official_test_not_the_mean_preference():
+    from pipeline.scorers.base import option_scores
+
+    table = _preferences(
+        [
+            (1.0, 0.5, -3.0),  # both positives beat N: right (the mean puts P1 below N)
+            (0.4, -0.1, 0.0),  # P2 loses to N: wrong (the mean puts both above N)
+            (0.0, 1.0, 0.0),  # P1 ties N: wrong, strict > (the mean puts both above N)
+            (-0.1, 2.0, 1.0),  # P1 loses to N: wrong (the mean puts both above N)
+        ]
+    )
+    scorer = TablePreference(table)
+    image, options = IndexImages(torch.arange(4)), [torch.full((4,), k) for k in range(3)]
+    m = pd.DataFrame({"category": ["swap-att"] * 4, "correct": 0})
+    suite = SUITES.get("sugarcrepe-pp")
+    assert suite.pairwise_reference == 2  # N
+
+    scores = option_scores(scorer, image, options, reference=suite.pairwise_reference).numpy()
+    assert scores == pytest.approx(
+        np.array([[1.0, 0.5, 0], [0.4, -0.1, 0], [0, 1.0, 0], [-0.1, 2.0, 0]])
+    )
+    assert sugarcrepe_pp_units(m, scores)["swap-att"].values.tolist() == [1, 0, 0, 0]
+    assert suite.metrics(m, scores)["swap-att"] == pytest.approx(1 / 4)
+    # the mean preference over the other two options answers the opposite on every item:
+    # item 0: P1 (-3 + 1) / 2 = -1 < N (-1 - 0.5) / 2 = -0.75; item 1: P2 (0 - 0.1) / 2 =
+    # -0.05 > N (-0.4 + 0.1) / 2 = -0.15
+    mean = option_scores(scorer, image, options).numpy()
+    assert mean[0] == pytest.approx([-1.0, 1.75, -0.75])
+    assert mean[1] == pytest.approx([0.2, -0.05, -0.15])
+    assert sugarcrepe_pp_units(m, mean)["swap-att"].values.tolist() == [0, 1, 1, 1]
+    with pytest.raises(ValueError, match="reference option 3"):
+        option_scores(scorer, image, options, reference=3)
+
+
+def test_reference_layout_in_score_choice(tiny_store):
+    """``score_choice(reference=r)`` scores a pairwise scorer's options against option r
+    (K = 2, r = 1: ``(s, 0)`` where the mean preference is ``(s, -s)``) and leaves a
+    per-caption scorer's scores as they are."""
+    from pipeline.scorers import create_scorer
+    from pipeline.scoring import score_choice
+
+    index = tiny_store.suite_index("shapes-dev")
+    pairwise = create_scorer(
+        "bindclip", dims=tiny_store.dims, proj=tiny_store.projections(), h=16, n_iters=8
+    ).eval()
+    assert pairwise.pairwise
+    mean = score_choice(pairwise, tiny_store, index, 4)
+    against = score_choice(pairwise, tiny_store, index, 4, reference=1)
+    assert against[:, 0] == pytest.approx(mean[:, 0], abs=1e-6) and (against[:, 1] == 0).all()
+    clip = create_scorer("clip", dims=tiny_store.dims, proj=tiny_store.projections())
+    assert (
+        score_choice(clip, tiny_store, index, 4, reference=1)
+        == score_choice(clip, tiny_store, index, 4)
+    ).all()
 
 
 def test_tot_on_unit_embeddings():

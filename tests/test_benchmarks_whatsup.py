@@ -9,12 +9,15 @@ import pytest
 
 from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.whatsup import (
+    POOLED_SUITES,
     parse_controlled_name,
     pooled_pair_accuracy,
+    pooled_pair_metrics,
     pooled_pair_units,
     qa_units,
     whatsup_units,
 )
+from pipeline.report.compare import WHATSUP_POOLED, pair_mcnemar, whatsup_mcnemar
 
 PREP = {"on": "on", "under": "under", "left_of": "to the left of", "right_of": "to the right of"}
 
@@ -108,6 +111,76 @@ def test_subset_b_axes_and_pooled_410_criterion(tmp_path):
     # (pair_correct_A + pair_correct_B) / (N_A/2 + N_B/2) = (2 + 1) / (4 + 2)
     assert pooled_pair_accuracy(ua, ub) == pytest.approx(3 / 6)
     assert len(pooled_pair_units(ua["pair"], ub["pair"]).values) == 6
+
+
+def _pair_scores(n_items: int, correct_pairs: set[int], first: int = 0) -> np.ndarray:
+    """[n, 4] scores of a Controlled suite built by ``_controlled`` (per key: left, right,
+    then the other axis) where pooled pair ``first + j`` (items 2j, 2j+1) is right iff it
+    is in ``correct_pairs``, and every other pair has both items wrong."""
+    mask = np.zeros(n_items, bool)
+    for j in range(n_items // 2):
+        mask[[2 * j, 2 * j + 1]] = (first + j) in correct_pairs
+    return _scores(mask)
+
+
+def test_pooled_410_pairs_and_exact_mcnemar_reproduce_the_seed(tmp_path):
+    """The pooled metric (whatsup.py) and its McNemar test (the report's pair_mcnemar) at
+    the official sizes (103 + 102 keys: 206 + 204 = 410 pairs); frozen CLIP right on 4
+    pairs, the variant on 17 (the seed's 4 -> 17). Discordant: b01 = 15 (CLIP wrong,
+    variant right), b10 = 2, so p = 2 * P[Bin(17, 1/2) <= 2] = 2 * (1 + 17 + 136) / 2**17."""
+    a = _controlled(tmp_path, "a", pairs=[(f"obj{i}", "plate") for i in range(103)])
+    b = _controlled(tmp_path, "b", pairs=[(f"cube{i}", "sphere") for i in range(102)])
+    assert (len(a), len(b)) == (412, 408)
+    clip_pairs = {0, 1, 300, 301}  # 2 in A, 2 in B (B's pairs are 206..409)
+    variant_pairs = {0, 1, *range(10, 18), *range(220, 227)}  # 2 shared + 8 in A + 7 in B
+    assert len(variant_pairs) == 17
+
+    def scored(pairs):
+        return [(a, _pair_scores(412, pairs)), (b, _pair_scores(408, pairs, first=206))]
+
+    metrics = pooled_pair_metrics(scored(variant_pairs))
+    assert metrics == {"pooled-pair": pytest.approx(17 / 410), "pairs": 410, "pair-correct": 17}
+    pair_a = whatsup_units(*scored(variant_pairs)[0])["pair"].statistic()
+    pair_b = whatsup_units(*scored(variant_pairs)[1])["pair"].statistic()
+    assert (pair_a, pair_b) == (pytest.approx(10 / 206), pytest.approx(7 / 204))
+    assert metrics["pooled-pair"] != pytest.approx((pair_a + pair_b) / 2)  # pooled, not the mean
+    assert pooled_pair_metrics(scored(clip_pairs))["pair-correct"] == 4
+
+    test = pair_mcnemar(scored(variant_pairs), scored(clip_pairs))
+    assert test == {
+        "pairs": 410,
+        "baseline_correct": 4,
+        "variant_correct": 17,
+        "b01": 15,
+        "b10": 2,
+        "p": pytest.approx(2 * (1 + 17 + 136) / 2**17),
+    }
+    assert round(test["p"], 3) == 0.002  # the seed's "exact McNemar p = 0.002"
+
+
+def test_report_pools_the_real_suites_and_needs_both(tmp_path):
+    assert WHATSUP_POOLED == POOLED_SUITES == ("whatsup-a", "whatsup-b")
+    a = _controlled(tmp_path, "a")  # 2 keys: pairs 0-3
+    b = _controlled(tmp_path, "b", pairs=(("cube", "sphere"),))  # 1 key: pairs 4-5
+    results = {
+        "whatsup-a": {
+            "manifest": a,
+            "scores": {"clip": _pair_scores(8, {0}), "v": _pair_scores(8, {0, 1, 2})},
+        },
+        "whatsup-b": {
+            "manifest": b,
+            "scores": {"clip": _pair_scores(4, {5}, 4), "v": _pair_scores(4, {4}, 4)},
+        },
+    }
+    mc = whatsup_mcnemar(results, "v", suites=WHATSUP_POOLED)
+    assert {k: mc[k] for k in ("pairs", "baseline_correct", "variant_correct", "b01", "b10")} == {
+        "pairs": 6, "baseline_correct": 2, "variant_correct": 4, "b01": 3, "b10": 1,
+    }  # fmt: skip
+    assert mc["p"] == pytest.approx(2 * (1 + 4) / 2**4)  # 2 * P[Bin(4, 1/2) <= 1]
+    assert whatsup_mcnemar({"whatsup-a": results["whatsup-a"]}, "v", suites=WHATSUP_POOLED) is None
+    assert whatsup_mcnemar(results, "v") is None  # the default pools shapes-whatsup only
+    with pytest.raises(ValueError, match="same suites"):
+        pair_mcnemar([(a, _pair_scores(8, {0}))], [(b, _pair_scores(4, {4}, 4))])
 
 
 def test_incomplete_sets_warn_and_missing_arrangement_is_wrong(tmp_path):

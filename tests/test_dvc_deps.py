@@ -1,4 +1,4 @@
-"""Every stage in dvc.yaml lists the project code it runs in its ``deps``.
+"""Every stage in dvc.yaml (and real/dvc.yaml) lists the project code it runs in its ``deps``.
 
 DVC reruns a stage only when one of its deps changes, so a module that a stage imports
 but does not list makes ``dvc repro`` silently reuse stale outputs after an edit. For each
@@ -33,6 +33,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DVC_YAML = ROOT / "dvc.yaml"
 PARAMS_YAML = ROOT / "params.yaml"
+PIPELINES = (("", DVC_YAML), ("real", ROOT / "real" / "dvc.yaml"))  # (folder, its dvc.yaml)
 PROJECT_PACKAGES = ("pipeline", "stages")  # top-level packages whose modules are checked
 COMMAND = "pipeline"  # the console script every stage's cmd runs
 STAGE_PACKAGE = "stages"  # `pipeline <word>` runs stages/<word>.py
@@ -333,13 +334,24 @@ def entry_modules(stage: str, cmd: Any) -> list[Path]:
 
 
 def _stages() -> dict[str, dict[str, Any] | Exception]:
-    try:
-        dvc = yaml.safe_load(DVC_YAML.read_text()) or {}
-        return expand_stages(dvc, _load_context(dvc, ROOT, PARAMS_YAML)) or {
-            "<no stages>": ValueError("no stages")
-        }
-    except Exception as e:  # reported by the test, not as a collection error
-        return {"<dvc.yaml>": e}
+    """Every stage of every pipeline: ``dvc.yaml`` (its stages by name) and each sub-project's
+    (``real/dvc.yaml``, named ``real/<stage>``, its deps read relative to its folder)."""
+    out: dict[str, dict[str, Any] | Exception] = {}
+    for folder, dvc_yaml in PIPELINES:
+        label = f"{folder}/" if folder else ""
+        try:
+            dvc = yaml.safe_load(dvc_yaml.read_text()) or {}
+            stages = expand_stages(dvc, _load_context(dvc, dvc_yaml.parent, dvc_yaml.parent / PARAMS_YAML.name))
+        except Exception as e:  # reported by the test, not as a collection error
+            out[f"<{label}dvc.yaml>"] = e
+            continue
+        if not stages:
+            out[f"<{label}no stages>"] = ValueError("no stages")
+        for name, spec in stages.items():
+            if folder:
+                spec = {**spec, "wdir": posixpath.join(folder, str(spec.get("wdir") or "."))}
+            out[f"{label}{name}"] = spec
+    return out
 
 
 STAGES = _stages()

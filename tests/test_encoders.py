@@ -1,21 +1,186 @@
-"""The real backbone path: QuickGELU resolution, layer capture, clear errors without weights."""
+"""The real backbone path: activation resolution (open_clip's names and pretrained tags),
+seeded random init, layer capture, clear errors without weights."""
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
 import torch
+from open_clip.transformer import QuickGELU
 
-from pipeline.encoders import ENCODERS, WeightsUnavailableError, load_encoder, resolve_pretrained
+from pipeline.config import ExtractConfig
+from pipeline.encoders import (
+    ENCODERS,
+    EncoderSpec,
+    WeightsUnavailableError,
+    config_uses_quick_gelu,
+    load_encoder,
+    open_clip_config,
+    resolve_pretrained,
+    weights_provenance,
+)
+
+REAL = ("ViT-L-14-336", "ViT-L-14", "ViT-B-16", "ViT-B-32")
+TINY_GELU = {  # a tiny open_clip config with open_clip's default (GELU) activation
+    "embed_dim": 16,
+    "vision_cfg": {"image_size": 28, "layers": 2, "width": 32, "patch_size": 14, "head_width": 16},
+    "text_cfg": {"context_length": 8, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+}
 
 
-def test_real_keys_resolve_to_quickgelu_configs():
-    for name in ("ViT-L-14-336", "ViT-L-14", "ViT-B-16", "ViT-B-32"):
-        assert ENCODERS.get(name).open_clip_model == f"{name}-quickgelu"
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """Keys ``tinyenc`` (GELU config) and ``tinyenc-quickgelu`` (its QuickGELU twin), laid out
+    like a real key pair and registered for this module only."""
+    import open_clip
+
+    folder = tmp_path_factory.mktemp("tiny_pair")
+    for name, quick in (("enc-tiny-test", False), ("enc-tiny-test-quickgelu", True)):
+        (folder / f"{name}.json").write_text(json.dumps({**TINY_GELU, "quick_gelu": quick}))
+        open_clip.add_model_config(folder / f"{name}.json")
+    with pytest.MonkeyPatch.context() as mp:
+        for key, config in (("tinyenc", "enc-tiny-test"), ("tinyenc-quickgelu", "enc-tiny-test-quickgelu")):
+            spec = EncoderSpec(key, config, 1, default_pretrained="none", openai_model="enc-tiny-test-quickgelu")
+            mp.setitem(ENCODERS._entries, key, spec)
+        yield folder
+
+
+def _activation(enc) -> type:
+    return type(enc.model.visual.transformer.resblocks[0].mlp.gelu)
+
+
+def _state(enc) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in enc.model.state_dict().items()}
+
+
+# ------------------------------------------------------------------ which config a key builds
+
+
+def test_openai_tag_builds_quickgelu_and_other_weights_the_config_the_key_names(tmp_path):
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(b"not read")
+    for name in REAL:
+        plain, quick = ENCODERS.get(name), ENCODERS.get(f"{name}-quickgelu")
+        assert open_clip_config(plain, "openai") == f"{name}-quickgelu"  # OpenAI weights: QuickGELU
+        assert open_clip_config(plain, None) == f"{name}-quickgelu"  # the default tag is openai
+        assert open_clip_config(plain, str(weights)) == name  # a file: the plain key is GELU
+        assert open_clip_config(plain, "none") == name
+        for tag in ("openai", str(weights), "none"):  # the explicit key is always honoured
+            assert open_clip_config(quick, tag) == f"{name}-quickgelu"
+        assert config_uses_quick_gelu(f"{name}-quickgelu") and not config_uses_quick_gelu(name)
+        assert plain.early_layer == quick.early_layer
     assert ENCODERS.get("ViT-L-14-336").early_layer == 5
+    assert open_clip_config(ENCODERS.get("toy"), None) == "toy-vit"
+
+
+def test_plain_key_with_weights_file_runs_gelu_and_the_quickgelu_key_quickgelu(tiny_pair, tmp_path):
+    from safetensors.torch import save_file
+
+    source = load_encoder("tinyenc", pretrained="none", init_seed=5)
+    path = tmp_path / "weights.safetensors"
+    save_file({k: v.contiguous() for k, v in source.model.state_dict().items()}, str(path))
+    gelu = load_encoder("tinyenc", pretrained=str(path))
+    quick = load_encoder("tinyenc-quickgelu", pretrained=str(path))
+    assert _activation(gelu) is torch.nn.GELU and _activation(quick) is QuickGELU
+    for enc in (gelu, quick):
+        assert all(torch.equal(v, _state(source)[k]) for k, v in _state(enc).items())
+    assert gelu.fingerprint()["open_clip_model"] == "enc-tiny-test"
+    assert quick.fingerprint()["open_clip_model"] == "enc-tiny-test-quickgelu"
+    assert gelu.fingerprint()["pretrained"] == quick.fingerprint()["pretrained"] == resolve_pretrained(
+        ENCODERS.get("tinyenc"), str(path), None
+    )
+    assert "init_seed" not in gelu.fingerprint()  # the seed means nothing for loaded weights
+    pixels = torch.randn(2, 3, 28, 28)
+    assert not torch.allclose(gelu.encode_images(pixels)["embed"], quick.encode_images(pixels)["embed"])
+
+
+# ------------------------------------------------------------------ seeded random init
+
+
+def test_random_init_is_seeded_and_the_seed_is_fingerprinted(tiny_pair):
+    rng = torch.random.get_rng_state()
+    a, b = (load_encoder("tinyenc", pretrained="none", init_seed=0) for _ in range(2))
+    c = load_encoder("tinyenc", pretrained="none", init_seed=1)
+    assert torch.equal(torch.random.get_rng_state(), rng)  # drawn in a forked RNG
+    sa, sb, sc = _state(a), _state(b), _state(c)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)  # same seed, same weights
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa)  # another seed, other weights
+    assert a.fingerprint() == b.fingerprint() and a.fingerprint()["init_seed"] == 0
+    assert a.fingerprint() != c.fingerprint() and c.fingerprint()["init_seed"] == 1
+    assert _activation(a) is torch.nn.GELU  # none runs the activation the key names
+
+
+def test_reader_expects_the_fingerprint_the_writer_records(tiny_pair, tmp_path):
+    """``expected_fingerprint`` (every reader) equals ``Encoder.fingerprint`` (extract) for
+    the same configuration, and tells seeds and activations apart."""
+    from safetensors.torch import save_file
+
+    from pipeline.cache import expected_fingerprint
+
+    seed1 = load_encoder("tinyenc", pretrained="none", init_seed=1)
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in seed1.model.state_dict().items()}, str(path))
+    loaded = load_encoder("tinyenc-quickgelu", pretrained=str(path))
+    for enc, cfg in (
+        (seed1, ExtractConfig(model="tinyenc", pretrained="none", init_seed=1)),
+        (loaded, ExtractConfig(model="tinyenc-quickgelu", pretrained=str(path))),
+    ):
+        store = SimpleNamespace(fingerprint=enc.fingerprint())
+        assert expected_fingerprint(store, cfg) == enc.fingerprint()
+    store = SimpleNamespace(fingerprint=seed1.fingerprint())
+    other_seed = ExtractConfig(model="tinyenc", pretrained="none", init_seed=0)
+    assert expected_fingerprint(store, other_seed)["init_seed"] == 0
+    as_loaded = expected_fingerprint(store, ExtractConfig(model="tinyenc", pretrained=str(path)))
+    assert "init_seed" not in as_loaded and as_loaded["pretrained"].startswith("sha256:")
+
+
+def test_cli_passes_init_seed_to_extract(monkeypatch):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from stages import extract as stage
+
+    seen = []
+    monkeypatch.setattr(stage, "run", lambda cfg, progress: seen.append(cfg) or {})
+    result = CliRunner().invoke(app, ["extract", "--params", "none.yaml", "--pretrained", "none", "--init-seed", "7"])
+    assert result.exit_code == 0, result.output
+    assert seen[0].init_seed == 7 and seen[0].pretrained == "none"
+    assert ExtractConfig().init_seed == 0
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def test_weights_path_naming_the_other_activation_is_refused_before_building(tmp_path, monkeypatch):
+    from pipeline import encoders
+
+    def never(*a, **k):
+        raise AssertionError("a refused configuration must not build a model")
+
+    monkeypatch.setattr(encoders, "create_model", never)
+    hub = tmp_path / "models--timm--vit_base_patch32_clip_224.openai" / "snapshots" / "0a1b"
+    laion = tmp_path / "laion" / "CLIP-ViT-B-32-laion2B-s34B-b79K"
+    for folder in (hub, laion):
+        folder.mkdir(parents=True)
+        (folder / "open_clip_pytorch_model.bin").write_bytes(b"stand-in")
+    openai_file, laion_file = hub / "open_clip_pytorch_model.bin", laion / "open_clip_pytorch_model.bin"
+    assert weights_provenance("ViT-B-32", openai_file) == ("ViT-B-32:openai", True)
+    assert weights_provenance("ViT-B-32-quickgelu", laion_file) == ("ViT-B-32:laion2b_s34b_b79k", False)
+    assert weights_provenance("ViT-B-32", tmp_path / "weights.bin") is None
+    # OpenAI (QuickGELU-trained) weights under the plain, GELU key
+    with pytest.raises(ValueError, match=r"ViT-B-32:openai \(QuickGELU-trained\).*use --model ViT-B-32-quickgelu"):
+        load_encoder("ViT-B-32", pretrained=str(openai_file))
+    # LAION (GELU-trained) weights under the key that names QuickGELU
+    with pytest.raises(ValueError, match=r"\(GELU-trained\).*builds QuickGELU; use --model ViT-B-32$"):
+        load_encoder("ViT-B-32-quickgelu", pretrained=str(laion_file))
 
 
 def test_missing_weight_file_names_what_to_download():
     with pytest.raises(WeightsUnavailableError, match="open_clip_pytorch_model.bin"):
+        resolve_pretrained(ENCODERS.get("ViT-L-14-336"), "/no/such/weights.bin", None)
+    with pytest.raises(WeightsUnavailableError, match="--model ViT-L-14-336-quickgelu --pretrained"):
         resolve_pretrained(ENCODERS.get("ViT-L-14-336"), "/no/such/weights.bin", None)
     with pytest.raises(WeightsUnavailableError, match="pipeline toyclip"):
         resolve_pretrained(ENCODERS.get("toy"), None, "/no/such/toy.safetensors")
@@ -38,16 +203,27 @@ def test_gelu_model_with_openai_weights_is_refused(monkeypatch):
         return real(name.replace("-quickgelu", ""), pretrained=None)
 
     monkeypatch.setattr(open_clip, "create_model", gelu_model)
-    with pytest.raises(ValueError, match="QuickGELU"):
+    with pytest.raises(ValueError, match="OpenAI weights need QuickGELU"):
         encoders.load_encoder("ViT-B-32", pretrained="openai")
+
+
+def test_built_activation_other_than_the_configs_is_refused(tiny_pair, monkeypatch):
+    import open_clip
+
+    real = open_clip.create_model
+    monkeypatch.setattr(open_clip, "create_model", lambda name, **kw: real("enc-tiny-test"))
+    with pytest.raises(ValueError, match="names QuickGELU but config 'enc-tiny-test-quickgelu' built GELU"):
+        load_encoder("tinyenc-quickgelu", pretrained="none")
+
+
+# ------------------------------------------------------------------ the real architecture
 
 
 def test_vit_l_14_336_random_init_grids_and_layers():
     """The real architecture through the same capture code: 24x24 grid, d_v 1024, d_t 768."""
-    torch.manual_seed(0)
-    enc = load_encoder("ViT-L-14-336", pretrained="none")
+    enc = load_encoder("ViT-L-14-336-quickgelu", pretrained="none")
     assert enc.dims.grid == (24, 24) and enc.dims.d_v == 1024 and enc.dims.d_t == 768
-    assert isinstance(enc.model.visual.transformer.resblocks[0].mlp.gelu, __import__("open_clip").transformer.QuickGELU)
+    assert _activation(enc) is QuickGELU
     pixels = torch.randn(1, 3, 336, 336)
     out = enc.encode_images(pixels)
     assert out["early"].shape == (1, 577, 1024) and out["final"].shape == (1, 577, 1024)

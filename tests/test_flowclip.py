@@ -8,6 +8,7 @@ directly; the logit scale only enters HNB's logits in training.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -386,3 +387,36 @@ def test_the_same_seed_gives_the_same_weights(tmp_path, tiny_store):
     assert states[0].keys() == states[1].keys()
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
     assert states[0]["icer.W"].abs().max() > 0  # it trained
+
+
+def test_a_seed_with_the_main_weights_is_copied_not_rescored(tmp_path, tiny_store, monkeypatch):
+    """`<variant>@seed0` holds the main checkpoint's weights: the score stage writes the main
+    run's scores under its name without scoring again; a seed with other weights is scored;
+    the seeds score `seed_suites` only, and an unknown one is refused."""
+    from pipeline.config import ExtractConfig, ScoreConfig
+    from pipeline.training.loop import train_variant
+    from stages import score as score_stage
+
+    train_variant(_cfg(tmp_path / "ckpt", "flowclip", seeds=[0, 1], steps=4, eval_every=2), tiny_store, progress=False)
+    monkeypatch.setattr(score_stage, "open_store", lambda extract: tiny_store)
+    loads = []
+    real_load = score_stage.load_scorer
+    monkeypatch.setattr(score_stage, "load_scorer", lambda *a, **k: loads.append(a[3]) or real_load(*a, **k))
+    cfg = ScoreConfig(
+        variants=["flowclip"], seed_variants=["flowclip"], suites=["shapes-dev", "shapes-train"], seed_suites=["shapes-dev"], encoder="tiny-test",
+        checkpoints=str(tmp_path / "ckpt"), scores_out=str(tmp_path / "scores"), metrics_out=str(tmp_path / "metrics"),
+    )
+    runs = score_stage.run(cfg, ExtractConfig(model="tiny-test"), progress=False)
+    assert sorted((r["variant"], r["suite"]) for r in runs) == [
+        ("flowclip", "shapes-dev"), ("flowclip", "shapes-train"), ("flowclip@seed0", "shapes-dev"), ("flowclip@seed1", "shapes-dev")
+    ]  # the seeds score seed_suites only
+    records = {r["variant"]: r for r in runs if r["suite"] == "shapes-dev"}
+    assert [None if p is None else p.name for p in loads] == [None, "seed1"]  # seed0 was not loaded
+    main = pd.read_parquet(tmp_path / "scores" / "flowclip" / "shapes-dev.parquet")
+    copy = pd.read_parquet(tmp_path / "scores" / "flowclip@seed0" / "shapes-dev.parquet")
+    pd.testing.assert_frame_equal(main, copy)
+    on_disk = json.loads((tmp_path / "metrics" / "flowclip@seed0" / "shapes-dev.json").read_text())
+    assert on_disk == {**records["flowclip"], "variant": "flowclip@seed0"} == records["flowclip@seed0"]
+    assert (tmp_path / "scores" / "flowclip@seed1" / "shapes-dev.parquet").is_file()
+    with pytest.raises(ValueError, match="seed_suites"):
+        score_stage.run(dataclasses.replace(cfg, seed_suites=["shapes-aro"]), ExtractConfig(model="tiny-test"), progress=False)

@@ -389,8 +389,9 @@ def test_template_unknown_block_lists_the_blocks():
         "pipeline.scorers.bindclip.report",
         "pipeline.scorers.flowclip.report",
         "pipeline.scorers.geometry.report",
+        "pipeline.report.published",
     ],
-    ids=["generic", "bindclip", "flowclip", "geometry"],
+    ids=["generic", "bindclip", "flowclip", "geometry", "published"],
 )
 def test_every_template_block_is_used_and_exists(module):
     """The blocks a section asks for are the blocks its template file defines."""

@@ -24,7 +24,14 @@ Official metrics (``np.argmax``: the first maximum wins):
   false caption (index 0) and counts wrong. ``relation-micro`` (all items) is ours.
 * ``attribution``: macro accuracy over ``f"{attributes[0]}_{attributes[1]}"`` keys with at
   least 25 items (``min_count``, 1 for the shapes world); ``attribution-micro`` is ours.
+* ``relation-<split>`` / ``attribution-<split>`` (``train``, ``validation``, ``holdout``):
+  the same macro metric recomputed on one split's rows, the exclusion list and the
+  ``min_count`` filter applied within the split (so a relation or attribute pair may drop
+  out of a split, and a split with no group left has no figure), for BindCLIP's
+  development/holdout figures. Ours; the official code scores the whole file.
 * ``P@1`` (Order): share of items whose original caption (index 0) wins; a tie counts right.
+  The Order files are the Karpathy / Flickr30k *test* splits only, so Order has no split
+  figures.
 
 Order options: ``[pre(c), pre(p1(c)), pre(p2(c)), pre(p3(c)), pre(p4(c))]`` with BLIP's
 ``pre_caption(·, 30)`` and the four ``TextShuffler`` perturbations (nouns+adjectives
@@ -66,6 +73,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks.base import (
+    SPLITS,
     SUITES,
     Suite,
     Units,
@@ -379,31 +387,62 @@ def _order_suite(file: str):
 # ---------------------------------------------------------------------------- metrics
 
 
+def _split_rows(manifest: pd.DataFrame) -> dict[str, np.ndarray]:
+    """``{split: [n] bool}`` for each of :data:`~pipeline.benchmarks.base.SPLITS` that has
+    rows in the manifest's ``split`` column (none without the column)."""
+    if "split" not in manifest:
+        return {}
+    split = manifest["split"].astype(str).to_numpy()
+    return {s: split == s for s in SPLITS if (split == s).any()}
+
+
+def _macro(correct: np.ndarray, group: np.ndarray, keep: np.ndarray) -> Units:
+    """Units of the macro accuracy over ``group`` on the rows ``keep``."""
+    return Units(correct[keep], groups=group[keep])
+
+
 def relation_units(
     manifest: pd.DataFrame, scores: np.ndarray, excluded: frozenset[str] | None = None
 ) -> dict[str, Units]:
     """``relation`` (macro over relation names not in ``excluded``; default the official
-    list) and ``relation-micro`` (ours, all items); argmax-first, so a tie is wrong."""
+    list), ``relation-micro`` (ours, all items) and ``relation-<split>`` (the macro on each
+    split present); argmax-first, so a tie is wrong."""
     excluded = excluded_relations() if excluded is None else excluded
     correct = choice_correct(scores, manifest["correct"].to_numpy(), ties="first").astype(float)
     rel = manifest["relation_name"].to_numpy()
     keep = ~np.isin(rel, list(excluded))
-    return {"relation": Units(correct[keep], groups=rel[keep]), "relation-micro": Units(correct)}
+    units = {"relation": _macro(correct, rel, keep), "relation-micro": Units(correct)}
+    for split, rows in _split_rows(manifest).items():
+        if (keep & rows).any():
+            units[f"relation-{split}"] = _macro(correct, rel, keep & rows)
+    return units
+
+
+def _frequent(keys: np.ndarray, min_count: int) -> np.ndarray:
+    """[n] bool: rows whose key occurs at least ``min_count`` times among ``keys``."""
+    counts = pd.Series(keys).value_counts()
+    return np.isin(keys, counts.index[counts >= min_count].to_numpy())
 
 
 def attribution_units(
     manifest: pd.DataFrame, scores: np.ndarray, min_count: int = 25
 ) -> dict[str, Units]:
-    """``attribution`` (macro over attribute pairs with at least ``min_count`` items) and
-    ``attribution-micro`` (ours, all items); argmax-first, so a tie is wrong."""
+    """``attribution`` (macro over attribute pairs with at least ``min_count`` items),
+    ``attribution-micro`` (ours, all items) and ``attribution-<split>`` (the macro on each
+    split present, over the pairs with ``min_count`` items *in the split*); argmax-first,
+    so a tie is wrong."""
     correct = choice_correct(scores, manifest["correct"].to_numpy(), ties="first").astype(float)
     pair = manifest["attr_pair"].to_numpy()
-    counts = pd.Series(pair).value_counts()
-    keep = np.isin(pair, counts.index[counts >= min_count].to_numpy())
-    return {
-        "attribution": Units(correct[keep], groups=pair[keep]),
+    units = {
+        "attribution": _macro(correct, pair, _frequent(pair, min_count)),
         "attribution-micro": Units(correct),
     }
+    for split, rows in _split_rows(manifest).items():
+        keep = np.zeros(len(pair), dtype=bool)
+        keep[rows] = _frequent(pair[rows], min_count)
+        if keep.any():
+            units[f"attribution-{split}"] = _macro(correct, pair, keep)
+    return units
 
 
 def order_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units]:
@@ -421,7 +460,7 @@ SUITES.register(
         task="choice",
         build_manifest=build_relation,
         units=relation_units,
-        metric_names=("relation", "relation-micro"),
+        metric_names=("relation", "relation-micro", *(f"relation-{s}" for s in SPLITS)),
         headline="relation",
         description="ARO VG-Relation: root holds visual_genome_relation.json; images under root/images/ (cropped)",
     ),
@@ -433,7 +472,7 @@ SUITES.register(
         task="choice",
         build_manifest=build_attribution,
         units=attribution_units,
-        metric_names=("attribution", "attribution-micro"),
+        metric_names=("attribution", "attribution-micro", *(f"attribution-{s}" for s in SPLITS)),
         headline="attribution",
         description="ARO VG-Attribution: root holds visual_genome_attribution.json; images under root/images/ (cropped)",
     ),

@@ -18,11 +18,17 @@ Scores contract: ``choice`` suites score an ``[n_items, K_max]`` float array, Na
 item has fewer options; ``retrieval`` suites score ``[n_queries, n_gallery]`` where the
 gallery is ``gallery_images(manifest)`` in that order and each row's query is
 ``captions[0]`` with target ``image``.
+
+Selections: a suite's rows can be narrowed by one manifest column, written
+``suite[column=value]`` or ``suite[value]`` for the ``split`` column
+(:class:`SuiteSelection`), e.g. ``coco-families[train]`` and ``coco-families[validation]``
+for BindCLIP's image-disjoint training and development pairs.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -76,6 +82,11 @@ class Suite:
         text_units: optional text-only metrics ``(manifest, unit caption embeddings
             [n, K, D]) -> {name: Units}`` (SugarCrepe++ TOT), computed from the frozen text
             encoder's pooled embeddings in the cache, the same for every scorer.
+        pairwise_reference: the option a pairwise scorer's preferences are taken against
+            on this suite's items: option k scores ``s(I, c_k, c_ref)`` and the reference
+            itself 0 (:func:`pipeline.scorers.base.option_scores`), where the official test
+            compares every other option with one (SugarCrepe++ ITT against N); None = the
+            mean preference over the other options.
     """
 
     name: str
@@ -89,6 +100,7 @@ class Suite:
     image_columns: tuple[str, ...] = ("image",)
     caption_columns: tuple[str, ...] = ("captions",)
     extra: dict = field(default_factory=dict)
+    pairwise_reference: int | None = None
 
     def metrics(self, manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, float]:
         """The official metrics ``{name: value}`` (accuracies in [0, 1])."""
@@ -169,9 +181,80 @@ def check_images(
     return sorted(p for p in paths if not (root / p).is_file())
 
 
+SPLIT_COLUMN = "split"  # the column ``suite[value]`` selects on
+
+
+@dataclass(frozen=True)
+class SuiteSelection:
+    """A suite, or the rows of it whose manifest ``column`` equals ``value``.
+
+    Written ``suite``, ``suite[value]`` (column :data:`SPLIT_COLUMN`) or
+    ``suite[column=value]``: one string, so a selection goes wherever a suite name goes
+    (``train.<variant>.train_suite`` / ``dev_suite``) and the suite's store index and
+    manifest stay one per suite. The row filter compares the cell's ``str`` with ``value``.
+    """
+
+    suite: str  # registry key of the suite
+    column: str | None = None  # manifest column the rows are selected on; None = every row
+    value: str | None = None  # the column value of the selected rows
+
+    _PATTERN = re.compile(r"([a-z0-9]+(?:-[a-z0-9]+)*)(?:\[(?:([A-Za-z_]\w*)=)?([^\[\]=]+)\])?")
+
+    @classmethod
+    def parse(cls, text: str) -> SuiteSelection:
+        """``suite`` | ``suite[value]`` | ``suite[column=value]`` -> the selection.
+
+        Raises:
+            ValueError: naming ``text`` and the accepted forms when it matches none.
+        """
+        m = cls._PATTERN.fullmatch(str(text).strip())
+        if m is None:
+            raise ValueError(
+                f"suite selection {text!r} is not one of: suite, suite[value] "
+                f"(the {SPLIT_COLUMN!r} column), suite[column=value]"
+            )
+        suite, column, value = m.groups()
+        if value is None:
+            return cls(suite)
+        return cls(suite, column or SPLIT_COLUMN, value.strip())
+
+    def __str__(self) -> str:
+        if self.column is None:
+            return self.suite
+        if self.column == SPLIT_COLUMN:
+            return f"{self.suite}[{self.value}]"
+        return f"{self.suite}[{self.column}={self.value}]"
+
+    def mask(self, manifest: pd.DataFrame) -> np.ndarray:
+        """[n] bool: the manifest rows the selection keeps (all of them without a column).
+
+        Raises:
+            ValueError: when the manifest has no such column (naming its columns) or no row
+                has the value (naming the values it has).
+        """
+        if self.column is None:
+            return np.ones(len(manifest), dtype=bool)
+        if self.column not in manifest:
+            raise ValueError(
+                f"{self}: {self.suite} has no column {self.column!r}; "
+                f"columns: {', '.join(map(str, manifest.columns))}"
+            )
+        cells = manifest[self.column].astype(str).to_numpy()
+        keep = cells == self.value
+        if not keep.any():
+            raise ValueError(
+                f"{self}: no row of {self.suite} has {self.column} = {self.value!r}; "
+                f"values: {', '.join(sorted(set(cells)))}"
+            )
+        return keep
+
+
 def hash_bucket(key: str) -> int:
     """Deterministic bucket 0-9 of ``key`` (an image path): ``sha256(key) mod 10``."""
     return int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16) % 10
+
+
+SPLITS = ("train", "validation", "holdout")  # bucket_split's names, in bucket order
 
 
 def bucket_split(bucket: int) -> str:

@@ -394,6 +394,7 @@ SUITES.register(
         units=family_units,
         metric_names=(*FAMILIES, "mean"),
         headline="mean",
+        caption_columns=("captions", "paraphrase"),  # paraphrases: BindCLIP's paraphrase objective
         description=(
             "COCO hard-negative families: root = COCO 2017 root holding annotations/"
             "captions_train2017.json and instances_train2017.json; images under root/train2017/"

@@ -15,6 +15,8 @@ query's object phrases and the relations between them). Metric: ``retrieval_unit
   first caption by annotation id; objects are the non-crowd instances (category names),
   the ``max_objects`` largest by box area. COCO has no scene graph of its captions, so
   ``phrases`` / ``relations`` come from ``split_phrases(query)``.
+* ``coco-objects-train``: the same on COCO train2017, its first 10,000 captioned images by
+  id: what the ridge mapper is fitted on for real data (no image shared with val2017).
 * ``vg-objects`` (every image with a relationship) and ``vg-objects-5k`` (the first 5,000 of
   them by image id): Visual Genome v1.4 / v1.2. Files under the VG root: ``image_data.json``,
   ``objects.json``, ``relationships.json`` and, optional, ``attributes.json``
@@ -301,6 +303,12 @@ _ENTRIES = {
         partial(build_coco_objects, cfg=CocoObjectsConfig()),
         "COCO val2017 first captions, instance boxes: root = COCO root holding "
         "annotations/instances_val2017.json and captions_val2017.json; images under root/val2017/",
+    ),
+    "coco-objects-train": (
+        partial(build_coco_objects, cfg=CocoObjectsConfig(split="train2017", limit=10000)),
+        "coco-objects on COCO train2017 (first 10,000 captioned images by id): the geometry "
+        "mapper's training split, disjoint from coco-objects' val2017 images; root = COCO root "
+        "holding annotations/instances_train2017.json and captions_train2017.json; images under root/train2017/",
     ),
     "vg-objects": (
         partial(build_vg_objects, cfg=VgObjectsConfig()),

@@ -12,10 +12,15 @@ per category, no aggregate:
 * ITT (image-to-text, the headline): ``s(I,P1) > s(I,N)  and  s(I,P2) > s(I,N)``;
 * TOT (text-only): ``cos(P1,P2) > cos(P1,N)  and  cos(P1,P2) > cos(P2,N)``.
 
-The suite's ``units`` computes ITT from the ``[n, 3]`` image-caption scores. TOT needs
-caption-caption similarities, which the scorer interface does not produce: the score
-stage supplies the unit text embeddings of P1, P2 and N to ``tot_accuracy`` / ``tot_units``.
-``total`` (item-pooled ITT over the categories present) is ours.
+The suite's ``units`` computes ITT from the ``[n, 3]`` option scores. A per-caption
+scorer's are ``s(I, P1), s(I, P2), s(I, N)``. A pairwise scorer's are its preferences over
+N, ``s(I, P1, N), s(I, P2, N), 0`` (``pairwise_reference = 2``:
+:func:`pipeline.scorers.base.option_scores`), so the same test is the official one for it,
+``s(I, P1, N) > 0 and s(I, P2, N) > 0``, and not a comparison of mean preferences (in which
+``s(I, P2, P1)`` would enter). TOT needs caption-caption similarities, which the scorer
+interface does not produce: the score stage supplies the unit text embeddings of P1, P2
+and N to ``tot_accuracy`` / ``tot_units``. ``total`` (item-pooled ITT over the categories
+present) is ours.
 """
 
 from __future__ import annotations
@@ -64,7 +69,8 @@ def build_manifest(root: Path, categories: tuple[str, ...] = CATEGORIES) -> pd.D
 
 
 def itt_correct(scores: np.ndarray) -> np.ndarray:
-    """[n] bool, ITT: both positives strictly beat the negative. ``scores``: [n, 3] = (P1, P2, N)."""
+    """[n] bool, ITT: both positives strictly beat the negative. ``scores``: [n, 3] = (P1, P2, N),
+    per-caption scores or a pairwise scorer's ``(s(I, P1, N), s(I, P2, N), 0)``."""
     return (scores[:, 0] > scores[:, 2]) & (scores[:, 1] > scores[:, 2])
 
 
@@ -117,6 +123,7 @@ SUITES.register(
         build_manifest=build_manifest,
         units=sugarcrepe_pp_units,
         text_units=sugarcrepe_pp_text_units,
+        pairwise_reference=2,  # a pairwise scorer's P1 and P2 are each compared with N
         metric_names=METRIC_NAMES,
         headline="total",
         description=(

@@ -28,8 +28,16 @@ wrong, as in the official ``eval_dict`` defaults. On complete data (every key ha
 arrangements, as in the official files) the unit counts are exactly N/2 and N/4; on a subset
 they are 2 and 1 per key present, which we warn about.
 ``whatsup-coco`` / ``whatsup-vg`` report ``one-obj``, ``two-obj`` and ``individual`` = the
-unweighted mean of the two subset accuracies (the paper's Table 1). ``pooled_pair_accuracy``
-is the 410-pair criterion over A and B (BindCLIP).
+unweighted mean of the two subset accuracies (the paper's Table 1).
+
+Pooled pair criterion (BindCLIP; benchmarks.md §3.3): the pairs of Controlled A and B
+(:data:`POOLED_SUITES`, 206 + 204 = 410 on the official files) scored as one set,
+``(pair_correct_A + pair_correct_B) / (N_A/2 + N_B/2)``, which weights the subsets by their
+pair counts where ``mean(pair_A, pair_B)`` would weight them 1/2 each. It spans two suites,
+so it is not a suite metric: :func:`pooled_pair_metrics` computes it from each suite's
+``(manifest, scores)`` and :func:`pooled_pairs` gives its units, which the report tests
+against frozen CLIP with the exact McNemar test
+(:func:`pipeline.report.compare.pair_mcnemar`; the seed's 4 -> 17 of 410, p = 0.002).
 
 These metric functions are shared with ``shapes-whatsup`` (arrangements left/right/above/below).
 """
@@ -38,6 +46,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +67,7 @@ SOURCE = "download it with gdown as listed in dataset_zoo/aro_datasets.py of git
 AXES = (("left", "right"), ("on", "under"), ("in-front", "behind"), ("above", "below"))
 ARRANGEMENTS = tuple(a for axis in AXES for a in axis)
 CONTROLLED_METRICS = ("individual", "pair", "set")
+POOLED_SUITES = ("whatsup-a", "whatsup-b")  # the suites whose pairs the 410-pair criterion pools
 QA_METRICS = ("individual", "one-obj", "two-obj")
 
 
@@ -139,21 +149,40 @@ def whatsup_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units
     }
 
 
-def pooled_pair_units(
-    units_a: dict[str, Units] | Units, units_b: dict[str, Units] | Units
-) -> Units:
-    """Pair units of A and B pooled: ``(pair_correct_A + pair_correct_B) / (N_A/2 + N_B/2)``."""
-    a = units_a["pair"] if isinstance(units_a, dict) else units_a
-    b = units_b["pair"] if isinstance(units_b, dict) else units_b
-    return Units(np.concatenate([a.values, b.values]))
+def pooled_pair_units(*units: dict[str, Units] | Units) -> Units:
+    """Pair units of several suites pooled, in argument order (each a :func:`whatsup_units`
+    output or its ``pair`` Units): ``(pair_correct_A + pair_correct_B) / (N_A/2 + N_B/2)``."""
+    pairs = [u["pair"] if isinstance(u, dict) else u for u in units]
+    return Units(np.concatenate([p.values for p in pairs]))
 
 
-def pooled_pair_accuracy(
-    units_a: dict[str, Units] | Units, units_b: dict[str, Units] | Units
-) -> float:
+def pooled_pair_accuracy(*units: dict[str, Units] | Units) -> float:
     """BindCLIP's 410-pair criterion over Controlled A and B (each ``units`` output or its
     ``pair`` Units)."""
-    return pooled_pair_units(units_a, units_b).statistic()
+    return pooled_pair_units(*units).statistic()
+
+
+Scored = tuple[pd.DataFrame, np.ndarray]  # one suite's manifest and its [n, 4] option scores
+
+
+def pooled_pairs(scored: Sequence[Scored]) -> Units:
+    """The pooled pair units of each suite's ``(manifest, scores)``, suites in order."""
+    if not scored:
+        raise ValueError(
+            f"the pooled pair criterion needs at least one suite's scores ({', '.join(POOLED_SUITES)})"
+        )
+    return pooled_pair_units(*(whatsup_units(m, s) for m, s in scored))
+
+
+def pooled_pair_metrics(scored: Sequence[Scored]) -> dict[str, float]:
+    """``pooled-pair`` (the pooled pair accuracy), ``pairs`` and ``pair-correct`` over the
+    suites' ``(manifest, scores)`` (:data:`POOLED_SUITES` for the 410-pair criterion)."""
+    pairs = pooled_pairs(scored).values
+    return {
+        "pooled-pair": float(pairs.mean()),
+        "pairs": len(pairs),
+        "pair-correct": int(pairs.sum()),
+    }
 
 
 # ---------------------------------------------------------------------------- COCO / VG QA

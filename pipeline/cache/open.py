@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.cache.reader import FeatureStore
+from pipeline.cache.schema import ForeignCacheError
 from pipeline.config import ExtractConfig
 
 
@@ -24,25 +25,31 @@ def store_path(cfg: ExtractConfig) -> Path:
 
 def expected_fingerprint(store: FeatureStore, extract: ExtractConfig) -> dict[str, Any]:
     """The store's fingerprint with the fields the current configuration determines
-    recomputed (encoder, open_clip config and version, weights identity, early layer)."""
+    recomputed (encoder, open_clip config and version, weights identity, early layer, and a
+    random init's seed)."""
     import open_clip
 
-    from pipeline.encoders import ENCODERS, resolve_pretrained
+    from pipeline.encoders import ENCODERS, configured_identity
 
     spec = ENCODERS.get(extract.model)
     fp = store.fingerprint
+    fp.pop("init_seed", None)  # present only for a random init, which the config decides
     fp.update(
-        encoder=spec.name,
-        open_clip_model=spec.open_clip_model,
+        configured_identity(spec, extract.pretrained, extract.checkpoint, extract.init_seed),
         open_clip_version=open_clip.__version__,
-        pretrained=resolve_pretrained(spec, extract.pretrained, extract.checkpoint),
-        early_layer=spec.early_layer,
     )
     return fp
 
 
 def open_store(extract: ExtractConfig) -> FeatureStore:
-    """Open the configured encoder's store, refusing a stale or foreign one."""
+    """Open the configured encoder's store, refusing a stale or foreign one, and one without
+    object crops when ``extract.object_crops`` asks for them (a store with crops serves a
+    configuration without them: the crops are additive)."""
     path = store_path(extract)
     store = FeatureStore.open(path)
+    if extract.object_crops and not store.fingerprint.get("object_crops"):
+        raise ForeignCacheError(
+            f"{path} was extracted without object crops, which extract.object_crops: true asks "
+            f"for; rerun `pipeline extract` with extract.object_crops: true (it adds them)"
+        )
     return FeatureStore.open(path, expect=expected_fingerprint(store, extract))

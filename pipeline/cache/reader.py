@@ -4,6 +4,7 @@
     store.dims, store.projections()             # FeatureDims, Projections
     img = store.images(rows)                    # ImageFeatures for those rows (float32 torch)
     txt = store.texts(rows, grids=False)        # TextFeatures, pooled embeddings only
+    obj = store.objects(rows)                   # [B, D] re-encoded object crops (extract.object_crops)
     idx = store.suite_index("shapes-aro", manifest_path)   # {column: rows}, checks the hash
 
 Every reader (score batches, training's one-shot load, probes, diagnostics) asks for a set
@@ -167,6 +168,33 @@ class FeatureStore:
             tokens=tokens,
             embed=torch.from_numpy(self._gather("text/embed", rows).astype(np.float32)),
         )
+
+    @property
+    def has_object_crops(self) -> bool:
+        """Whether the store holds re-encoded object crops (``extract.object_crops: true``)."""
+        return bool(self.fingerprint.get("object_crops")) and "object" in self.root
+
+    def objects(self, rows: np.ndarray) -> torch.Tensor:
+        """[B, D] float32 pooled embeddings (not normalised) of the object crops at store rows
+        ``rows`` [B] (a suite's ``object_crops`` index).
+
+        Raises:
+            CacheError: the store holds no object crops (the message names the option).
+            StaleCacheError: some rows were never written (interrupted extract).
+        """
+        if not self.has_object_crops:
+            raise CacheError(
+                f"{self.path} holds no object crops: set extract.object_crops: true and rerun "
+                f"`pipeline extract` (it adds them to this store)"
+            )
+        self._check_done("object", rows)
+        return torch.from_numpy(self._gather("object/embed", rows).astype(np.float32))
+
+    def object_images(self, rows: np.ndarray) -> np.ndarray:
+        """[B] int64 image row each object crop at ``rows`` [B] was cut from."""
+        self.objects(np.zeros(0, dtype=np.int64))  # refuses a store without crops
+        self._check_done("object", rows)
+        return self._gather("object/image", rows).astype(np.int64)
 
     def suites(self) -> list[str]:
         return sorted(self.root["suites"].group_keys()) if "suites" in self.root else []

@@ -18,7 +18,26 @@ One Zarr v3 store per encoder (``cache/features/<encoder>.zarr``)::
     params/text_projection  f32    [d_t, D]
     params/logit_scale      f32    []                 exp(logit_scale)
     suites/<suite>/<column> i64    [n_items] or [n_items, K]   rows into image/* or text/*, -1 = pad
-                            attrs: manifest_sha256, n_items, kinds {column: image|text}, image_root
+                            attrs: manifest_sha256, n_items, kinds {column: image|text|object}, image_root
+
+With ``extract.object_crops: true`` (off by default) the store also holds one re-encoded
+crop per annotated object box (manifest column ``object_boxes``, normalised to the row's
+``image``), and its fingerprint records ``object_crops: true``::
+
+    object/key              uint8  [O, 16]            sha256[:16] of the image's key and the box
+    object/done             bool   [O]
+    object/image            i64    [O]                image/* row the crop is cut from
+    object/box              f32    [O, 4]             normalised (x0, y0, x1, y1)
+    object/embed            f32    [O, D]             pooled embedding of the crop, not normalised
+    suites/<suite>/object_crops  i64  [n_items, K]    rows into object/*, one per box of the
+                                                      row's object_boxes, in order; -1 = pad
+
+A crop is the box's pixels (outward-rounded, at least one pixel) put through the encoder's
+own preprocessing, like a whole image, so the crop of the whole-image box is the image itself
+and its embedding equals ``image/embed``. The crops are an additive part of schema v2: a store
+without them is byte for byte what it is without the option, and its fingerprint has no
+``object_crops`` key (:data:`STORE_OPTIONS`), so switching the option on adds the ``object``
+group to an existing store of the same encoder instead of replacing it.
 
 Grids and token states are stored in shards of ``SHARD_ROWS`` rows (v3 sharding: one file
 per shard) holding inner chunks of ``chunk_rows`` rows, a power of two sized to about
@@ -75,6 +94,17 @@ TEXT_ARRAYS = (
     ArraySpec("text/tokens", GRID_DTYPE, ("C", "d_t"), True, "final token states, after ln_final"),
     ArraySpec("text/embed", EMBED_DTYPE, ("D",), False, "pooled text embedding"),
 )
+OBJECT_ARRAYS = (
+    ArraySpec("object/key", "uint8", ("key",), False, "sha256[:16] of the image key and the box"),
+    ArraySpec("object/done", "bool", (), False, "row written"),
+    ArraySpec("object/image", "int64", (), False, "image row the crop is cut from"),
+    ArraySpec("object/box", EMBED_DTYPE, ("box",), False, "normalised (x0, y0, x1, y1)"),
+    ArraySpec("object/embed", EMBED_DTYPE, ("D",), False, "pooled embedding of the re-encoded crop"),
+)
+ARRAYS = {"image": IMAGE_ARRAYS, "text": TEXT_ARRAYS, "object": OBJECT_ARRAYS}  # modality -> arrays
+# Fingerprint keys that say what else a store holds, not which encoder wrote it: present only
+# when true, and only ever added to a store (a writer without the option keeps them).
+STORE_OPTIONS = ("object_crops",)
 
 
 def resolve_tail(spec: ArraySpec, dims: dict[str, Any]) -> tuple[int, ...]:
@@ -86,6 +116,7 @@ def resolve_tail(spec: ArraySpec, dims: dict[str, Any]) -> tuple[int, ...]:
         "d_t": dims["d_t"],
         "D": dims["embed_dim"],
         "C": dims["context_length"],
+        "box": 4,
     }
     return tuple(table[t] for t in spec.tail)
 
@@ -104,6 +135,19 @@ def fingerprint_id(fingerprint: dict[str, Any]) -> str:
     """Short stable id of a fingerprint dict (sha256 of its canonical JSON)."""
     blob = json.dumps(fingerprint, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def encoder_id(fingerprint: dict[str, Any]) -> str:
+    """:func:`fingerprint_id` of the fingerprint without its :data:`STORE_OPTIONS`: equal
+    for two stores of the same encoder, weights, preprocessing and layers."""
+    return fingerprint_id({k: v for k, v in fingerprint.items() if k not in STORE_OPTIONS})
+
+
+def object_key(image: np.ndarray | bytes, box: Any) -> np.ndarray:
+    """[16] uint8 content key of one object crop: the image's content key and its box."""
+    h = hashlib.sha256(bytes(image))  # the [16] uint8 key's bytes
+    h.update(json.dumps([float(v) for v in box]).encode())
+    return np.frombuffer(h.digest()[:KEY_BYTES], dtype=np.uint8)
 
 
 def image_key(data: bytes, crop_box: Any = None) -> np.ndarray:

@@ -20,7 +20,9 @@ import zarr
 from zarr.codecs import BloscCodec, BloscShuffle
 
 from pipeline.cache.schema import (
+    ARRAYS,
     IMAGE_ARRAYS,
+    OBJECT_ARRAYS,
     SCHEMA_VERSION,
     SHARD_ROWS,
     TEXT_ARRAYS,
@@ -28,6 +30,7 @@ from pipeline.cache.schema import (
     ForeignCacheError,
     StaleCacheError,
     chunk_rows,
+    encoder_id,
     fingerprint_id,
     keys_to_hex,
     resolve_tail,
@@ -45,7 +48,13 @@ def open_for_writing(
 ) -> zarr.Group:
     """Open (or create) the store at ``path`` for this encoder.
 
+    Stores of the same encoder that differ only in their ``STORE_OPTIONS`` are the same
+    store: a fingerprint with ``object_crops: true`` adds the ``object`` arrays (and the key)
+    to a store without them, and a fingerprint without it keeps a store's crops.
+
     Args:
+        fingerprint: the encoder's fingerprint, plus ``object_crops: True`` when the object
+            crops are extracted.
         replace_mismatch: delete an existing store of another schema version or fingerprint
             and start afresh (the DVC pipeline retrains the toy CLIP, which makes its old
             features worthless) instead of refusing it.
@@ -58,7 +67,8 @@ def open_for_writing(
     fid = fingerprint_id(fingerprint)
     if (path / "zarr.json").exists() and replace_mismatch:
         attrs = zarr.open_group(path, mode="r").attrs
-        if attrs.get("schema_version") != SCHEMA_VERSION or attrs.get("fingerprint_id") != fid:
+        same_encoder = encoder_id(attrs.get("fingerprint", {})) == encoder_id(fingerprint)
+        if attrs.get("schema_version") != SCHEMA_VERSION or not same_encoder:
             log.warning("replacing %s: it was written by another encoder or schema", path)
             shutil.rmtree(path)
     if (path / "zarr.json").exists():
@@ -69,13 +79,22 @@ def open_for_writing(
                 f"{path} has cache schema v{version}, this code writes v{SCHEMA_VERSION}; "
                 f"delete it and rerun `pipeline extract`"
             )
-        if root.attrs.get("fingerprint_id") != fid:
+        stored = dict(root.attrs.get("fingerprint", {}))
+        if encoder_id(stored) != encoder_id(fingerprint):
             raise ForeignCacheError(
                 f"{path} was written by another encoder/weights "
-                f"({_describe(root.attrs.get('fingerprint', {}))}) than the one configured "
+                f"({_describe(stored)}) than the one configured "
                 f"({_describe(fingerprint)}); delete it or choose another extract.out, then "
                 f"rerun `pipeline extract`"
             )
+        if fingerprint.get("object_crops") and not stored.get("object_crops"):
+            log.info("adding object crops to %s", path)
+            stored["object_crops"] = True
+            root.attrs.update(fingerprint=stored, fingerprint_id=fingerprint_id(stored))
+        if stored.get("object_crops"):
+            for spec in OBJECT_ARRAYS:
+                if spec.name not in root:
+                    _create(root, spec, resolve_tail(spec, dims))
         return root
     root = zarr.open_group(path, mode="w")
     root.attrs.update(
@@ -85,7 +104,8 @@ def open_for_writing(
         dims=dims,
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
-    for spec in IMAGE_ARRAYS + TEXT_ARRAYS:
+    crops = OBJECT_ARRAYS if fingerprint.get("object_crops") else ()
+    for spec in IMAGE_ARRAYS + TEXT_ARRAYS + crops:
         _create(root, spec, resolve_tail(spec, dims))
     return root
 
@@ -118,7 +138,7 @@ def plan_rows(root: zarr.Group, modality: str, keys: np.ndarray) -> tuple[np.nda
     """Map content keys to store rows, appending rows for unseen keys.
 
     Args:
-        modality: ``image`` or ``text``.
+        modality: ``image``, ``text`` or ``object``.
         keys: [n, 16] uint8 content keys (duplicates allowed).
 
     Returns:
@@ -132,7 +152,7 @@ def plan_rows(root: zarr.Group, modality: str, keys: np.ndarray) -> tuple[np.nda
     n_old = key_arr.shape[0]
     if new:
         n_new = n_old + len(new)
-        for spec in IMAGE_ARRAYS if modality == "image" else TEXT_ARRAYS:
+        for spec in ARRAYS[modality]:
             arr = root[spec.name]
             arr.resize((n_new, *arr.shape[1:]))
         new_keys = np.stack([np.frombuffer(bytes.fromhex(h), dtype=np.uint8) for h in new])
@@ -181,14 +201,24 @@ def write_suite_index(
 ) -> None:
     """Store a suite's item -> row index arrays (replacing an older index of that suite).
 
+    Columns of the older index that ``columns`` lacks are kept while the manifest is the same
+    (the crop index an extract with ``object_crops`` wrote stays valid: rows are
+    content-addressed) and deleted once it changed, so no index of an older manifest is left.
+
     Args:
-        columns: ``{manifest column: (modality, rows)}`` with rows [n] or [n, K] (-1 = pad).
+        columns: ``{column: (modality, rows)}`` with rows [n] or [n, K] (-1 = pad).
         attrs: manifest hash, image root, item count ...
     """
     group = root.require_group(f"suites/{suite}")
+    kinds = dict(group.attrs.get("kinds", {}))
+    if group.attrs.get("manifest_sha256") != attrs.get("manifest_sha256"):
+        for stale in sorted(set(group.array_keys()) - set(columns)):
+            del group[stale]
+        kinds = {}
     for column, (_, rows) in columns.items():
         group.create_array(column, data=np.asarray(rows, dtype=np.int64), overwrite=True)
-    group.attrs.update({**attrs, "kinds": {c: m for c, (m, _) in columns.items()}})
+    kinds = {c: m for c, m in kinds.items() if c in set(group.array_keys())}
+    group.attrs.update({**attrs, "kinds": {**kinds, **{c: m for c, (m, _) in columns.items()}}})
 
 
 def finalize(root: zarr.Group) -> None:

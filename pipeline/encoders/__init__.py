@@ -3,15 +3,23 @@ one-pass capture of grids, token states and pooled embeddings.
 
 Architectures are data (open_clip JSON configs), weights are a separate axis (``pretrained``):
 
-* real models (``ViT-L-14-336``, ``ViT-L-14``, ``ViT-B-16``, ``ViT-B-32``): OpenAI weights need
-  QuickGELU, so every real key resolves to open_clip's ``<name>-quickgelu`` config; after
-  building, the activation is checked and a mismatch is refused (open_clip itself only warns).
-  ``pretrained`` is ``openai`` (open_clip downloads/looks up the HF cache), a file path to a
-  state dict, or ``none`` (random init: how the real architecture is tested offline).
+* real models (``ViT-L-14-336``, ``ViT-L-14``, ``ViT-B-16``, ``ViT-B-32``, each also as
+  ``<name>-quickgelu``): the activation follows open_clip's names and pretrained tags. OpenAI
+  weights were trained with QuickGELU, so ``pretrained: openai`` builds open_clip's
+  ``<name>-quickgelu`` config whichever of the two keys is given (the plain config would load
+  them into a GELU model with only a warning). A state-dict file, or ``none``, runs under the
+  activation the key names: the plain key builds the GELU config (LAION/DataComp weights),
+  ``<name>-quickgelu`` the QuickGELU one. A weights path that names an open_clip pretrained
+  entry (its tag, Hugging Face repo or file name) whose activation differs is refused, and so
+  is a built model whose activation differs from its config. ``none`` is a random init seeded
+  by ``init_seed`` (recorded in the fingerprint): how the real architecture is tested offline.
 * ``toy``: the shapes-world CLIP, config ``configs/toy-vit.json`` shipped here, weights from the
   ``toyclip`` stage's safetensors checkpoint; ``toy-small`` (``configs/toy-vit-small.json``:
   width 64, 3 + 2 layers, joint space 64) is the second encoder of ``pipeline
   compare-encoders``, trained the same way.
+* ``tiny-vit``: a tiny open_clip ViT (``configs/tiny-vit.json``: 56 px, 4 × 4 grid, width 64,
+  3 + 2 layers, 77-token context), random init only: the backbone of the real path's end-to-end
+  test on the official annotation files, where the real weights cannot be had.
 
 Layer convention (stored in every cache): ``early_layer = l`` is the output of the l-th
 transformer block, 1-based, i.e. HF ``hidden_states[l]`` and open_clip block index ``l - 1``;
@@ -23,6 +31,7 @@ last block's output after ``ln_final``; ``tokens[eot] @ text_projection`` equals
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,33 +60,41 @@ class EncoderSpec:
     default_pretrained: str  # weights used when the caller says nothing
     weights_hint: str = ""  # what to download and where, for error messages
     toy: bool = False  # weights come from the toyclip stage checkpoint
+    openai_model: str = ""  # config `pretrained: openai` builds (QuickGELU); "" = open_clip_model
 
 
 ENCODERS: Registry[EncoderSpec] = Registry("encoder")
 
 
 def _register_real(name: str, early_layer: int, hf_repo: str) -> None:
-    ENCODERS.register(
-        name,
-        EncoderSpec(
-            name=name,
-            open_clip_model=f"{name}-quickgelu",
-            early_layer=early_layer,
-            default_pretrained="openai",
-            weights_hint=(
-                f"open_clip fetches the OpenAI weights from the Hugging Face Hub repo {hf_repo} "
-                f"(file open_clip_pytorch_model.bin). Offline: download that file and pass "
-                f"--pretrained /path/to/open_clip_pytorch_model.bin, or pre-populate HF_HUB_CACHE "
-                f"and set HF_HUB_OFFLINE=1."
+    """``name`` (GELU for weights files and random init) and ``name-quickgelu``; both build
+    ``name-quickgelu`` for the OpenAI weights."""
+    for key in (name, f"{name}-quickgelu"):
+        ENCODERS.register(
+            key,
+            EncoderSpec(
+                name=key,
+                open_clip_model=key,
+                early_layer=early_layer,
+                default_pretrained="openai",
+                openai_model=f"{name}-quickgelu",
+                weights_hint=(
+                    f"open_clip fetches the OpenAI weights from the Hugging Face Hub repo {hf_repo} "
+                    f"(file open_clip_pytorch_model.bin). Offline: download that file and pass "
+                    f"--model {name}-quickgelu --pretrained /path/to/open_clip_pytorch_model.bin "
+                    f"(a weights file runs under the activation the key names), or pre-populate "
+                    f"HF_HUB_CACHE and set HF_HUB_OFFLINE=1."
+                ),
             ),
-        ),
-    )
+        )
 
 
 _register_real("ViT-L-14-336", 5, "timm/vit_large_patch14_clip_336.openai")
 _register_real("ViT-L-14", 5, "timm/vit_large_patch14_clip_224.openai")
 _register_real("ViT-B-16", 3, "timm/vit_base_patch16_clip_224.openai")
 _register_real("ViT-B-32", 3, "timm/vit_base_patch32_clip_224.openai")
+
+
 def _register_toy(name: str, config: str, early_layer: int, weights_hint: str) -> None:
     ENCODERS.register(
         name,
@@ -87,6 +104,16 @@ def _register_toy(name: str, config: str, early_layer: int, weights_hint: str) -
 
 _register_toy("toy", "toy-vit", 2, "run `pipeline toyclip` (or `dvc repro toyclip`) to train the toy CLIP")
 _register_toy("toy-small", "toy-vit-small", 1, "run `pipeline compare-encoders` (it trains the small toy CLIP first)")
+ENCODERS.register(  # the real path's stand-in backbone: a tiny open_clip ViT, random init only
+    "tiny-vit",
+    EncoderSpec(
+        "tiny-vit",
+        "tiny-vit",
+        2,
+        default_pretrained="none",
+        weights_hint="tiny-vit has no trained weights: it is a random init (pretrained: none, init_seed)",
+    ),
+)
 
 
 class WeightsUnavailableError(RuntimeError):
@@ -97,7 +124,7 @@ def register_toy_configs() -> None:
     """Make the shipped configs (``configs/*.json``) known to open_clip (idempotent)."""
     import open_clip
 
-    if not {"toy-vit", "toy-vit-small"} <= set(open_clip.list_models()):
+    if not {"toy-vit", "toy-vit-small", "tiny-vit"} <= set(open_clip.list_models()):
         open_clip.add_model_config(CONFIG_DIR)
 
 
@@ -126,6 +153,8 @@ class Encoder:
     pretrained: str  # resolved weights identity ("openai", "random", "sha256:...")
     dims: FeatureDims
     preprocess_cfg: dict = field(default_factory=dict)
+    open_clip_model: str = ""  # open_clip config built ("" = spec.open_clip_model)
+    init_seed: int = 0  # seed of a random init (fingerprinted when pretrained is "random")
 
     @property
     def n_layers(self) -> int:
@@ -136,8 +165,14 @@ class Encoder:
         import open_clip
 
         return encoder_fingerprint(
-            self.spec, self.pretrained, self.preprocess_cfg, self.dims, self.n_layers,
+            self.spec,
+            self.pretrained,
+            self.preprocess_cfg,
+            self.dims,
+            self.n_layers,
             open_clip.__version__,
+            open_clip_model=self.open_clip_model or None,
+            init_seed=self.init_seed,
         )
 
     @torch.inference_mode()
@@ -195,11 +230,18 @@ def encoder_fingerprint(
     dims: FeatureDims,
     n_layers: int,
     open_clip_version: str,
+    open_clip_model: str | None = None,
+    init_seed: int = 0,
 ) -> dict[str, Any]:
-    """The fingerprint dict of an encoder (identity of model, weights, preprocessing, layers)."""
-    return {
+    """The fingerprint dict of an encoder (identity of model, weights, preprocessing, layers).
+
+    ``open_clip_model`` is the config actually built (default ``spec.open_clip_model``); a
+    random init (``pretrained == "random"``) also records ``init_seed``, so two seeds are two
+    fingerprints while every other store's fingerprint keeps its fields.
+    """
+    fp = {
         "encoder": spec.name,
-        "open_clip_model": spec.open_clip_model,
+        "open_clip_model": open_clip_model or spec.open_clip_model,
         "pretrained": pretrained,
         "open_clip_version": open_clip_version,
         "preprocess": {k: list(v) if isinstance(v, tuple) else v for k, v in preprocess_cfg.items()},
@@ -212,6 +254,83 @@ def encoder_fingerprint(
         "embed_dim": dims.embed_dim,
         "context_length": dims.context_length,
     }
+    if pretrained == "random":
+        fp["init_seed"] = int(init_seed)
+    return fp
+
+
+def configured_identity(
+    spec: EncoderSpec, pretrained: str | None, checkpoint: str | None, init_seed: int = 0
+) -> dict[str, Any]:
+    """The fingerprint fields a configuration determines without loading anything: encoder,
+    open_clip config, weights identity, early layer and (random init only) ``init_seed``.
+
+    The reader's expectation (``pipeline.cache.expected_fingerprint``) takes these fields
+    from here; they equal what :meth:`Encoder.fingerprint` records for the encoder
+    :func:`load_encoder` builds from the same arguments.
+    """
+    identity = resolve_pretrained(spec, pretrained, checkpoint)
+    fields: dict[str, Any] = {
+        "encoder": spec.name,
+        "open_clip_model": open_clip_config(spec, pretrained),
+        "pretrained": identity,
+        "early_layer": spec.early_layer,
+    }
+    if identity == "random":
+        fields["init_seed"] = int(init_seed)
+    return fields
+
+
+def open_clip_config(spec: EncoderSpec, pretrained: str | None) -> str:
+    """The open_clip config a key builds with these weights.
+
+    The ``openai`` tag builds ``spec.openai_model`` (the QuickGELU config the OpenAI weights
+    were trained with); a weights file and ``none`` build the config the key names.
+    """
+    tag = pretrained or spec.default_pretrained
+    if not spec.toy and tag == "openai" and spec.openai_model:
+        return spec.openai_model
+    return spec.open_clip_model
+
+
+def config_uses_quick_gelu(config: str) -> bool:
+    """Whether open_clip's config ``config`` builds QuickGELU (its ``quick_gelu`` field)."""
+    import open_clip
+
+    register_toy_configs()
+    return bool((open_clip.get_model_config(config) or {}).get("quick_gelu", False))
+
+
+def weights_provenance(config: str, path: str | Path) -> tuple[str, bool] | None:
+    """The open_clip pretrained entry a weights path names, if any, and its activation.
+
+    Looks for each pretrained entry of the architecture (``config`` without ``-quickgelu``) in
+    the path: its tag (``openai``, ``laion2b_s34b_b79k``), its Hugging Face repo (also as the
+    hub cache's ``models--org--name`` folder) and its download file name; case, ``-`` and
+    ``_`` are not distinguished, and the longest match wins.
+
+    Returns:
+        ``("<model>:<tag>", quick_gelu)`` (whether that entry was trained with QuickGELU,
+        from open_clip's pretrained table), or None when the path names no entry.
+    """
+    import open_clip
+
+    def norm(text: str) -> str:
+        return text.lower().replace("-", "_")
+
+    base = config.removesuffix("-quickgelu")
+    text = norm(str(path))
+    best: tuple[int, str, bool] | None = None
+    for tag in open_clip.list_pretrained_tags_by_model(base):
+        pcfg = open_clip.get_pretrained_cfg(base, tag)
+        hub = pcfg.get("hf_hub", "").strip("/")
+        url_file = Path(pcfg.get("url", "")).name
+        needles = {tag, hub, hub.replace("/", "--"), hub.rsplit("/", 1)[-1], url_file}
+        for needle in filter(None, map(norm, needles)):
+            found = re.search(rf"(?<![a-z0-9]){re.escape(needle)}(?![a-z0-9])", text)
+            if found and (best is None or len(needle) > best[0]):
+                best = (len(needle), f"{base}:{tag}", bool(pcfg.get("quick_gelu", False)))
+    return None if best is None else best[1:]
 
 
 def resolve_pretrained(spec: EncoderSpec, pretrained: str | None, checkpoint: str | None) -> str:
@@ -245,6 +364,7 @@ def load_encoder(
     pretrained: str | None = None,
     checkpoint: str | None = None,
     device: str = "cpu",
+    init_seed: int = 0,
 ) -> Encoder:
     """Build a frozen encoder.
 
@@ -253,9 +373,13 @@ def load_encoder(
         pretrained: real models: ``openai``, a state-dict path or ``none``; ignored for toy.
         checkpoint: toy CLIP safetensors path.
         device: torch device.
+        init_seed: seed of the random init (``pretrained: none``), drawn in a forked RNG so
+            the caller's random state is untouched; ignored when weights are loaded.
 
     Raises:
         WeightsUnavailableError: weights missing; the message says what to download and where.
+        ValueError: the weights' activation differs from the config's (see
+            :func:`weights_provenance`), or the built model's from its config's.
     """
     import open_clip
     from open_clip.transform import PreprocessCfg, image_transform_v2
@@ -264,20 +388,25 @@ def load_encoder(
     spec = ENCODERS.get(name)
     register_toy_configs()
     identity = resolve_pretrained(spec, pretrained, checkpoint)
+    config = open_clip_config(spec, pretrained)
+    tag = pretrained or spec.default_pretrained
     if spec.toy:
-        model = create_model(spec.open_clip_model)
+        model = create_model(config)
         model.load_state_dict(load_file(checkpoint))
     elif identity == "random":
-        model = create_model(spec.open_clip_model)
+        with torch.random.fork_rng(devices=[]):  # built on the CPU; the caller's RNG untouched
+            torch.manual_seed(init_seed)
+            model = create_model(config)
     else:
-        tag = pretrained or spec.default_pretrained
+        if identity.startswith("sha256:"):
+            _check_provenance(spec, config, tag)
         try:
-            model = create_model(spec.open_clip_model, pretrained=tag)
+            model = create_model(config, pretrained=tag)
         except Exception as e:  # open_clip raises RuntimeError/FileNotFoundError/HF errors
             raise WeightsUnavailableError(
                 f"could not load weights {tag!r} for {spec.name}: {e}\n{spec.weights_hint}"
             ) from e
-    _check_activation(spec, model, identity)
+    _check_activation(spec, model, config, identity)
     model = model.to(device).eval().requires_grad_(False)
     preprocess = image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False)
     grid = tuple(model.visual.grid_size)
@@ -292,21 +421,54 @@ def load_encoder(
         spec=spec,
         model=model,
         preprocess=preprocess,
-        tokenizer=open_clip.get_tokenizer(spec.open_clip_model),
+        tokenizer=open_clip.get_tokenizer(config),
         pretrained=identity,
         dims=dims,
         preprocess_cfg=dict(model.visual.preprocess_cfg),
+        open_clip_model=config,
+        init_seed=int(init_seed),
     )
 
 
-def _check_activation(spec: EncoderSpec, model: Any, identity: str) -> None:
-    """Refuse a GELU model carrying OpenAI (QuickGELU) weights."""
+def _activation_name(quick_gelu: bool) -> str:
+    return "QuickGELU" if quick_gelu else "GELU"
+
+
+def _twin_key(spec: EncoderSpec) -> str:
+    """The key with the other activation (``ViT-B-32`` <-> ``ViT-B-32-quickgelu``), if any."""
+    base = spec.name.removesuffix("-quickgelu")
+    twin = base if base != spec.name else f"{spec.name}-quickgelu"
+    return twin if twin in ENCODERS else ""
+
+
+def _check_provenance(spec: EncoderSpec, config: str, path: str) -> None:
+    """Refuse a weights file whose path names an open_clip entry trained with the other
+    activation (checked before anything is built)."""
+    found = weights_provenance(config, path)
+    quick = config_uses_quick_gelu(config)
+    if found is not None and found[1] != quick:
+        entry, trained = found
+        twin = _twin_key(spec)
+        fix = f"use --model {twin}" if twin else "use a key with the weights' activation"
+        raise ValueError(
+            f"{spec.name}: weights {path!r} name open_clip's {entry} "
+            f"({_activation_name(trained)}-trained) but config {config!r} builds "
+            f"{_activation_name(quick)}; {fix}"
+        )
+
+
+def _check_activation(spec: EncoderSpec, model: Any, config: str, identity: str) -> None:
+    """Refuse a built model whose activation differs from its config's, or a GELU model
+    carrying OpenAI (QuickGELU) weights."""
     from open_clip.transformer import QuickGELU
 
     act = model.visual.transformer.resblocks[0].mlp.gelu
-    if identity != "random" and not spec.toy and not isinstance(act, QuickGELU):
-        raise ValueError(
-            f"{spec.name}: OpenAI weights need QuickGELU but config {spec.open_clip_model!r} "
-            f"built {type(act).__name__}; use the '-quickgelu' config"
+    built = isinstance(act, QuickGELU)
+    wanted = config_uses_quick_gelu(config) or identity == "openai"
+    if built != wanted:
+        why, fix = (
+            ("OpenAI weights need QuickGELU", "; use the '-quickgelu' config")
+            if identity == "openai"
+            else (f"config {config!r} names {_activation_name(wanted)}", "")
         )
-
+        raise ValueError(f"{spec.name}: {why} but config {config!r} built {type(act).__name__}{fix}")

@@ -37,7 +37,9 @@ the official figures come from extract -> score and are in the report.
 Outputs in ``cfg.out``: ``model.safetensors`` (what ``load_encoder("toy", checkpoint=...)``
 loads), ``config.json`` (resolved config + open_clip model config), ``train_log.json`` (loss per
 logged step, wall time) and, while running, ``resume.pt`` (model + optimiser + step, every
-``checkpoint_every`` steps; deleted at the end). Trial history: ``docs/trials.md``.
+``checkpoint_every`` steps; deleted at the end). ``resume.pt`` holds only tensors and plain
+containers (dicts, lists, numbers, strings), so it is read with ``torch.load(...,
+weights_only=True)`` and never unpickles arbitrary objects. Trial history: ``docs/trials.md``.
 """
 
 from __future__ import annotations
@@ -238,7 +240,7 @@ def train_toyclip(
     opts = make_optimizers(model, cfg)
     start, log, elapsed, resumed = 0, [], 0.0, None
     if resume_path.exists():
-        state = torch.load(resume_path, map_location="cpu", weights_only=False)
+        state = torch.load(resume_path, map_location="cpu", weights_only=True)
         if state["identity"] == identity:
             model.load_state_dict(state["model"])
             for opt, opt_state in zip(opts, state["optimizers"], strict=True):

@@ -19,18 +19,19 @@ def random_encoder(name: str):
     import open_clip
     from open_clip.transform import PreprocessCfg, image_transform_v2
 
-    from pipeline.encoders import ENCODERS, Encoder, create_model
+    from pipeline.encoders import ENCODERS, Encoder, create_model, open_clip_config
     from pipeline.features import FeatureDims
 
     spec = ENCODERS.get(name)
+    config = open_clip_config(spec, spec.default_pretrained)  # the config the pipeline runs
     torch.manual_seed(0)
-    model = create_model(spec.open_clip_model).eval().requires_grad_(False)
+    model = create_model(config).eval().requires_grad_(False)
     grid = tuple(model.visual.grid_size)
     return Encoder(
         spec=spec,
         model=model,
         preprocess=image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False),
-        tokenizer=open_clip.get_tokenizer(spec.open_clip_model),
+        tokenizer=open_clip.get_tokenizer(config),
         pretrained="random",
         dims=FeatureDims(
             grid=(int(grid[0]), int(grid[1])),

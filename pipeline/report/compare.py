@@ -6,7 +6,10 @@
   come from different suites), each task's units resampled independently
   (:func:`pipeline.stats.units_mean_bootstrap`); ``task_units`` / ``common_tasks`` say which
   tasks a variant has.
-* ``whatsup_mcnemar``: the What'sUp-style pair criterion, exact McNemar over pairs.
+* ``whatsup_mcnemar`` / ``pair_mcnemar``: the What'sUp pair criterion, exact McNemar over
+  pairs, the pairs of one suite (``shapes-whatsup``) or of several pooled
+  (:data:`WHATSUP_POOLED`: whatsup-a + whatsup-b, the 410-pair criterion;
+  :func:`pipeline.benchmarks.whatsup.pooled_pairs`).
 * ``family_table``: a suite's metrics per variant, one column each.
 * ``variant_means``: each variant's all-task and binding means (:data:`ALL_TASKS`,
   :data:`BINDING_TASKS`) with CIs and its paired difference to the baseline, the numbers
@@ -25,6 +28,7 @@ import pandas as pd
 
 from pipeline.benchmarks import SUITES, Units
 from pipeline.benchmarks.sugarcrepe import CATEGORIES
+from pipeline.benchmarks.whatsup import POOLED_SUITES, Scored, pooled_pairs
 from pipeline.stats import (
     ConfidenceInterval,
     mcnemar_exact,
@@ -59,6 +63,7 @@ BINDING_TASKS: tuple[Task, ...] = (
     *WHATSUP,
 )
 MEANS = {"all-task": ALL_TASKS, "binding": BINDING_TASKS}
+WHATSUP_POOLED: tuple[str, ...] = POOLED_SUITES  # the real suites of the 410-pair criterion
 
 
 @dataclass
@@ -144,14 +149,27 @@ def mean_ci(
     return units_mean_ci([units[t] for t in tasks], n_resamples=n_resamples, seed=seed)
 
 
-def whatsup_mcnemar(results: dict, variant: str, baseline: str = "clip") -> dict | None:
-    """Exact McNemar on What'sUp-style pair correctness (units = pairs)."""
-    entry = results.get("shapes-whatsup")
-    if not entry or variant not in entry["scores"] or baseline not in entry["scores"]:
-        return None
-    s = SUITES.get("shapes-whatsup")
-    a = s.units(entry["manifest"], entry["scores"][variant])["pair"].values.astype(bool)
-    b = s.units(entry["manifest"], entry["scores"][baseline])["pair"].values.astype(bool)
+def pair_mcnemar(variant: Sequence[Scored], baseline: Sequence[Scored]) -> dict:
+    """Exact McNemar test of ``variant`` against ``baseline`` on the pooled What'sUp pairs.
+
+    Args:
+        variant: each pooled suite's ``(manifest, scores)`` for the variant.
+        baseline: the same suites, in the same order, for the baseline (frozen CLIP).
+
+    Returns:
+        ``pairs``, ``baseline_correct``, ``variant_correct``, the discordant counts ``b01``
+        (baseline wrong, variant right) and ``b10`` (baseline right, variant wrong) and the
+        two-sided exact ``p`` (:func:`pipeline.stats.mcnemar_exact`).
+
+    Raises:
+        ValueError: when the two do not cover the same items of the same suites.
+    """
+    if len(variant) != len(baseline) or any(
+        not mv["item_id"].equals(mb["item_id"]) for (mv, _), (mb, _) in zip(variant, baseline, strict=True)
+    ):
+        raise ValueError("variant and baseline must be scored on the same suites' items, in the same order")
+    a = pooled_pairs(variant).values.astype(bool)  # [n_pairs]
+    b = pooled_pairs(baseline).values.astype(bool)
     r = mcnemar_exact(b, a)
     return {
         "pairs": len(a),
@@ -161,6 +179,22 @@ def whatsup_mcnemar(results: dict, variant: str, baseline: str = "clip") -> dict
         "b10": r.b10,
         "p": r.p,
     }
+
+
+def whatsup_mcnemar(
+    results: dict, variant: str, baseline: str = "clip", suites: Sequence[str] = ("shapes-whatsup",)
+) -> dict | None:
+    """Exact McNemar on What'sUp pair correctness (units = pairs), the pairs of ``suites``
+    pooled in order: ``shapes-whatsup`` by default, :data:`WHATSUP_POOLED` for the real
+    410-pair criterion. None unless both were scored on every suite of ``suites``.
+    The record is :func:`pair_mcnemar`'s."""
+    entries = [results.get(s) for s in suites]
+    if not entries or not all(e and variant in e["scores"] and baseline in e["scores"] for e in entries):
+        return None
+    return pair_mcnemar(
+        [(e["manifest"], e["scores"][variant]) for e in entries],
+        [(e["manifest"], e["scores"][baseline]) for e in entries],
+    )
 
 
 def family_table(results: dict, variants: list[str], suite: str = "shapes-dev") -> pd.DataFrame:

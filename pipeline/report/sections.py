@@ -171,7 +171,12 @@ def suites(ctx: ReportContext) -> list[str]:
         table, rows = suite_table(suite_name, entry, ctx.cfg)
         long_rows += rows
         description = SUITES.get(suite_name).description
-        parts += [f"## {suite_name}", f"{len(entry['manifest'])} items. {description}", table]
+        missing = entry.get("missing") or []
+        left_out = (
+            f" {len(missing)} item(s) left out, their image missing at extract: "
+            + ", ".join(missing[:10]) + (" …" if len(missing) > 10 else "") + "."
+        ) if missing else ""  # fmt: skip
+        parts += [f"## {suite_name}", f"{len(entry['manifest'])} items. {description}{left_out}", table]
         chance = CHANCE.get(suite_name)
         if chance:
             parts.append("Chance: " + ", ".join(f"{k} {pct(v)}" for k, v in chance.items()) + ".")

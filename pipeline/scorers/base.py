@@ -140,19 +140,34 @@ def create_scorer(name: str, dims: FeatureDims, proj: Projections, **kwargs) -> 
 
 
 def option_scores(
-    scorer: Scorer, image: ImageFeatures, options: list[TextFeatures]
+    scorer: Scorer, image: ImageFeatures, options: list[TextFeatures], reference: int | None = None
 ) -> torch.Tensor:
     """[B, K] one score per caption option.
 
-    Per-caption scorers score each option directly. Pairwise scorers give option k the
-    mean preference over the other options, ``mean_{j != k} s(I, c_k, c_j)``; for K = 2
-    this is ``(s, -s)``, so the decision equals the sign of ``s``. Antisymmetry means
-    only the K(K-1)/2 pairs j > k are evaluated.
+    Per-caption scorers score each option directly (``reference`` does not change them).
+    Pairwise scorers give option k the mean preference over the other options,
+    ``mean_{j != k} s(I, c_k, c_j)``; for K = 2 this is ``(s, -s)``, so the decision equals
+    the sign of ``s``. Antisymmetry means only the K(K-1)/2 pairs j > k are evaluated.
+
+    With ``reference = r`` a pairwise scorer's option k scores ``s(I, c_k, c_r)`` and
+    option r scores ``s(I, c_r, c_r) = 0``, so "option k beats option r" reads the one
+    preference ``s(I, c_k, c_r) > 0`` (K - 1 calls). This is the layout of a suite whose
+    official test compares each option with one of them (SugarCrepe++ ITT:
+    ``s(I, P1, N) > 0`` and ``s(I, P2, N) > 0``), which the mean preference is not:
+    ``P1`` may beat ``N`` and still lose the mean to it through a large ``s(I, P2, P1)``.
     """
     k = len(options)
     if not scorer.pairwise:
         return torch.stack([scorer.score(image, t) for t in options], dim=1)  # [B, K]
-    out = torch.zeros(len(image), k, dtype=torch.float32)
+    if reference is not None:
+        if not 0 <= reference < k:
+            raise ValueError(f"reference option {reference} is not one of the {k} options")
+        out = torch.zeros(len(image), k, dtype=torch.float32, device=image.embed.device)  # [B, K], the reference stays 0
+        for a in range(k):
+            if a != reference:
+                out[:, a] = scorer.score_pair(image, options[a], options[reference]).float()
+        return out
+    out = torch.zeros(len(image), k, dtype=torch.float32, device=image.embed.device)
     for a in range(k):
         for b in range(a + 1, k):
             s = scorer.score_pair(image, options[a], options[b]).float()  # [B]

@@ -16,10 +16,18 @@ one step's loss and scores the dev suite. The loop owns the rest:
 * selection: every ``eval_every`` steps, at step 0 and at the last step the dev suite is
   scored and the checkpoint with the best ``mean`` is kept (ties to the earlier step), then
   the family's optional post-training choice runs on dev (BindCLIP's q0);
+* splits: ``train_suite`` and ``dev_suite`` are suite selections
+  (:class:`~pipeline.benchmarks.base.SuiteSelection`), so one extracted suite can give
+  both, e.g. ``coco-families[train]`` and ``coco-families[validation]`` (its image-disjoint
+  ``split`` column). The family's ``load`` receives the selection; ``dev_metrics`` and
+  ``select`` receive the suite's registry name, whose official metric scores the selected
+  rows. Two selections of one suite must name different values of one column;
 * resume: a periodic ``resume.pt`` (tensors and plain containers, loaded with
   ``weights_only=True``) holds model, optimiser, step, both RNG states, the log and the
   best checkpoint so far, so a crashed run resumes to the same weights if its config
   matches (a fingerprint of the config, the seed and the store); it is removed at the end;
+* device: the scorer and the family's training and dev data are moved to ``cfg.device``
+  once (:func:`pipeline.features.to_device`); checkpoints are written from host copies;
 * progress with the live loss; the log of every step (lr, each logged loss) and every dev
   evaluation in ``train_log.json``.
 
@@ -47,8 +55,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from pipeline.benchmarks.base import SuiteSelection
 from pipeline.cache import FeatureStore
 from pipeline.config import TrainConfig
+from pipeline.features import to_device
 from pipeline.scorers import create_scorer
 from pipeline.scorers.checkpoints import checkpoint_owner
 from pipeline.training.schedule import warmup_cosine
@@ -66,7 +76,7 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
 
 def _fingerprint(cfg: TrainConfig, seed: int, store: FeatureStore) -> str:
     d = asdict(cfg)
-    for k in ("seeds", "threads", "out", "eval_every"):
+    for k in ("seeds", "threads", "out", "eval_every", "device"):
         d.pop(k, None)
     d.update(seed=seed, store=store.root.attrs.get("fingerprint_id"))
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -105,7 +115,7 @@ def train_seed(
     """
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = create_scorer(cfg.variant, dims=store.dims, proj=store.projections(), **cfg.scorer)
+    model = create_scorer(cfg.variant, dims=store.dims, proj=store.projections(), **cfg.scorer).to(cfg.device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(seed)
@@ -116,12 +126,12 @@ def train_seed(
     n_items = trainer.n_items(train)
     resume = out / "resume.pt"
     if resume.is_file():
-        ck = torch.load(resume, weights_only=True)
+        ck = torch.load(resume, weights_only=True, map_location=cfg.device)
         if ck.get("fingerprint") == fp:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["optim"])
-            gen.set_state(ck["generator"])
-            torch.set_rng_state(ck["torch_rng"])
+            gen.set_state(ck["generator"].cpu())
+            torch.set_rng_state(ck["torch_rng"].cpu())
             step, log, best = ck["step"], ck["log"], ck["best"]
 
     def save_resume() -> None:
@@ -141,8 +151,10 @@ def train_seed(
         )
         tmp.replace(resume)
 
+    dev_suite = SuiteSelection.parse(cfg.dev_suite).suite  # the registry name scores the rows
+
     def evaluate() -> None:
-        metrics = _quiet_dev(trainer, model, dev, cfg.dev_suite)
+        metrics = _quiet_dev(trainer, model, dev, dev_suite)
         log["dev"].append({"step": step, **metrics})
         if metrics["mean"] > best["metric"]:
             best.update(metric=metrics["mean"], step=step, state=_state(model), dev=metrics)
@@ -183,12 +195,12 @@ def train_seed(
     model.load_state_dict(best["state"])  # the selected checkpoint, then the family's choice
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        chosen = trainer.select(model.eval(), dev, cfg.dev_suite)
-    final_dev = _quiet_dev(trainer, model, dev, cfg.dev_suite)
+        chosen = trainer.select(model.eval(), dev, dev_suite)
+    final_dev = _quiet_dev(trainer, model, dev, dev_suite)
 
     from safetensors.torch import save_file
 
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
     record = {
         "variant": cfg.variant,
         "seed": seed,
@@ -217,6 +229,13 @@ def _check(cfg: TrainConfig) -> None:
     if not cfg.seeds:
         raise ValueError("train.seeds is empty; give at least one seed")
     learning_rate(0, cfg)  # an unknown schedule fails here
+    train, dev = SuiteSelection.parse(cfg.train_suite), SuiteSelection.parse(cfg.dev_suite)
+    if train.suite == dev.suite and (train.column is None or train.column != dev.column or train.value == dev.value):
+        raise ValueError(
+            f"train.train_suite {cfg.train_suite!r} and train.dev_suite {cfg.dev_suite!r} select "
+            f"overlapping rows of {train.suite}; name two values of one column, e.g. "
+            f"{train.suite}[train] and {train.suite}[validation]"
+        )
     if cfg.lr_schedule == "cosine" and not 0 <= cfg.warmup < cfg.steps:
         raise ValueError(f"train.warmup must be in [0, steps) = [0, {cfg.steps}), got {cfg.warmup}")
 
@@ -243,8 +262,8 @@ def train_variant(
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        train = trainer.load(store, cfg.train_suite, train=True)
-        dev = trainer.load(store, cfg.dev_suite, train=False)
+        train = to_device(trainer.load(store, cfg.train_suite, train=True), cfg.device)
+        dev = to_device(trainer.load(store, cfg.dev_suite, train=False), cfg.device)
         root = Path(cfg.out) / cfg.variant
         records = []
         for seed in cfg.seeds:

@@ -8,6 +8,12 @@ hard-negative caption per item, and optionally a counterfactual image for which 
 negative is true, a mirrored image with mirrored captions, and a paraphrase of the true
 caption. Its frozen features are read from the store ONCE (sorted unique rows, one read
 per array) and kept in memory in fp16, so a step is a gather, not a store read.
+
+The suite may be a selection of its rows by a manifest column
+(:class:`~pipeline.benchmarks.base.SuiteSelection`): ``coco-families[train]`` and
+``coco-families[validation]`` are the image-disjoint training and development pairs of
+one extracted suite (its ``split`` column is a hash of the image path), so no image is
+read by both. Only the selected rows' features are read.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.benchmarks.base import SuiteSelection
 from pipeline.benchmarks.coco_families import FAMILIES
 from pipeline.cache import FeatureStore
 from pipeline.features import ImageFeatures, TextFeatures
@@ -73,9 +80,16 @@ def _column(index: dict[str, np.ndarray], name: str, n: int, width: int = 1) -> 
 def load_pairs(store: FeatureStore, suite: str) -> PairData:
     """Read every feature of ``suite``'s pairs, one read per array.
 
+    ``suite`` is a suite name or a selection of its rows (``coco-families[train]``,
+    ``suite[column=value]``; :class:`~pipeline.benchmarks.base.SuiteSelection`); the
+    manifest of the result holds the selected rows only, renumbered from 0.
+
     Refuses a suite whose index is older than its manifest, one without a ``family``
-    column and one with families outside :data:`~pipeline.benchmarks.coco_families.FAMILIES`.
+    column, one with families outside :data:`~pipeline.benchmarks.coco_families.FAMILIES`
+    and a selection whose column or value the manifest lacks.
     """
+    selection = SuiteSelection.parse(suite)
+    suite = selection.suite
     attrs = store.suite_attrs(suite) if suite in store.suites() else {}
     index = store.suite_index(suite)  # raises naming the extract command when absent
     path = Path(attrs.get("manifest", ""))
@@ -85,6 +99,9 @@ def load_pairs(store: FeatureStore, suite: str) -> PairData:
         )
     store.suite_index(suite, manifest_sha256=file_sha256(path))  # refuse a stale index
     m = read_manifest(path)
+    keep = selection.mask(m)  # [n_all] the selected rows
+    index = {k: np.asarray(v)[keep] for k, v in index.items()}  # every column is per item
+    m = m[keep].reset_index(drop=True)
     n = len(m)
     if "family" not in m:
         raise ValueError(

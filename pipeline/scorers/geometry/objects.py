@@ -1,13 +1,18 @@
 r"""Per-object decomposition from the cache (methods.md §3): the object sets the
 geometry-aware rerankers align.
 
-* Image side: one embedding per annotated object (``object_boxes``), the mean of the cached
+* Image side: one embedding per annotated object (``object_boxes``), from one of two
+  sources (:data:`OBJECT_SOURCES`). ``box-mean`` (the default; ours): the mean of the cached
   final-layer patch features inside the box, projected into the joint space
   (``final @ visual_proj``, the projection that maps CLS to the pooled embedding) and
-  unit-normalised *(ours; the paper re-encodes crops)*; a fitted map (``ridge-fgw``) may read
-  another grid instead (:data:`OBJECT_LAYERS`), the one its fit held out best. The patches of a box are
+  unit-normalised; a fitted map (``ridge-fgw``) may read another grid instead
+  (:data:`OBJECT_LAYERS`), the one its fit held out best. The patches of a box are
   :func:`pipeline.world.grounding.box_cells` (every patch at least a quarter covered, and
-  the one holding the centre). The object's position is its box centre.
+  the one holding the centre). ``crops`` (the paper's): the pooled embedding of the box's
+  crop re-encoded by the frozen image tower at extract (``extract.object_crops: true``;
+  :func:`pipeline.extraction.crop_to_box`), unit-normalised: the object seen alone, at the
+  encoder's full resolution, at the cost of one forward pass per object at extract and none
+  at scoring. Either way the object's position is its box centre.
 * Query side: one embedding per object phrase (``phrases``, encoded at extract like every
   caption): its pooled text embedding, unit-normalised. Positions come from the relation
   structure (``relations``): :func:`relation_positions` lays the phrases out on a grid so
@@ -34,10 +39,13 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.benchmarks.retrieval import parse_boxes, parse_relations
-from pipeline.cache import FeatureStore
+from pipeline.cache import CacheError, FeatureStore, StaleCacheError
 from pipeline.world.grounding import box_cells
 
 STRUCTURES = ("offset", "distance")
+# Where an image object's embedding comes from: "box-mean" the mean of the cached grid inside
+# the box (OBJECT_LAYERS says which grid), "crops" the re-encoded crop (extract.object_crops).
+OBJECT_SOURCES = ("box-mean", "crops")
 # Which cached grid an object's box mean reads: "final" in the joint space (final @
 # visual_proj, what CLS becomes; the spec's default), "final-raw" the same patches before the
 # projection, "early" the early-layer grid (raw residual stream). Only a fitted map
@@ -154,6 +162,51 @@ def object_dim(store_dims, layer: str) -> int:
     return store_dims.embed_dim if layer == "final" else store_dims.d_v
 
 
+def check_source(objects: str, layer: str = "final") -> None:
+    """Refuse an unknown object source, and a grid other than ``final`` with ``crops`` (a
+    re-encoded crop has only its pooled embedding, in the joint space)."""
+    if objects not in OBJECT_SOURCES:
+        raise ValueError(f"unknown object source {objects!r}; valid: {', '.join(OBJECT_SOURCES)}")
+    if objects == "crops" and layer != "final":
+        raise ValueError(
+            f"objects: crops reads the crops' pooled embeddings in the joint space; layer {layer!r} "
+            f"applies to box means only (use layer: final, or objects: box-mean)"
+        )
+
+
+def crop_rows(store: FeatureStore, index: dict[str, np.ndarray], n_items: int, suite: str = "") -> np.ndarray:
+    """[n_items, K] store rows of each item's object crops (``object/*``, -1 = pad), refusing a
+    store or suite index without crops with the option that writes them."""
+    if not store.has_object_crops or "object_crops" not in index:
+        where = f"{store.path}" if not store.has_object_crops else f"{store.path}'s index of {suite or 'this suite'}"
+        raise CacheError(
+            f"objects: crops reads re-encoded object crops, and {where} has none: set "
+            f"extract.object_crops: true and rerun `pipeline extract` (or use objects: box-mean)"
+        )
+    return index["object_crops"].reshape(n_items, -1)
+
+
+@torch.no_grad()
+def crop_objects(store: FeatureStore, rows: np.ndarray, boxes: list[np.ndarray], image_rows: np.ndarray) -> ObjectSets:
+    """Object sets of G images from their re-encoded crops: ``rows`` [G, K] store rows into
+    ``object/*`` (-1 = pad), ``boxes[g]`` [m_g, 4] the boxes they were cut from (positions:
+    the box centres), ``image_rows`` [G] the images' store rows, which every crop must have
+    been cut from; unit-normalised pooled crop embeddings."""
+    rows = np.asarray(rows).reshape(len(boxes), -1)
+    counts = (rows >= 0).sum(1)
+    flat = rows[rows >= 0]  # [sum m_g] in image order, boxes in order
+    source = np.repeat(np.asarray(image_rows, dtype=np.int64), counts)  # [sum m_g]
+    if not np.array_equal(counts, [len(b) for b in boxes]) or not np.array_equal(store.object_images(flat), source):
+        raise StaleCacheError(
+            f"{store.path}: the object crops of some images do not match their object_boxes "
+            f"(an index older than the images); rerun `pipeline extract` with extract.object_crops: true"
+        )
+    dim = store.dims.embed_dim
+    emb = F.normalize(store.objects(flat), dim=-1) if len(flat) else torch.zeros(0, dim)  # [sum m_g, D]
+    centres = [torch.as_tensor((b[:, :2] + b[:, 2:]) / 2, dtype=torch.float32).reshape(-1, 2) for b in boxes]
+    return pad_sets(list(torch.split(emb, counts.tolist())), centres, dim)
+
+
 @torch.no_grad()
 def image_objects(store: FeatureStore, image_rows: np.ndarray, boxes: list[np.ndarray], layer: str = "final", batch_size: int = 256) -> ObjectSets:
     """Object sets of images ``image_rows`` [G] (store rows) with ``boxes[g]`` [m_g, 4]:
@@ -189,16 +242,25 @@ def text_sets(store: FeatureStore, rows: np.ndarray, positions: list[torch.Tenso
     return pad_sets(splits, positions, store.dims.embed_dim)
 
 
-def suite_objects(store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray], gallery: list[str], suite: str = "", layer: str = "final") -> tuple[ObjectSets, ObjectSets]:
+def item_objects(store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray], rows: np.ndarray, suite: str = "", layer: str = "final", objects: str = "box-mean") -> ObjectSets:
+    """Object sets of the images of manifest rows ``rows`` [G] (their ``object_boxes``), from
+    ``objects`` (:data:`OBJECT_SOURCES`; box means read the grid ``layer`` names)."""
+    check_source(objects, layer)
+    boxes = [parse_boxes(manifest["object_boxes"].iloc[r]) for r in rows]
+    image_rows = index["image"].reshape(len(manifest), -1)[rows, 0]  # [G]
+    if objects == "crops":
+        return crop_objects(store, crop_rows(store, index, len(manifest), suite)[rows], boxes, image_rows)
+    return image_objects(store, image_rows, boxes, layer)
+
+
+def suite_objects(store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray], gallery: list[str], suite: str = "", layer: str = "final", objects: str = "box-mean") -> tuple[ObjectSets, ObjectSets]:
     """(query sets [n_queries], gallery sets [n_gallery]) of one retrieval suite: the
     queries' phrases with their relation layout, the gallery images' annotated objects
-    (from the grid ``layer`` names)."""
+    (from ``objects``: box means of the grid ``layer`` names, or re-encoded crops)."""
     require_columns(manifest, ("object_boxes", "phrases", "relations"), suite)
     if "phrases" not in index:
         raise ValueError(f"the store has no phrases rows for suite {suite}: rerun `pipeline extract` (phrases are a caption column)")
-    rows = gallery_rows_of(manifest, gallery)
-    boxes = [parse_boxes(manifest["object_boxes"].iloc[r]) for r in rows]
-    images = image_objects(store, index["image"].reshape(len(manifest), -1)[rows, 0], boxes, layer)
+    images = item_objects(store, manifest, index, gallery_rows_of(manifest, gallery), suite, layer, objects)
     phrase_rows = index["phrases"].reshape(len(manifest), -1)
     n = (phrase_rows >= 0).sum(1)
     layout = [relation_positions(parse_relations(cell, int(k)), int(k)) for cell, k in zip(manifest["relations"], n, strict=True)]

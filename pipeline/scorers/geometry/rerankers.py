@@ -17,7 +17,12 @@ objects :math:`O = (o_j)` at their box centres (:mod:`pipeline.scorers.geometry.
 * ``ridge-fgw``: ``fgw`` with every phrase embedding first mapped into the image-object
   space by the ridge regression of :mod:`pipeline.scorers.geometry.ridge` (fitted on the
   training split by ``pipeline ridge``), :math:`p_i \mapsto \mathrm{normalise}(p_i W + b)`;
-  the object embeddings read the grid the fit held out best (its checkpoint's ``layer``).
+  the object embeddings read the grid the fit held out best (its checkpoint's ``layer``), or
+  the re-encoded crops when the map was fitted on crops (``ridge.objects: crops``).
+
+Every reranker's image objects are box means of the cached grid by default (``objects:
+box-mean``) or the crops re-encoded at extract (``objects: crops``, which needs
+``extract.object_crops: true``): :data:`pipeline.scorers.geometry.objects.OBJECT_SOURCES`.
 
 Only the shortlist reaches the solvers (:class:`pipeline.scorers.base.Reranker`): ``Q·k``
 small problems per suite, solved batched.
@@ -39,6 +44,7 @@ from pipeline.scorers.base import SCORERS, Reranker
 from pipeline.scorers.geometry.objects import (
     OBJECT_LAYERS,
     ObjectSets,
+    check_source,
     feature_cost,
     object_dim,
     structure,
@@ -70,12 +76,14 @@ class GeometryReranker(Reranker):
         structure: ``offset`` or ``distance`` (:func:`pipeline.scorers.geometry.objects.structure`).
         layer: the grid the object embeddings read (``final`` in the joint space unless a
             fitted map compares phrases with another: :data:`...objects.OBJECT_LAYERS`).
+        objects: ``box-mean`` (means of that grid inside each box) or ``crops`` (the
+            re-encoded crops of ``extract.object_crops``): :data:`...objects.OBJECT_SOURCES`.
     """
 
     uses_grids = False  # the object sets are built once per suite in `prepare`
     scores_choices: ClassVar[bool] = False
 
-    def __init__(self, k: int = 20, alpha: float = 0.5, structure: str = "offset", base: str = "clip", top: int = 5, layer: str = "final") -> None:
+    def __init__(self, k: int = 20, alpha: float = 0.5, structure: str = "offset", base: str = "clip", top: int = 5, layer: str = "final", objects: str = "box-mean") -> None:
         super().__init__()
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
@@ -83,8 +91,9 @@ class GeometryReranker(Reranker):
             raise ValueError(f"structure must be 'offset' or 'distance', got {structure!r}")
         if layer not in OBJECT_LAYERS:
             raise ValueError(f"layer must be one of {', '.join(OBJECT_LAYERS)}, got {layer!r}")
+        check_source(objects, layer)
         self.k, self.alpha, self.structure, self.base, self.top = k, float(alpha), structure, base, int(top)
-        self.layer = layer
+        self.layer, self.objects = layer, objects
         self._queries: ObjectSets | None = None
         self._gallery: ObjectSets | None = None
 
@@ -93,7 +102,7 @@ class GeometryReranker(Reranker):
         return phrases
 
     def prepare(self, store, manifest, index, suite: str = "") -> None:
-        queries, images = suite_objects(store, manifest, index, gallery_images(manifest), suite, self.layer)
+        queries, images = suite_objects(store, manifest, index, gallery_images(manifest), suite, self.layer, self.objects)
         self._queries, self._gallery = self.map_phrases(queries), images
 
     def pairs(self, shortlist: torch.Tensor, gallery: torch.Tensor, queries: torch.Tensor) -> tuple[ObjectSets, ObjectSets]:
@@ -172,7 +181,7 @@ class RidgeFGWReranker(FGWReranker):
 
 
 def _options(kwargs: dict) -> dict:
-    return {k: kwargs[k] for k in ("k", "alpha", "structure", "base", "top", "layer") if k in kwargs}
+    return {k: kwargs[k] for k in ("k", "alpha", "structure", "base", "top", "layer", "objects") if k in kwargs}
 
 
 @SCORERS.register("fgw")

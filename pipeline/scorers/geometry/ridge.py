@@ -17,7 +17,11 @@ the final layer in the joint space, the same patches before the projection, or t
 layer) is chosen on the training split itself: every fifth training image is held out, the
 map is fitted on the rest for each grid, and the grid whose mapped phrases best rank their
 own held-out object above the others (:func:`ranking_auc`) is kept; the map is then refitted
-on every training object. The test suites never choose it. The checkpoint (``<out>/ridge-fgw/model.safetensors``) stores
+on every training object. The test suites never choose it. With ``ridge.objects: crops`` the
+targets are the re-encoded crops instead (``extract.object_crops: true``), the map is fitted
+on them alone (their held-out AUC is recorded the same way), and the checkpoint's
+``scorer_kwargs`` make ``ridge-fgw`` read crops at scoring: a map is only ever compared with
+the object embeddings it was fitted to. The checkpoint (``<out>/ridge-fgw/model.safetensors``) stores
 :math:`W, b`; its ``config.json`` the fit's configuration, the store's fingerprint and the
 training manifest's hash, so a fit on other data or features is never mistaken for this one.
 """
@@ -35,15 +39,21 @@ import torch.nn.functional as F
 
 from pipeline.benchmarks.retrieval import parse_boxes
 from pipeline.cache import FeatureStore
-from pipeline.scorers.geometry.objects import OBJECT_LAYERS, image_objects, require_columns
+from pipeline.scorers.geometry.objects import (
+    OBJECT_LAYERS,
+    check_source,
+    item_objects,
+    require_columns,
+)
 
 VARIANT = "ridge-fgw"
 
 
-def training_pairs(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str = "", layer: str = "final") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def training_pairs(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str = "", layer: str = "final", objects: str = "box-mean") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(phrases [N, D], objects [N, D_o], image [N]): every annotated object of the suite's
-    images, once per distinct image, its object embedding read from ``layer``'s grid, and the
-    position of its image among those images (for image-disjoint held-out splits)."""
+    images, once per distinct image, its object embedding from ``objects`` (box means of
+    ``layer``'s grid, or the re-encoded crops), and the position of its image among those
+    images (for image-disjoint held-out splits)."""
     require_columns(manifest, ("object_names", "object_boxes"), suite)
     if "object_names" not in index:
         raise ValueError(f"the store has no object_names rows for {suite}: rerun `pipeline extract`")
@@ -55,10 +65,10 @@ def training_pairs(store: FeatureStore, manifest, index: dict[str, np.ndarray], 
     counts = (names >= 0).sum(1)
     if not np.array_equal(counts, [len(b) for b in boxes]):
         raise ValueError(f"{suite}: object_names and object_boxes differ in length on some rows")
-    objects = image_objects(store, image_rows[first], boxes, layer)
-    obj = objects.embed[objects.mask]  # [N, D_o] in row order
+    sets = item_objects(store, manifest, index, first, suite, layer, objects)
+    obj = sets.embed[sets.mask]  # [N, D_o] in row order
     phr = F.normalize(store.texts(names[names >= 0], grids=False).embed, dim=-1)  # [N, D]
-    image = torch.arange(len(first))[:, None].expand_as(objects.mask)[objects.mask]  # [N]
+    image = torch.arange(len(first))[:, None].expand_as(sets.mask)[sets.mask]  # [N]
     return phr, obj, image
 
 
@@ -89,26 +99,35 @@ def ranking_auc(P: torch.Tensor, Y: torch.Tensor, W: torch.Tensor, b: torch.Tens
     return float(((S < S.diag()[:, None]) & other).sum() / other.sum().clamp_min(1))
 
 
+def heldout_auc(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str, lam: float, layer: str = "final", objects: str = "box-mean") -> float:
+    """Ranking AUC on every fifth training image of the map fitted on the others."""
+    P, Y, image = training_pairs(store, manifest, index, suite, layer, objects)
+    held = image % 5 == 4
+    W, b = fit_ridge(P[~held], Y[~held], lam)
+    return ranking_auc(P[held], Y[held], W, b)
+
+
 def choose_layer(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str, lam: float) -> tuple[str, dict[str, float]]:
     """The grid whose held-out ranking AUC is highest (every fifth image held out), and the
     AUC of each."""
-    aucs = {}
-    for layer in OBJECT_LAYERS:
-        P, Y, image = training_pairs(store, manifest, index, suite, layer)
-        held = image % 5 == 4
-        W, b = fit_ridge(P[~held], Y[~held], lam)
-        aucs[layer] = ranking_auc(P[held], Y[held], W, b)
+    aucs = {layer: heldout_auc(store, manifest, index, suite, lam, layer) for layer in OBJECT_LAYERS}
     return max(OBJECT_LAYERS, key=lambda layer: aucs[layer]), aucs
 
 
 def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], manifest_sha256: str) -> dict[str, Any]:
-    """Choose the grid on held-out training images, fit on ``cfg.suite`` and write
+    """Choose the grid on held-out training images (box means) or take the crops
+    (``cfg.objects``), fit on ``cfg.suite`` and write
     ``<cfg.out>/ridge-fgw/{model.safetensors, config.json}``; returns the config record.
     ``cfg``: :class:`pipeline.config.RidgeConfig`."""
     from safetensors.torch import save_file
 
-    layer, aucs = choose_layer(store, manifest, index, cfg.suite, cfg.lam)
-    P, Y, _ = training_pairs(store, manifest, index, cfg.suite, layer)
+    objects = getattr(cfg, "objects", "box-mean")
+    check_source(objects)
+    if objects == "crops":
+        layer, aucs = "final", {"crops": heldout_auc(store, manifest, index, cfg.suite, cfg.lam, objects="crops")}
+    else:
+        layer, aucs = choose_layer(store, manifest, index, cfg.suite, cfg.lam)
+    P, Y, _ = training_pairs(store, manifest, index, cfg.suite, layer, objects)
     W, b = fit_ridge(P, Y, cfg.lam)
     out = Path(cfg.out) / VARIANT
     out.mkdir(parents=True, exist_ok=True)
@@ -119,10 +138,11 @@ def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], m
         "n_pairs": int(len(P)),
         "train_r2": r_squared(P, Y, W, b),
         "layer": layer,
+        "objects": objects,
         "heldout_auc": aucs,
         "store_fingerprint": store.root.attrs.get("fingerprint_id"),
         "manifest_sha256": manifest_sha256,
-        "scorer_kwargs": {"layer": layer},
+        "scorer_kwargs": {"layer": layer, **({"objects": "crops"} if objects == "crops" else {})},
     }
     (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
     return record

@@ -1,0 +1,41 @@
+"""Stage `manifests`: build real suites' manifests from their official annotation files.
+
+I/O and orchestration only: each suite's registered builder
+(:attr:`pipeline.benchmarks.base.Suite.build_manifest`) reads the files under its root and
+the manifest is written as ``<out>/<suite>.parquet`` with the annotation files' hashes in its
+metadata (:func:`pipeline.manifests.write_manifest`), so a changed annotation file gives a
+changed manifest and extract re-indexes it. No image is opened: images are extract's.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pipeline.benchmarks import SUITES
+from pipeline.config import ManifestsConfig
+from pipeline.manifests import source_hashes, write_manifest
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: ManifestsConfig) -> dict[str, int]:
+    """Write one manifest per entry of ``cfg.roots``; returns {suite: items}.
+
+    Raises:
+        ValueError: ``cfg.roots`` is empty, or names an unknown suite (listing the valid ones).
+        FileNotFoundError: a root or an annotation file is missing (the builder names it).
+    """
+    if not cfg.roots:
+        raise ValueError("manifests.roots is empty: map each suite to the folder of its official annotation files")
+    suites = {name: SUITES.get(name) for name in cfg.roots}  # unknown names fail before any work
+    counts = {}
+    for name, suite in suites.items():
+        root = Path(cfg.roots[name])
+        if not root.is_dir():
+            raise FileNotFoundError(f"manifests.roots.{name}: folder {root} does not exist ({suite.description})")
+        df = suite.build_manifest(root)
+        write_manifest(df, Path(cfg.out) / f"{name}.parquet", source_hashes(root))
+        counts[name] = len(df)
+        log.info("%s: %d items -> %s", name, len(df), Path(cfg.out) / f"{name}.parquet")
+    return counts
