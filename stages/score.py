@@ -71,9 +71,14 @@ def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, ma
         "n_missing_images": n_missing,  # items left out because their image was missing
         "metrics": {k: round(float(v), 6) for k, v in {**suite.metrics(manifest, scores), **(extra or {})}.items()},
     }
-    metrics_path = Path(cfg.metrics_out) / variant / f"{suite.name}.json"
-    metrics_path.parent.mkdir(parents=True, exist_ok=True)
-    metrics_path.write_text(json.dumps(record, indent=2) + "\n")
+    return write_metrics(cfg, record)
+
+
+def write_metrics(cfg: ScoreConfig, record: dict[str, Any]) -> dict[str, Any]:
+    """``<metrics_out>/<variant>/<suite>.json`` (a DVC metrics file) of one record; returns it."""
+    path = Path(cfg.metrics_out) / record["variant"] / f"{record['suite']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
@@ -156,8 +161,4 @@ def copy_outputs(cfg: ScoreConfig, record: dict[str, Any], name: str) -> dict[st
     dst = Path(cfg.scores_out) / name / src.name
     dst.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dst)
-    out = {**record, "variant": name}
-    metrics_path = Path(cfg.metrics_out) / name / f"{record['suite']}.json"
-    metrics_path.parent.mkdir(parents=True, exist_ok=True)
-    metrics_path.write_text(json.dumps(out, indent=2) + "\n")
-    return out
+    return write_metrics(cfg, {**record, "variant": name})
