@@ -22,10 +22,28 @@ app = typer.Typer(
 bench_app = typer.Typer(no_args_is_help=True, help="Measurements behind the README/report figures.")
 app.add_typer(bench_app, name="bench")
 
-Params = Annotated[Path, typer.Option("--params", help="params.yaml to read the stage section from")]
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+def _resolve_params(value: Path | None) -> Path | None:
+    """``--params`` as given (a missing file is then an error, named by the config loader);
+    without it ``params.yaml`` when present, else no file (every default)."""
+    if value is not None:
+        return value
+    return DEFAULT_PARAMS if DEFAULT_PARAMS.is_file() else None
+
+
+Params = Annotated[
+    Path | None,
+    typer.Option("--params", help="params.yaml to read the stage section from (default: ./params.yaml if present)", callback=_resolve_params),
+]
 Quiet = Annotated[bool, typer.Option("--quiet", help="no progress bars")]
 Device = Annotated[str | None, typer.Option(help="torch device: cpu, cuda, cuda:1, ... (default: the params file's)")]
-DEFAULT_PARAMS = Path("params.yaml")
+
+
+# What a user can cause (bad params, a missing or damaged file, a refused store, an unknown
+# name): one line, exit 1. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (KeyError, ValueError, OSError, RuntimeError)
 
 
 def _fail(e: Exception) -> None:
@@ -48,7 +66,7 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug lo
 
 @app.command()
 def world(
-    params: Params = DEFAULT_PARAMS,
+    params: Params = None,
     out: Annotated[str | None, typer.Option(help="output folder")] = None,
     seed: Annotated[int | None, typer.Option(help="world seed")] = None,
     quiet: Quiet = False,
@@ -60,13 +78,13 @@ def world(
     try:
         cfg = load_config(WorldConfig, params, "world", {"out": out, "seed": seed})
         _echo_json(stage.run(cfg, progress=not quiet))
-    except (ValueError, KeyError, FileNotFoundError) as e:
+    except USER_ERRORS as e:
         _fail(e)
 
 
 @app.command()
 def toyclip(
-    params: Params = DEFAULT_PARAMS,
+    params: Params = None,
     steps: Annotated[int | None, typer.Option(help="training steps")] = None,
     out: Annotated[str | None, typer.Option(help="checkpoint folder")] = None,
     quiet: Quiet = False,
@@ -78,13 +96,13 @@ def toyclip(
     try:
         cfg = load_config(ToyClipConfig, params, "toyclip", {"steps": steps, "out": out})
         _echo_json(stage.run(cfg, progress=not quiet))
-    except (ValueError, KeyError, FileNotFoundError) as e:
+    except USER_ERRORS as e:
         _fail(e)
 
 
 @app.command()
 def extract(
-    params: Params = DEFAULT_PARAMS,
+    params: Params = None,
     model: Annotated[str | None, typer.Option(help="encoder key (see `pipeline encoders`)")] = None,
     pretrained: Annotated[str | None, typer.Option(help="openai | none | /path/to/weights")] = None,
     init_seed: Annotated[int | None, typer.Option(help="seed of the random init (--pretrained none)")] = None,
@@ -92,12 +110,13 @@ def extract(
     out: Annotated[str | None, typer.Option(help="store folder")] = None,
     batch_size: Annotated[int | None, typer.Option(help="images per forward pass")] = None,
     device: Device = None,
+    repair: Annotated[bool, typer.Option(help="decode every chunk first and re-encode the rows of damaged or missing chunk files")] = False,
+    break_lock: Annotated[bool, typer.Option(help="take over a write lock another host left behind")] = False,
+    scheduler: Annotated[str | None, typer.Option(help="dask.distributed scheduler address, or local:N for a LocalCluster of N single-threaded workers")] = None,
     quiet: Quiet = False,
 ) -> None:
     """Run the frozen encoder once over every image and caption into a Zarr store."""
     from pipeline.config import ExtractConfig, load_config
-    from pipeline.encoders import WeightsUnavailableError
-    from pipeline.registry import UnknownNameError
     from stages import extract as stage
 
     try:
@@ -108,37 +127,72 @@ def extract(
             {"model": model, "pretrained": pretrained, "init_seed": init_seed, "suites": suite, "out": out,
              "batch_size": batch_size, "device": device},  # fmt: skip
         )
-        _echo_json(stage.run(cfg, progress=not quiet))
-    except (UnknownNameError, WeightsUnavailableError, ValueError, FileNotFoundError, RuntimeError) as e:
+        if scheduler:
+            from pipeline.distributed import extract_distributed
+
+            _echo_json(extract_distributed(cfg, scheduler, progress=not quiet, repair=repair, break_lock=break_lock))
+        else:
+            _echo_json(stage.run(cfg, progress=not quiet, repair=repair, break_lock=break_lock))
+    except USER_ERRORS as e:
         _fail(e)
 
 
 @app.command()
 def score(
-    params: Params = DEFAULT_PARAMS,
+    params: Params = None,
     variant: Annotated[list[str] | None, typer.Option(help="scorer variant(s) (see `pipeline variants`)")] = None,
     suite: Annotated[list[str] | None, typer.Option(help="suite(s) to score")] = None,
     model: Annotated[str | None, typer.Option(help="encoder whose store to read")] = None,
     device: Device = None,
+    scheduler: Annotated[str | None, typer.Option(help="dask.distributed scheduler address, or local:N: one task per (variant, suite)")] = None,
     quiet: Quiet = False,
 ) -> None:
     """Score suites from the feature cache (never runs the backbone)."""
     from pipeline.config import ExtractConfig, ScoreConfig, load_config
-    from pipeline.registry import UnknownNameError
     from stages import score as stage
 
     try:
         cfg = load_config(ScoreConfig, params, "score", {"variants": variant, "suites": suite, "encoder": model, "device": device})
         ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
-        for rec in stage.run(cfg, ext, progress=not quiet):
+        records = _score_on(cfg, ext, scheduler, not quiet) if scheduler else stage.run(cfg, ext, progress=not quiet)
+        for rec in records:
             typer.echo(json.dumps(rec))
-    except (UnknownNameError, ValueError, FileNotFoundError, RuntimeError) as e:
+    except USER_ERRORS as e:
         _fail(e)
+
+
+def _score_on(cfg, ext, scheduler: str, progress: bool) -> list[dict]:
+    """The score stage on a dask cluster: one ``pure=False`` task per (variant, suite), each
+    the stage itself narrowed to that pair (its per-seed runs and image replacements
+    included), writing the same files a single process writes."""
+    from dataclasses import replace
+
+    from distributed import as_completed
+    from tqdm import tqdm
+
+    from pipeline.distributed import cluster
+    from stages import score as stage
+
+    seed_suites = set(cfg.seed_suites or cfg.suites)
+    tasks = []
+    for v in cfg.variants:
+        for s in cfg.suites:
+            seeded = v in cfg.seed_variants and s in seed_suites
+            tasks.append(replace(
+                cfg, variants=[v], suites=[s], seed_variants=[v] if seeded else [], seed_suites=[s] if seeded else [],
+                replacement_variants=[], replacements=list(cfg.replacements) if v in cfg.replaced else [],
+            ))  # fmt: skip
+    records = []
+    with cluster(scheduler) as client:
+        futures = [client.submit(stage.run, t, ext, False, pure=False) for t in tasks]
+        for future in tqdm(as_completed(futures), total=len(futures), desc=f"score on {scheduler}", disable=not progress):
+            records += future.result()
+    return records
 
 
 @app.command()
 def train(
-    params: Params = DEFAULT_PARAMS,
+    params: Params = None,
     variant: Annotated[str | None, typer.Option(help="trainable scorer variant (default: every one in train.variants)")] = None,
     steps: Annotated[int | None, typer.Option(help="optimisation steps")] = None,
     seed: Annotated[list[int] | None, typer.Option(help="training seed(s) (repeatable)")] = None,
@@ -147,7 +201,6 @@ def train(
 ) -> None:
     """Train a scorer from the feature cache (the family's objectives, dev selection)."""
     from pipeline.config import ExtractConfig, load_config, load_train_config, train_variants
-    from pipeline.registry import UnknownNameError
     from stages import train as stage
 
     try:
@@ -158,30 +211,29 @@ def train(
             cfg = load_train_config(params, name, {"steps": steps, "seeds": seed, "device": device})
             ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
             _echo_json(stage.run(cfg, ext, progress=not quiet))
-    except (UnknownNameError, ValueError, FileNotFoundError, RuntimeError) as e:
+    except USER_ERRORS as e:
         _fail(e)
 
 
 @app.command()
 def ridge(
-    params: Params = DEFAULT_PARAMS,
+    params: Params = None,
     lam: Annotated[float | None, typer.Option(help="ridge penalty")] = None,
 ) -> None:
     """Fit ridge-fgw's phrase -> object-embedding map on the training split (closed form)."""
     from pipeline.config import ExtractConfig, RidgeConfig, load_config
-    from pipeline.registry import UnknownNameError
     from stages import ridge as stage
 
     try:
         cfg = load_config(RidgeConfig, params, "ridge", {"lam": lam})
         _echo_json(stage.run(cfg, load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})))
-    except (UnknownNameError, ValueError, FileNotFoundError, RuntimeError) as e:
+    except USER_ERRORS as e:
         _fail(e)
 
 
 @app.command("compare-encoders")
 def compare_encoders(
-    params: Params = DEFAULT_PARAMS,
+    params: Params = None,
     encoder: Annotated[list[str] | None, typer.Option(help="encoder(s) to compare (repeatable; default: compare.encoders)")] = None,
     variant: Annotated[list[str] | None, typer.Option(help="variant(s) (repeatable; default: compare.variants)")] = None,
     quiet: Quiet = False,
@@ -198,8 +250,6 @@ def compare_encoders(
         load_train_config,
         train_variants,
     )
-    from pipeline.encoders import WeightsUnavailableError
-    from pipeline.registry import UnknownNameError
     from stages import compare as stage
 
     try:
@@ -215,12 +265,12 @@ def compare_encoders(
             progress=not quiet,
         )
         _echo_json({e: {v: r["means"] for v, r in s["variants"].items()} for e, s in summary["encoders"].items()})
-    except (UnknownNameError, WeightsUnavailableError, ValueError, FileNotFoundError, RuntimeError) as e:
+    except USER_ERRORS as e:
         _fail(e)
 
 
 @app.command()
-def report(params: Params = DEFAULT_PARAMS) -> None:
+def report(params: Params = None) -> None:
     """Write reports/report.md with tables, CIs, figures and examples."""
     from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig, load_config
     from stages import report as stage
@@ -234,7 +284,7 @@ def report(params: Params = DEFAULT_PARAMS) -> None:
             load_config(WorldConfig, params, "world"),
         )
         typer.echo(str(path))
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except USER_ERRORS as e:
         _fail(e)
 
 
@@ -247,26 +297,24 @@ def manifest(
     """Build a suite's manifest from its annotation files alone (no images needed)."""
     from pipeline.benchmarks import SUITES
     from pipeline.manifests import source_hashes, write_manifest
-    from pipeline.registry import UnknownNameError
 
     try:
         df = SUITES.get(suite).build_manifest(root)
         write_manifest(df, out, source_hashes(root))
         typer.echo(f"{suite}: {len(df)} items -> {out}")
-    except (UnknownNameError, ValueError, FileNotFoundError) as e:
+    except USER_ERRORS as e:
         _fail(e)
 
 
 @app.command()
-def manifests(params: Params = DEFAULT_PARAMS) -> None:
+def manifests(params: Params = None) -> None:
     """Build every suite of manifests.roots from its official annotation files (no images)."""
     from pipeline.config import ManifestsConfig, load_config
-    from pipeline.registry import UnknownNameError
     from stages import manifests as stage
 
     try:
         _echo_json(stage.run(load_config(ManifestsConfig, params, "manifests")))
-    except (UnknownNameError, ValueError, FileNotFoundError) as e:
+    except USER_ERRORS as e:
         _fail(e)
 
 
@@ -314,9 +362,17 @@ def _write_bench(name: str, command: str, results: dict, folder: str = "reports/
 def bench_extract(
     toy_images: Annotated[int, typer.Option(help="images for the toy encoder")] = 512,
     vit_images: Annotated[int, typer.Option(help="images for ViT-L-14-336 (0 = skip)")] = 8,
+    scheduler: Annotated[list[str] | None, typer.Option(help="instead: distributed throughput per scheduler (repeatable, e.g. local:1 local:2)")] = None,
 ) -> None:
-    """Extract wall time vs a bare forward pass (toy and ViT-L-14-336, random init)."""
-    from pipeline.perf.extract import extract_overhead
+    """Extract wall time vs a bare forward pass (toy and ViT-L-14-336, random init); with
+    --scheduler, distributed extract throughput against the single process (identical stores)."""
+    from pipeline.perf.extract import extract_overhead, extract_scaling
+
+    if scheduler:
+        flags = " ".join(f"--scheduler {s}" for s in scheduler)
+        _write_bench("extract-distributed", f"pipeline bench extract --toy-images {toy_images} {flags}",
+                     extract_scaling(toy_images, tuple(scheduler)))  # fmt: skip
+        return
 
     results = {"toy": extract_overhead("toy", toy_images, batch_size=64)}
     if vit_images:
@@ -336,14 +392,13 @@ def bench_scoring(
     """Each scorer from the cache vs re-encoding batched as CLIP_benchmark does (toy, ViT-L-14-336)."""
     from pipeline.perf.scoring import VARIANTS
     from pipeline.perf.scoring import bench_scoring as run_bench
-    from pipeline.registry import UnknownNameError
 
     variants = variants or list(VARIANTS)
     flags = " ".join(f"--variants {v}" for v in variants)
     cmd = f"pipeline bench scoring --params {params} --items {items} --vit-items {vit_items} {flags} --threads {threads}"
     try:
         results = run_bench(params, items, vit_items, variants, threads, progress=not quiet)
-    except UnknownNameError as e:
+    except USER_ERRORS as e:
         _fail(e)
     _write_bench("scoring", cmd, results)
 

@@ -3,18 +3,41 @@
 A stage is one word in four places: the ``dvc.yaml`` stage, the ``params.yaml`` section,
 ``stages/<word>.py`` and ``pipeline <word>``. Every artifact stores the resolved config
 it was made from (``asdict(cfg)``).
+
+Loading validates with pydantic in strict mode against the dataclasses' annotations, so
+``batch_size: eight``, ``batch_size: 0``, ``skip_missing: 'no'`` (a string, not a YAML
+boolean), ``suites: sugarcrepe`` (a string where a list is expected), an unknown key, a
+section written as a list, malformed YAML and a missing ``--params`` file are each refused
+with one line naming the file, the key, the value given and what is expected
+(:class:`ParamsError`), before any stage runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
+from pydantic import (
+    ConfigDict,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    TypeAdapter,
+    ValidationError,
+    with_config,
+)
 
 C = TypeVar("C")
+STRICT = ConfigDict(strict=True, extra="forbid")  # no coercion ('no' -> True, 'abc' -> list), no unknown keys
+
+
+class ParamsError(ValueError):
+    """A params file or override the stage configs refuse: one line naming the file, the key,
+    the value and what is expected."""
 
 SHAPES_SUITES = (
     "shapes-whatsup",
@@ -27,23 +50,25 @@ SHAPES_SUITES = (
 )
 
 
+@with_config(STRICT)
 @dataclass
 class WorldConfig:
     """The shapes world (``pipeline world``)."""
 
     seed: int = 0  # master seed; every scene is a pure function of (seed, index)
-    image_size: int = 64  # rendered image side in pixels (toy CLIP input resolution)
+    image_size: PositiveInt = 64  # rendered image side in pixels (toy CLIP input resolution)
     out: str = "cache/world"  # output folder: images/ and manifests/
-    n_whatsup: int = 100  # object pairs; 4 images (left/right/above/below) each
-    n_aro: int = 200  # items per ARO-style category (relation, attribution, order)
-    n_sugarcrepe: int = 100  # items per SugarCrepe-style category (7 categories)
-    n_retrieval_groups: int = 40  # groups of compositional variants (5 scenes each)
-    n_multi_groups: int = 40  # shapes-multi galleries of near-duplicates (3-5 objects a scene)
-    n_train: int = 2400  # training pairs (shapes-train), spread over the 8 families
-    n_dev: int = 480  # development pairs (shapes-dev), spread over the 8 families
+    n_whatsup: NonNegativeInt = 100  # object pairs; 4 images (left/right/above/below) each
+    n_aro: NonNegativeInt = 200  # items per ARO-style category (relation, attribution, order)
+    n_sugarcrepe: NonNegativeInt = 100  # items per SugarCrepe-style category (7 categories)
+    n_retrieval_groups: NonNegativeInt = 40  # groups of compositional variants (5 scenes each)
+    n_multi_groups: NonNegativeInt = 40  # shapes-multi galleries of near-duplicates (3-5 objects a scene)
+    n_train: NonNegativeInt = 2400  # training pairs (shapes-train), spread over the 8 families
+    n_dev: NonNegativeInt = 480  # development pairs (shapes-dev), spread over the 8 families
     suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES))  # suites to write
 
 
+@with_config(STRICT)
 @dataclass
 class ToyClipConfig:
     """Training the toy CLIP on shapes-world scenes (``pipeline toyclip``)."""
@@ -51,45 +76,49 @@ class ToyClipConfig:
     seed: int = 0  # seeds init, the training-scene pool and the batch order
     model: str = "toy-vit"  # open_clip config shipped in pipeline/encoders/configs/
     out: str = "cache/toyclip"  # checkpoint folder (model.safetensors, config.json, log)
-    steps: int = 1000  # optimisation steps (the first colourless_steps on the colourless pool)
-    batch_size: int = 128  # contrastive batch (in-batch negatives only)
-    lr: float = 2e-3  # AdamW peak learning rate (cosine decay to 0, linear warm-up)
-    warmup: int = 100  # warm-up steps
-    weight_decay: float = 0.1  # AdamW weight decay (matrices only)
-    pool_size: int = 8000  # pre-rendered training scenes (train hash buckets only)
-    colourless_steps: int = 400  # first steps on the colourless pool (all objects white, shapes
+    steps: NonNegativeInt = 1000  # optimisation steps (the first colourless_steps on the colourless pool)
+    batch_size: PositiveInt = 128  # contrastive batch (in-batch negatives only)
+    lr: PositiveFloat = 2e-3  # AdamW peak learning rate (cosine decay to 0, linear warm-up)
+    warmup: NonNegativeInt = 100  # warm-up steps
+    weight_decay: NonNegativeFloat = 0.1  # AdamW weight decay (matrices only)
+    pool_size: PositiveInt = 8000  # pre-rendered training scenes (train hash buckets only)
+    colourless_steps: NonNegativeInt = 400  # first steps on the colourless pool (all objects white, shapes
     #   named bare: pipeline.world.colourless_training_batch), then the full mixture
-    logit_scale_init: float = 14.3  # initial CLIP temperature exp(t) (CLIP: 1/0.07); learnt
-    text_position_std: float = 0.002  # frozen text positional embedding N(0, std): 0 = exact
+    logit_scale_init: PositiveFloat = 14.3  # initial CLIP temperature exp(t) (CLIP: 1/0.07); learnt
+    text_position_std: NonNegativeFloat = 0.002  # frozen text positional embedding N(0, std): 0 = exact
     #   bag of words (swap captions tie), 0.01 = open_clip's init (not frozen there)
     train_token_embedding: bool = False  # False: 49k-row token embedding frozen at its init;
     #   True: trained with SparseAdam on the rows each batch uses
-    log_every: int = 10  # steps between train_log.json entries
-    checkpoint_every: int = 200  # steps between resume.pt checkpoints
-    threads: int = 2  # torch intra-op threads
+    log_every: PositiveInt = 10  # steps between train_log.json entries
+    checkpoint_every: PositiveInt = 200  # steps between resume.pt checkpoints
+    threads: PositiveInt = 2  # torch intra-op threads
 
 
+@with_config(STRICT)
 @dataclass
 class ExtractConfig:
     """Running a frozen encoder once over every image and caption (``pipeline extract``)."""
 
     model: str = "toy"  # encoder key: toy, ViT-L-14-336, ViT-B-32, ... (see `pipeline encoders`)
     pretrained: str = "openai"  # weights tag/path for real models; "none" = random init
-    init_seed: int = 0  # seed of the random init (pretrained: none), recorded in the store fingerprint
+    init_seed: NonNegativeInt = 0  # seed of the random init (pretrained: none), recorded in the store fingerprint
     checkpoint: str = "cache/toyclip/model.safetensors"  # toy CLIP weights
     world: str = "cache/world"  # shapes world folder (manifests/ and images/ of shapes-* suites)
     suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES))  # suites to encode
     manifests: dict[str, str] = field(default_factory=dict)  # suite -> manifest path override
     image_roots: dict[str, str] = field(default_factory=dict)  # suite -> image root override
-    out: str = "cache/features"  # store folder: <out>/<encoder>.zarr
-    batch_size: int = 64  # images/captions per forward pass
-    threads: int = 2  # torch intra-op threads
+    out: str = "cache/features"  # store folder: <out>/<encoder>.zarr (or an fsspec URL: s3://, gs://, memory://, file://)
+    storage_options: dict[str, Any] = field(default_factory=dict)  # fsspec options of a remote store (credentials, endpoint)
+    batch_size: PositiveInt = 64  # images/captions per forward pass
+    threads: PositiveInt = 2  # torch intra-op threads
     device: str = "cpu"  # torch device
     skip_missing: bool = False  # score without items whose image is missing (counted, reported)
+    skip_bad_images: bool = False  # score without items whose image is corrupt, undecodable or over the decompression-bomb limit (counted, reported)
     replace_mismatch: bool = False  # replace (not refuse) a store written by another encoder/schema
     object_crops: bool = False  # also re-encode every object_boxes crop (object/* arrays; the geometry rerankers' objects: crops)
 
 
+@with_config(STRICT)
 @dataclass
 class ScoreConfig:
     """Scoring suites from the cache (``pipeline score``)."""
@@ -97,14 +126,14 @@ class ScoreConfig:
     variants: list[str] = field(default_factory=lambda: ["clip"])  # scorer registry keys
     suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES[:4]))  # suites to score
     encoder: str = "toy"  # which store under extract.out
-    batch_size: int = 256  # items per scoring batch
+    batch_size: PositiveInt = 256  # items per scoring batch
     seed_variants: list[str] = field(default_factory=list)  # trained variants also scored per training seed (<variant>@seed<k>)
     seed_suites: list[str] = field(default_factory=list)  # suites the per-seed runs score ([] = every entry of `suites`)
     checkpoints: str = "cache/checkpoints"  # trained scorers: <checkpoints>/<variant>/
     device: str = "cpu"  # torch device the scorers run on (features are read on the host, moved per batch)
     scores_out: str = "cache/scores"  # per-item scores: <scores_out>/<variant>/<suite>.parquet
     metrics_out: str = "reports/metrics"  # <metrics_out>/<variant>/<suite>.json
-    replacements: list[str] = field(default_factory=list)  # image replacements also scored on choice suites ("shuffle", "fixed", "true"): <variant>@<mode>
+    replacements: list[Literal["shuffle", "fixed", "true"]] = field(default_factory=list)  # image replacements also scored on choice suites ("shuffle", "fixed", "true"): <variant>@<mode>
     replacement_variants: list[str] = field(default_factory=list)  # variants the replacements score ([] = every entry of `variants`)
     replacement_seed: int = 0  # seed of the shuffle permutation and of the fixed image
     options: dict[str, dict] = field(default_factory=dict)  # variant -> its factory's options (e.g. the rerankers' k, alpha, structure)
@@ -115,6 +144,7 @@ class ScoreConfig:
         return list(self.replacement_variants or self.variants)
 
 
+@with_config(STRICT)
 @dataclass
 class TrainConfig:
     """Training one scorer variant from the cache (``pipeline train --variant bindclip``).
@@ -129,20 +159,21 @@ class TrainConfig:
     train_suite: str = "shapes-train"  # training pairs (with cf/flip images and paraphrases); a suite or a selection of its rows: coco-families[train] (its `split` column), suite[column=value]
     dev_suite: str = "shapes-dev"  # checkpoint selection and the family's dev choices (never a test suite); e.g. coco-families[validation]
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one model per seed; the first is the one scored as `variant`
-    steps: int = 300  # optimisation steps (BindCLIP paper: 3 epochs x 100 steps)
-    batch_size: int = 64  # items per step (BindCLIP paper: 64)
-    lr: float = 1e-4  # AdamW peak learning rate on the scorer's parameters (BindCLIP paper: 1e-4)
-    lr_schedule: str = "constant"  # "constant" (lr throughout) or "cosine": linear warm-up over `warmup` steps, cosine decay to 0 at `steps`
-    warmup: int = 0  # warm-up steps of the cosine schedule
-    weight_decay: float = 1e-3  # AdamW weight decay (BindCLIP paper: 1e-3)
-    eval_every: int = 50  # dev evaluation / checkpoint-selection period in steps
+    steps: NonNegativeInt = 300  # optimisation steps (BindCLIP paper: 3 epochs x 100 steps)
+    batch_size: PositiveInt = 64  # items per step (BindCLIP paper: 64)
+    lr: PositiveFloat = 1e-4  # AdamW peak learning rate on the scorer's parameters (BindCLIP paper: 1e-4)
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # "constant" (lr throughout) or "cosine": linear warm-up over `warmup` steps, cosine decay to 0 at `steps`
+    warmup: NonNegativeInt = 0  # warm-up steps of the cosine schedule
+    weight_decay: NonNegativeFloat = 1e-3  # AdamW weight decay (BindCLIP paper: 1e-3)
+    eval_every: PositiveInt = 50  # dev evaluation / checkpoint-selection period in steps
     scorer: dict = field(default_factory=dict)  # kwargs of the scorer factory (e.g. BindClipConfig fields)
     objective: dict = field(default_factory=dict)  # options of the family's training hook (e.g. BindClipObjective fields)
     out: str = "cache/checkpoints"  # <out>/<variant>/model.safetensors (+ seed<k>/)
-    threads: int = 2  # torch intra-op threads
+    threads: PositiveInt = 2  # torch intra-op threads
     device: str = "cpu"  # torch device of the scorer and of the training features (moved there once)
 
 
+@with_config(STRICT)
 @dataclass
 class ManifestsConfig:
     """Real suites' manifests built from their official annotation files (``pipeline manifests``)."""
@@ -151,17 +182,19 @@ class ManifestsConfig:
     out: str = "cache/manifests"  # <out>/<suite>.parquet (point extract.manifests.<suite> here)
 
 
+@with_config(STRICT)
 @dataclass
 class RidgeConfig:
     """Fitting ``ridge-fgw``'s phrase -> object map on the training split (``pipeline ridge``)."""
 
     encoder: str = "toy"  # which store under extract.out
     suite: str = "shapes-train"  # training pairs: every annotated object (object_names, object_boxes)
-    lam: float = 1.0  # ridge penalty on the map (intercept unpenalised)
-    objects: str = "box-mean"  # object embeddings the map targets: box-mean (grid chosen on held-out images) or crops (extract.object_crops)
+    lam: NonNegativeFloat = 1.0  # ridge penalty on the map (intercept unpenalised)
+    objects: Literal["box-mean", "crops"] = "box-mean"  # object embeddings the map targets: box-mean (grid chosen on held-out images) or crops (extract.object_crops)
     out: str = "cache/checkpoints"  # <out>/ridge-fgw/{model.safetensors, config.json}
 
 
+@with_config(STRICT)
 @dataclass
 class CompareConfig:
     """The same scorer variants on several encoders (``pipeline compare-encoders``).
@@ -182,59 +215,122 @@ class CompareConfig:
     toyclip: dict = field(default_factory=dict)  # overrides of the toyclip section for training a toy encoder's weights
     out: str = "cache/encoders"  # <out>/<encoder>/{toyclip,checkpoints,scores}
     metrics_out: str = "reports/encoders"  # <metrics_out>/<encoder>/<variant>/<suite>.json, summary.json
-    bootstrap: int = 10000  # resamples of the means' CIs
+    bootstrap: PositiveInt = 10000  # resamples of the means' CIs
     seed: int = 0  # bootstrap seed
 
 
+@with_config(STRICT)
 @dataclass
 class ReportConfig:
     """The human report (``pipeline report``)."""
 
     out: str = "reports"  # report.md, figures/, plots/
-    bootstrap: int = 10000  # paired-bootstrap resamples for CIs
+    bootstrap: PositiveInt = 10000  # paired-bootstrap resamples for CIs
     seed: int = 0  # bootstrap seed
-    examples: int = 4  # example images per suite
+    examples: NonNegativeInt = 4  # example images per suite
     head_to_head: list[str] = field(default_factory=lambda: ["clip", "bindclip", "global-m", "flowclip", "flowclip-cimr"])  # the cross-family table's variants (those scored)
     encoders: str = "reports/encoders/summary.json"  # `pipeline compare-encoders`' summary, shown when present
 
 
 def load_config(cls: type[C], params: str | Path | None, section: str, overrides: dict[str, Any] | None = None) -> C:
-    """Build ``cls`` from ``params[section]`` (if the file exists) and non-None overrides.
+    """Build ``cls`` from ``params[section]`` and the non-None overrides, validated.
 
-    Unknown keys raise with the valid field names.
+    ``params=None`` means no file (every default); a named file must exist. Raises
+    :class:`ParamsError` (one line) on anything the schema refuses.
     """
     values = dict(_section(params, section))
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return _build(cls, values, section)
+    return _build(cls, values, section, params)
+
+
+def read_params(params: str | Path | None) -> dict[str, Any]:
+    """The whole params file as a mapping (``{}`` for ``None`` or an empty file).
+
+    A missing file, malformed YAML and a top level that is not a mapping raise
+    :class:`ParamsError` naming the file (and the line of a YAML error)."""
+    if params is None:
+        return {}
+    path = Path(params)
+    if not path.is_file():
+        raise ParamsError(f"{path}: no such params file (pass an existing --params, or run where params.yaml is)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ParamsError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ParamsError(f"{path}: malformed YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ParamsError(f"{path}: the top level must be a mapping of sections (world:, extract:, ...), got a {type(data).__name__}")
+    return data
 
 
 def _section(params: str | Path | None, section: str) -> dict[str, Any]:
-    if params is None or not Path(params).exists():
-        return {}
-    return (yaml.safe_load(Path(params).read_text()) or {}).get(section) or {}
+    """``params[section]`` (dotted for nested sections: ``train.bindclip``); ``{}`` when absent."""
+    value: Any = read_params(params)
+    for part in section.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            return {}
+    if not isinstance(value, dict):
+        raise ParamsError(f"{params}: section `{section}` must be a mapping of key: value, got a {type(value).__name__} ({_show(value)})")
+    return value
 
 
-def _build(cls: type[C], values: dict[str, Any], section: str) -> C:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ValueError(
-            f"unknown {section} parameter(s) {unknown}; valid: {', '.join(sorted(names))}"
-        )
-    return cls(**values)
+def _build(cls: type[C], values: dict[str, Any], section: str, params: str | Path | None = None) -> C:
+    """``cls(**values)`` validated by pydantic (strict, no unknown keys); its errors become
+    one :class:`ParamsError` line.
+
+    The values go through pydantic's JSON mode, the one where strict mode takes a mapping for
+    a dataclass (YAML's scalars are JSON's; a YAML date is passed on as its text)."""
+    try:
+        return TypeAdapter(cls).validate_json(json.dumps(values, default=str))
+    except ValidationError as e:
+        where = str(params) if params is not None else "the command line"
+        raise ParamsError(f"{where}: " + "; ".join(_describe(err, cls, section) for err in e.errors())) from None
+
+
+def _describe(err: dict[str, Any], cls: type, section: str) -> str:
+    """One pydantic error as ``section.key = value: expected ...``."""
+    key = ".".join([section, *(str(p) for p in err["loc"])])
+    if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+        valid = ", ".join(f.name for f in cls.__dataclass_fields__.values())
+        return f"unknown key {key} (valid: {valid})"
+    return f"{key} = {_show(err['input'])}: expected {_expected(err)}"
+
+
+def _expected(err: dict[str, Any]) -> str:
+    """pydantic's message turned into what the key expects."""
+    msg = err["msg"]
+    for prefix in ("Input should be ", "Value should be ", "Input must be "):
+        if msg.startswith(prefix):
+            return msg[len(prefix):]
+    return msg[0].lower() + msg[1:]
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def train_variants(params: str | Path | None) -> list[str]:
     """The trainable variants ``params.yaml`` lists under ``train.variants``."""
-    return list(_section(params, "train").get("variants") or [])
+    listed = _section(params, "train").get("variants") or []
+    if not isinstance(listed, list) or not all(isinstance(v, str) for v in listed):
+        raise ParamsError(f"{params}: train.variants = {_show(listed)}: expected a list of variant names")
+    return list(listed)
 
 
 def load_train_config(params: str | Path | None, variant: str, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """``TrainConfig`` of ``variant`` from ``params["train"][variant]`` plus overrides."""
     train = _section(params, "train")
-    values = dict(train.get(variant) or {})
-    if params is not None and Path(params).exists() and variant not in train:
+    if params is not None and variant not in train:
         listed = ", ".join(k for k in train if k != "variants") or "none"
-        raise ValueError(f"{params} has no train.{variant} section; trainable sections: {listed}")
+        raise ParamsError(f"{params} has no train.{variant} section; trainable sections: {listed}")
+    values = dict(_section(params, f"train.{variant}"))
     values.update({k: v for k, v in (overrides or {}).items() if v is not None}, variant=variant)
-    return _build(TrainConfig, values, f"train.{variant}")
+    return _build(TrainConfig, values, f"train.{variant}", params)

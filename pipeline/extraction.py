@@ -24,23 +24,26 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import zarr
 from PIL import Image
 from tqdm import tqdm
 
 from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.retrieval import parse_boxes
-from pipeline.cache import store_path, writer
+from pipeline.cache import integrity, store_lock, store_path, writer
 from pipeline.cache.schema import image_key, object_key, text_key
 from pipeline.config import ExtractConfig
 from pipeline.encoders import Encoder, load_encoder
 from pipeline.manifests import (
+    BadImageError,
     cells,
+    check_unique_ids,
     decode_image,
     file_sha256,
     read_image_bytes,
@@ -51,20 +54,75 @@ from pipeline.manifests import (
 log = logging.getLogger(__name__)
 
 
-def extract(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None = None) -> dict[str, Any]:
-    """Extract features of ``cfg.suites`` into ``<cfg.out>/<cfg.model>.zarr``.
+@dataclass
+class ExtractPlan:
+    """What one extract encodes and indexes, decided before any encoding (picklable, so the
+    distributed path ships ``todo`` blocks to workers).
+
+    ``todo[modality]`` is ``(rows, sources)``: sorted store rows still to encode and, per
+    row, what to encode (a caption's text; an image's (root, rel path, crop); an object crop's
+    (image source, image row, box)).
+    """
+
+    store: Path
+    suite_cells: list[tuple[Any, dict[str, tuple[str, list[list[str | None]]]], str]]
+    missing: dict[str, list[str]]  # suite -> image paths that could not be found
+    row_of: dict[str, dict[str, int]]  # modality -> hex key -> store row
+    images: dict[str, tuple[Path, str, Any]]  # hex key -> (root, rel path, crop)
+    todo: dict[str, tuple[np.ndarray, list]] = field(default_factory=dict)
+    totals: dict[str, int] = field(default_factory=dict)  # modality -> unique keys
+    truncation: dict[str, dict[str, int]] = field(default_factory=dict)  # suite -> n_truncated, n_truncation_ties
+    repaired: dict[str, int] = field(default_factory=dict)  # array -> damaged rows found by --repair
+    bad: dict[tuple[str, int], str] = field(default_factory=dict)  # (modality, row) -> why it cannot be decoded
+
+
+def extract(
+    cfg: ExtractConfig,
+    progress: bool = True,
+    encoder: Encoder | None = None,
+    repair: bool = False,
+    break_lock: bool = False,
+) -> dict[str, Any]:
+    """Extract features of ``cfg.suites`` into ``<cfg.out>/<cfg.model>.zarr``, holding the
+    store's write lock throughout.
+
+    Args:
+        repair: decode every chunk of the store first and re-encode the rows of every
+            damaged or missing chunk file (``pipeline extract --repair``).
+        break_lock: take over a lock another host left (:func:`pipeline.cache.store_lock`).
 
     Returns:
         A summary: rows encoded/reused per modality, seconds, store path.
     """
     torch.set_num_threads(cfg.threads)
+    enc = encoder or load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
+    with store_lock(store_path(cfg), break_lock, cfg.storage_options):
+        root, plan = prepare(cfg, enc, repair, progress)
+        t0 = time.perf_counter()
+        for modality, (rows, sources) in plan.todo.items():
+            plan.bad.update(encode_rows(enc, root, modality, rows, sources, cfg, progress))
+        return finish(root, plan, cfg, time.perf_counter() - t0)
+
+
+def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bool = False) -> tuple[zarr.Group, ExtractPlan]:
+    """Open (or create) the store, write the projections, read every suite's manifest, and
+    give every unique image, caption and object crop a store row.
+
+    The store's chunk inventory is checked (:func:`pipeline.cache.integrity.inventory`);
+    with ``repair`` every chunk is decoded too, and the rows of each damaged file are cleared
+    (flags unset, keys restored from the suite indexes) so that they are encoded again.
+
+    Raises:
+        FileNotFoundError: images are missing and ``cfg.skip_missing`` is False (nothing is
+            encoded yet).
+        CorruptStoreError: the store is damaged and ``repair`` is False.
+    """
     for suite in cfg.suites:
         SUITES.get(suite)  # unknown suites fail before any work, listing the valid ones
     sources = [resolve_source(s, cfg.world, cfg.manifests, cfg.image_roots) for s in cfg.suites]
-    enc = encoder or load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
     dims = asdict(enc.dims)
     fingerprint = {**enc.fingerprint(), **({"object_crops": True} if cfg.object_crops else {})}
-    root = writer.open_for_writing(store_path(cfg), fingerprint, dims, cfg.replace_mismatch)
+    root = writer.open_for_writing(store_path(cfg), fingerprint, dims, cfg.replace_mismatch, cfg.storage_options)
     writer.write_params(
         root,
         {
@@ -73,6 +131,11 @@ def extract(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None =
             "logit_scale": enc.model.logit_scale.exp().detach().cpu().numpy(),
         },
     )
+
+    damage = integrity.verify(root, progress) if repair else integrity.inventory(root)
+    if damage and not repair:
+        raise integrity.CorruptStoreError(integrity.describe(store_path(cfg), damage))
+    lost_keys = writer.clear_damage(root, damage)  # modality -> rows whose keys were lost
 
     # 1. gather every image (path, crop) and caption of every suite, keyed by content
     images: dict[str, tuple[Path, str, Any]] = {}  # hex key -> (root, rel path, crop)
@@ -83,6 +146,7 @@ def extract(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None =
     for src in sources:
         suite = SUITES.get(src.suite)
         df = read_manifest(src.manifest)
+        check_unique_ids(df, f"{src.suite} manifest {src.manifest}")
         columns: dict[str, tuple[str, list[list[str]]]] = {}
         crops = df["crop_box"].tolist() if "crop_box" in df else [None] * len(df)
         for col in suite.image_columns:
@@ -127,45 +191,84 @@ def extract(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None =
     for suite, paths in missing.items():
         log.warning("%s: %d image(s) missing, their items will be reported as missing", suite, len(paths))
 
-    # 2. rows for every key; encode what is new or unfinished
-    t0 = time.perf_counter()
-    image_keys = list(images)
-    text_keys = list(captions)
-    img_rows, img_todo = writer.plan_rows(root, "image", _keys(image_keys))
-    txt_rows, txt_todo = writer.plan_rows(root, "text", _keys(text_keys))
-    row_of_image = dict(zip(image_keys, img_rows.tolist(), strict=True))
-    row_of_text = dict(zip(text_keys, txt_rows.tolist(), strict=True))
-    key_of_image_row = {r: k for k, r in row_of_image.items()}
-    key_of_text_row = {r: k for k, r in row_of_text.items()}
-    img_todo = np.array([r for r in img_todo if r in key_of_image_row], dtype=np.int64)
-    txt_todo = np.array([r for r in txt_todo if r in key_of_text_row], dtype=np.int64)
-
-    _encode_texts(enc, root, txt_todo, [captions[key_of_text_row[r]] for r in txt_todo], cfg, progress)
-    _encode_images(enc, root, img_todo, [images[key_of_image_row[r]] for r in img_todo], cfg, progress)
-    row_of_object: dict[str, int] = {}
-    obj_todo = np.zeros(0, dtype=np.int64)
+    # 2. rows for every key; what is new or unfinished is to encode
+    plan = ExtractPlan(store_path(cfg), suite_cells, missing, {}, images)
+    plan.repaired = {d.array: d.hi - d.lo for d in damage}
+    if any(len(r) for r in lost_keys.values()):
+        _restore_keys(root, suite_cells, lost_keys)
+    plan.truncation = _truncation(enc, suite_cells, captions)
+    plan.todo["text"] = _plan(root, plan, "text", captions, lambda k: captions[k])
+    plan.todo["image"] = _plan(root, plan, "image", images, lambda k: images[k])
     if cfg.object_crops:
-        object_keys = list(objects)
-        obj_rows, obj_todo = writer.plan_rows(root, "object", _keys(object_keys))
-        row_of_object = dict(zip(object_keys, obj_rows.tolist(), strict=True))
-        key_of_object_row = {r: k for k, r in row_of_object.items()}
-        obj_todo = np.array([r for r in obj_todo if r in key_of_object_row], dtype=np.int64)
-        crops = []  # (image source, image row, box) of each crop to encode
-        for r in obj_todo:
-            image, box = objects[key_of_object_row[r]]
-            crops.append((images[image], row_of_image[image], box))
-        _encode_objects(enc, root, obj_todo, crops, cfg, progress)
+        def crop_source(k: str) -> tuple[tuple[Path, str, Any], int, np.ndarray]:
+            image, box = objects[k]
+            return images[image], plan.row_of["image"][image], box
 
-    # 3. per-suite index arrays (items -> rows)
-    lookups = {"image": row_of_image, "text": row_of_text, "object": row_of_object}
-    for src, columns, sha in suite_cells:
+        plan.todo["object"] = _plan(root, plan, "object", objects, crop_source)
+    return root, plan
+
+
+def _plan(root: zarr.Group, plan: ExtractPlan, modality: str, keyed: dict[str, Any], source) -> tuple[np.ndarray, list]:
+    """Store rows of ``keyed``'s keys (recorded in ``plan.row_of``) and the sorted rows still
+    to encode with their sources."""
+    keys = list(keyed)
+    rows, todo = writer.plan_rows(root, modality, _keys(keys))
+    plan.row_of[modality] = dict(zip(keys, rows.tolist(), strict=True))
+    plan.totals[modality] = len(keys)
+    key_of_row = {r: k for k, r in plan.row_of[modality].items()}
+    todo = np.array([r for r in todo if r in key_of_row], dtype=np.int64)  # sorted
+    return todo, [source(key_of_row[int(r)]) for r in todo]
+
+
+def encode_rows(enc: Encoder, root: zarr.Group, modality: str, rows: np.ndarray, sources: list, cfg: ExtractConfig, progress: bool) -> dict[tuple[str, int], str]:
+    """Encode sorted store rows ``rows`` of ``modality`` from their ``sources`` (an entry of
+    :attr:`ExtractPlan.todo`) and write them, flags last.
+
+    Returns:
+        ``{(modality, row): reason}`` of the rows whose image could not be decoded (written
+        with a blank image's features and left unflagged, so they are never read as data).
+    """
+    encode = {"text": _encode_texts, "image": _encode_images, "object": _encode_objects}[modality]
+    return encode(enc, root, rows, sources, cfg, progress) or {}
+
+
+def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: float) -> dict[str, Any]:
+    """Write every suite's item -> row index and mark the store updated; the summary.
+
+    Rows in ``plan.bad`` (images that could not be decoded, and their object crops) are
+    indexed as -1, like missing images, and listed per suite with the reason.
+
+    Raises:
+        BadImageError: some images could not be decoded and ``cfg.skip_bad_images`` is
+            False (everything else is encoded and kept; no suite index is written).
+    """
+    bad_rows = {modality: {r for m, r in plan.bad if m == modality} for modality in plan.row_of}
+    bad_images: dict[str, dict[str, str]] = {}  # suite -> {image path: reason}
+    for src, columns, _ in plan.suite_cells:
+        for key in {k for ks in columns.get("image", ("", []))[1] for k in ks if k is not None}:
+            row = plan.row_of["image"][key]
+            if row in bad_rows["image"]:
+                bad_images.setdefault(src.suite, {})[plan.images[key][1]] = plan.bad["image", row]
+    if bad_images and not cfg.skip_bad_images:
+        listing = "; ".join(
+            f"{suite}: {len(paths)} ({', '.join(f'{p}: {why}' for p, why in list(paths.items())[:3])}"
+            f"{' ...' if len(paths) > 3 else ''})"
+            for suite, paths in bad_images.items()
+        )
+        raise BadImageError(
+            f"{len({p for v in bad_images.values() for p in v})} image(s) cannot be decoded — {listing}. "
+            f"Replace those files, or set extract.skip_bad_images: true to score without their items "
+            f"(counted and reported in every metrics file); everything else is encoded and kept"
+        )
+    for src, columns, sha in plan.suite_cells:
         index = {}
         for col, (modality, keyed) in columns.items():
-            lookup = lookups[modality]
+            lookup = plan.row_of[modality]
             width = max((len(k) for k in keyed), default=0)
             rows = np.full((len(keyed), max(width, 1)), -1, dtype=np.int64)
             for i, ks in enumerate(keyed):
-                rows[i, : len(ks)] = [lookup[k] if k is not None else -1 for k in ks]
+                found = [lookup[k] if k is not None else -1 for k in ks]
+                rows[i, : len(ks)] = [r if r not in bad_rows[modality] else -1 for r in found]
             index[col] = (modality, rows)
         writer.write_suite_index(
             root,
@@ -176,17 +279,22 @@ def extract(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None =
                 "manifest_sha256": sha,
                 "image_root": str(src.image_root),
                 "n_items": len(next(iter(columns.values()))[1]) if columns else 0,
-                "missing_images": missing.get(src.suite, []),
+                "missing_images": plan.missing.get(src.suite, []),
+                "bad_images": bad_images.get(src.suite, {}),
+                **plan.truncation.get(src.suite, {}),
             },
         )
     writer.finalize(root)
-    return {
-        "store": str(store_path(cfg)),
-        "images": {"total": len(image_keys), "encoded": int(len(img_todo))},
-        "captions": {"total": len(text_keys), "encoded": int(len(txt_todo))},
-        **({"objects": {"total": len(objects), "encoded": int(len(obj_todo))}} if cfg.object_crops else {}),
-        "seconds": round(time.perf_counter() - t0, 2),
+    names = {"image": "images", "text": "captions", "object": "objects"}
+    counts = {
+        names[m]: {"total": plan.totals[m], "encoded": int(len(plan.todo[m][0]))}
+        for m in ("image", "text", "object") if m in plan.todo
     }
+    skipped = {"missing": sum(map(len, plan.missing.values())), "bad": len(plan.bad)}
+    return {
+        "store": str(plan.store), **counts, "skipped_images": skipped, "truncation": plan.truncation,
+        **({"repaired": plan.repaired} if plan.repaired else {}), "seconds": round(seconds, 2),
+    }  # fmt: skip
 
 
 def _object_cells(boxes_column, image_cells: list[list[str | None]], objects: dict[str, tuple[str, np.ndarray]]) -> list[list[str | None]]:
@@ -231,13 +339,6 @@ def _encode_texts(enc: Encoder, root, rows: np.ndarray, texts: list[str], cfg: E
     order = np.argsort(rows)
     rows, texts = rows[order], [texts[i] for i in order]
     position = {int(r): i for i, r in enumerate(rows)}
-    n_long = _count_truncated(enc, texts)
-    if n_long:
-        log.warning(
-            "%d caption(s) exceed the context of %d tokens and were truncated (eot kept)",
-            n_long,
-            enc.dims.context_length,
-        )
     bar = tqdm(total=len(rows), desc="extract captions", unit="cap", disable=not progress)
     with _Writer(root, "text") as sink:
         for batch in writer.shard_batches(rows, cfg.batch_size * 4):
@@ -256,11 +357,57 @@ def _encode_texts(enc: Encoder, root, rows: np.ndarray, texts: list[str], cfg: E
     bar.close()
 
 
-def _count_truncated(enc: Encoder, texts: list[str]) -> int:
+def _truncation(enc: Encoder, suite_cells: list, captions: dict[str, str]) -> dict[str, dict[str, int]]:
+    """Per suite, ``n_truncated``: captions longer than the context (cut to its first
+    ``context_length - 2`` BPE tokens, eot kept), and ``n_truncation_ties``: items with two
+    different captions in one column that the cut makes identical (their options score the
+    same, whatever the scorer)."""
     from open_clip.tokenizer import _tokenizer
 
     limit = enc.dims.context_length - 2  # sot and eot
-    return sum(len(_tokenizer.encode(t)) > limit for t in texts)
+    tokens = {k: _tokenizer.encode(t) for k, t in captions.items()}
+    out = {}
+    for src, columns, _ in suite_cells:
+        keys = {k for modality, keyed in columns.values() if modality == "text" for ks in keyed for k in ks}
+        n_long = sum(len(tokens[k]) > limit for k in keys)
+        ties = 0
+        for modality, keyed in columns.values():
+            if modality != "text":
+                continue
+            for ks in keyed:
+                cut = {tuple(tokens[k][:limit]) for k in set(ks)}
+                ties += len(cut) < len(set(ks))
+        out[src.suite] = {"n_truncated": int(n_long), "n_truncation_ties": int(ties)}
+        if n_long:
+            log.warning(
+                "%s: %d caption(s) exceed the context of %d tokens and are cut (eot kept); %d item(s) tie because of it",
+                src.suite, n_long, enc.dims.context_length, ties,
+            )  # fmt: skip
+    return out
+
+
+def _restore_keys(root: zarr.Group, suite_cells: list, lost: dict[str, np.ndarray]) -> None:
+    """Write back the content keys of rows whose key chunk was damaged, from the suite indexes
+    of the suites being extracted (the store's index gives each item's rows, the manifest
+    each item's keys); a row no current suite names keeps a zero key and is never matched."""
+    for modality, rows in lost.items():
+        wanted = set(rows.tolist())
+        keys: dict[int, str] = {}
+        for src, columns, sha in suite_cells:
+            name = f"suites/{src.suite}"
+            if name not in root or root[name].attrs.get("manifest_sha256") != sha:
+                continue
+            for col, (m, keyed) in columns.items():
+                if m != modality or col not in root[name]:
+                    continue
+                index = root[name][col][...]  # [n_items, K]
+                for item_rows, ks in zip(index, keyed, strict=False):
+                    keys.update({int(r): k for r, k in zip(item_rows, ks, strict=False) if k is not None and int(r) in wanted})
+        if keys:
+            found = np.array(sorted(keys), dtype=np.int64)
+            values = np.stack([np.frombuffer(bytes.fromhex(keys[int(r)]), dtype=np.uint8) for r in found])
+            root[f"{modality}/key"].set_orthogonal_selection((found,), values)
+        log.warning("%s/key: restored %d of %d damaged keys from the suite indexes", modality, len(keys), len(wanted))
 
 
 def _by_row(rows: np.ndarray, sources: list) -> tuple[np.ndarray, list, dict[int, int]]:
@@ -271,35 +418,43 @@ def _by_row(rows: np.ndarray, sources: list) -> tuple[np.ndarray, list, dict[int
     return rows, [sources[i] for i in order], {int(r): i for i, r in enumerate(rows)}
 
 
-def _encode_images(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[Path, str, Any]], cfg: ExtractConfig, progress: bool) -> None:
+def _encode_images(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[Path, str, Any]], cfg: ExtractConfig, progress: bool) -> dict[tuple[str, int], str]:
     if len(rows) == 0:
-        return
+        return {}
     rows, sources, position = _by_row(rows, sources)
 
-    def load(micro: np.ndarray) -> torch.Tensor:
-        return torch.stack([_load(enc, *sources[position[int(r)]]) for r in micro])  # [b, 3, H, W]
+    def load(micro: np.ndarray, bad: dict[int, str]) -> torch.Tensor:
+        return torch.stack([_load(enc, *sources[position[int(r)]], bad, int(r)) for r in micro])  # [b, 3, H, W]
 
     def keep(out: dict[str, torch.Tensor], micro: np.ndarray) -> dict[str, np.ndarray]:
         return {k: v.float().cpu().numpy() for k, v in out.items()}
 
-    _encode_pixels(enc, root, "image", rows, load, keep, cfg, progress, "extract images")
+    return _encode_pixels(enc, root, "image", rows, load, keep, cfg, progress, "extract images")
 
 
-def _encode_objects(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[tuple[Path, str, Any], int, np.ndarray]], cfg: ExtractConfig, progress: bool) -> None:
+def _encode_objects(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[tuple[Path, str, Any], int, np.ndarray]], cfg: ExtractConfig, progress: bool) -> dict[tuple[str, int], str]:
     """Encode object crops ``rows`` (store rows into ``object/*``); ``sources[i]`` is the
     crop's image (root, path, crop), its image row and its normalised box [4]."""
     if len(rows) == 0:
-        return
+        return {}
     rows, sources, position = _by_row(rows, sources)
 
-    def load(micro: np.ndarray) -> torch.Tensor:
-        decoded: dict[int, Image.Image] = {}  # image row -> decoded image, once per micro-batch
+    def load(micro: np.ndarray, bad: dict[int, str]) -> torch.Tensor:
+        decoded: dict[int, Image.Image | None] = {}  # image row -> decoded image, once per micro-batch
         crops = []
         for r in micro:
             (root_, rel, crop), image_row, box = sources[position[int(r)]]
             if image_row not in decoded:
-                decoded[image_row] = decode_image(read_image_bytes(root_, rel), str(root_ / rel), crop)
-            crops.append(enc.preprocess(crop_to_box(decoded[image_row], box)))
+                try:
+                    decoded[image_row] = decode_image(read_image_bytes(root_, rel), str(root_ / rel), crop)
+                except BadImageError as e:
+                    decoded[image_row] = None
+                    bad[int(r)] = str(e)
+            if decoded[image_row] is None:
+                bad[int(r)] = bad.get(int(r)) or f"its image {root_ / rel} cannot be decoded"
+                crops.append(_blank(enc))
+            else:
+                crops.append(enc.preprocess(crop_to_box(decoded[image_row], box)))
         return torch.stack(crops)  # [b, 3, H, W]
 
     def keep(out: dict[str, torch.Tensor], micro: np.ndarray) -> dict[str, np.ndarray]:
@@ -310,13 +465,15 @@ def _encode_objects(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[tu
             "box": np.stack([box for _, _, box in picked]).astype(np.float32),  # [b, 4]
         }
 
-    _encode_pixels(enc, root, "object", rows, load, keep, cfg, progress, "extract object crops")
+    return _encode_pixels(enc, root, "object", rows, load, keep, cfg, progress, "extract object crops")
 
 
-def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, keep, cfg: ExtractConfig, progress: bool, desc: str) -> None:
+def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, keep, cfg: ExtractConfig, progress: bool, desc: str) -> dict[tuple[str, int], str]:
     """Encode sorted store rows ``rows`` of ``modality`` in micro-batches of ``batch_size``:
-    ``load(micro)`` gives their [b, 3, H, W] pixels, ``keep(out, micro)`` the arrays to store
-    from the encoder's outputs; each shard batch is written once all its micro-batches ran."""
+    ``load(micro, bad)`` gives their [b, 3, H, W] pixels (a blank image for each row it
+    records in ``bad`` with the reason), ``keep(out, micro)`` the arrays to store from the
+    encoder's outputs; each shard batch is written once all its micro-batches ran, with the
+    ``bad`` rows left unflagged. Returns ``{(modality, row): reason}`` of the bad rows."""
     bar = tqdm(total=len(rows), desc=desc, unit="img", disable=not progress)
     batches = list(writer.shard_batches(rows, cfg.batch_size))
     micro_batches = [
@@ -324,22 +481,25 @@ def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, ke
         for i, batch in enumerate(batches)
         for micro in np.array_split(batch, -(-len(batch) // cfg.batch_size))
     ]
+    bad: dict[int, str] = {}  # row -> reason, filled by the loader thread
 
     # decode/preprocess the next micro-batch and write the previous shard batch while the
     # encoder runs on the current one (a 1-thread loader and a 1-thread ordered writer)
     with ThreadPoolExecutor(1) as loader, _Writer(root, modality) as sink:
-        pending = loader.submit(load, micro_batches[0][1])
+        pending = loader.submit(load, micro_batches[0][1], bad)
         parts: list[dict[str, np.ndarray]] = []
         for j, (i, micro) in enumerate(micro_batches):
             pixels = pending.result().to(cfg.device)
             if j + 1 < len(micro_batches):
-                pending = loader.submit(load, micro_batches[j + 1][1])
+                pending = loader.submit(load, micro_batches[j + 1][1], bad)
             parts.append(keep(enc.encode_images(pixels), micro))
             bar.update(len(micro))
             if j + 1 == len(micro_batches) or micro_batches[j + 1][0] != i:
-                sink.put(batches[i], {k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+                done = np.array([int(r) not in bad for r in batches[i]])
+                sink.put(batches[i], {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, done)
                 parts = []
     bar.close()
+    return {(modality, r): why for r, why in bad.items()}
 
 
 class _Writer:
@@ -358,10 +518,10 @@ class _Writer:
     def __enter__(self) -> _Writer:
         return self
 
-    def put(self, rows: np.ndarray, arrays: dict[str, np.ndarray]) -> None:
+    def put(self, rows: np.ndarray, arrays: dict[str, np.ndarray], done: np.ndarray | None = None) -> None:
         while self.pending and (len(self.pending) >= 2 or self.pending[0].done()):
             self.pending.pop(0).result()  # re-raises a failed write
-        self.pending.append(self.pool.submit(writer.write_rows, self.root, self.modality, rows, arrays))
+        self.pending.append(self.pool.submit(writer.write_rows, self.root, self.modality, rows, arrays, done))
 
     def __exit__(self, *exc) -> None:
         try:
@@ -371,6 +531,18 @@ class _Writer:
             self.pool.shutdown(wait=True)
 
 
-def _load(enc: Encoder, root: Path, rel: str, crop: Any) -> torch.Tensor:
-    data = read_image_bytes(root, rel)
-    return enc.preprocess(decode_image(data, str(root / rel), crop))
+def _load(enc: Encoder, root: Path, rel: str, crop: Any, bad: dict[int, str], row: int) -> torch.Tensor:
+    """One image's pixels; a blank image, with the reason recorded in ``bad[row]``, when it
+    cannot be decoded."""
+    try:
+        return enc.preprocess(decode_image(read_image_bytes(root, rel), str(root / rel), crop))
+    except BadImageError as e:
+        bad[row] = str(e)
+        return _blank(enc)
+
+
+def _blank(enc: Encoder) -> torch.Tensor:
+    """[3, H, W] preprocessed black image: the stand-in encoded for an undecodable one."""
+    size = enc.preprocess_cfg["size"]
+    side = (size, size) if isinstance(size, int) else tuple(size)
+    return enc.preprocess(Image.new("RGB", side[::-1]))

@@ -19,6 +19,11 @@ import pandas as pd
 from PIL import Image, UnidentifiedImageError
 
 
+class BadImageError(ValueError):
+    """An image file that cannot be decoded: corrupt, truncated, not an image, or over PIL's
+    decompression-bomb limit. The message names the file."""
+
+
 @dataclass(frozen=True)
 class SuiteSource:
     """Where one suite's manifest and images are."""
@@ -71,12 +76,18 @@ def source_hashes(root: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".
 
 def write_manifest(df: pd.DataFrame, out: str | Path, sources: dict[str, str]) -> Path:
     """Write a manifest as Parquet, recording its source files' hashes in the file metadata
-    (so a changed annotation file changes the manifest's bytes, and extract re-indexes it)."""
+    (so a changed annotation file changes the manifest's bytes, and extract re-indexes it).
+
+    Raises:
+        ValueError: two rows share an ``item_id`` (each would be counted; the source file
+            is named by ``out``'s suite).
+    """
     import json
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    check_unique_ids(df, f"manifest {out}")
     table = pa.Table.from_pandas(df, preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta[b"pipeline.sources"] = json.dumps(sources, sort_keys=True).encode()
@@ -94,6 +105,17 @@ def manifest_sources(path: str | Path) -> dict[str, str]:
 
     meta = pq.read_schema(path).metadata or {}
     return json.loads(meta.get(b"pipeline.sources", b"{}"))
+
+
+def check_unique_ids(df: pd.DataFrame, what: str) -> None:
+    """Refuse a manifest whose ``item_id`` column repeats a value: a repeated item would be
+    scored and counted twice."""
+    if "item_id" not in df:
+        raise ValueError(f"{what}: no item_id column")
+    repeated = df["item_id"][df["item_id"].duplicated()].unique().tolist()
+    if repeated:
+        shown = ", ".join(map(str, repeated[:5])) + (" ..." if len(repeated) > 5 else "")
+        raise ValueError(f"{what}: {len(repeated)} item_id(s) appear more than once ({shown}); each item must be listed once")
 
 
 def read_manifest(path: str | Path) -> pd.DataFrame:
@@ -136,12 +158,35 @@ def read_image_bytes(root: Path, rel: str) -> bytes:
 
 
 def decode_image(data: bytes, name: str, crop_box: Any = None) -> Image.Image:
-    """Decode image bytes to RGB (cropped to ``crop_box`` if given); names a corrupt file."""
+    """Decode image bytes to RGB (cropped to ``crop_box`` if given).
+
+    16-bit and 32-bit integer greyscale (``I;16*``, ``I``) is scaled to 8 bits by its
+    mode's range (PIL's own conversion clips it, so a 16-bit PNG would turn white); every
+    other mode goes through ``convert("RGB")`` as open_clip's transform does (palette and
+    CMYK converted, alpha dropped).
+
+    Raises:
+        BadImageError: the bytes are not a decodable image, or it has more pixels than PIL's
+            ``MAX_IMAGE_PIXELS`` (a decompression bomb); the message names ``name``.
+    """
+    import warnings
+
     try:
-        img = Image.open(io.BytesIO(data))
-        img.load()
-    except (UnidentifiedImageError, OSError) as e:
-        raise ValueError(f"corrupt or unreadable image: {name} ({e})") from e
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+            img.load()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise BadImageError(
+            f"{name}: refused as a decompression bomb ({e}); shrink the image or skip it "
+            f"(extract.skip_bad_images: true)"
+        ) from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise BadImageError(f"corrupt or unreadable image: {name} ({e})") from None
+    if img.mode.startswith("I;16") or img.mode == "I":
+        top = 65535.0 if img.mode.startswith("I;16") else 4294967295.0
+        grey = np.asarray(img, dtype=np.float64) * (255.0 / top)
+        img = Image.fromarray(np.clip(np.rint(grey), 0, 255).astype(np.uint8), mode="L")
     img = img.convert("RGB")
     if crop_box is not None and len(crop_box):
         img = img.crop(tuple(float(v) for v in crop_box))

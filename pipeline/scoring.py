@@ -25,6 +25,7 @@ Two hooks serve the methods of methods.md §2-3:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -32,24 +33,52 @@ import torch
 from tqdm import tqdm
 
 from pipeline.benchmarks.base import Suite, gallery_images
-from pipeline.cache import FeatureStore
+from pipeline.cache import FeatureStore, StaleCacheError
 from pipeline.features import module_device, to_device
-from pipeline.manifests import file_sha256, read_manifest
+from pipeline.manifests import cells, file_sha256, read_manifest
 from pipeline.scorers import Scorer, create_scorer, option_scores
 from pipeline.scorers.base import Reranker
 
 REPLACEMENTS = ("true", "shuffle", "fixed")  # image-replacement modes of `replacement_images`
 
 
-def suite_inputs(store: FeatureStore, suite: str) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
-    """A suite's manifest and its row index, refusing an index older than the manifest."""
+def suite_inputs(store: FeatureStore, suite: str, manifest: str | Path | None = None) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """A suite's manifest and its row index, refusing an index older than the manifest.
+
+    Args:
+        manifest: the manifest the configuration names (``extract.manifests``, or the shapes
+            world's); it must be the one the store indexed (same bytes), else the store is
+            refused. None reads the manifest the store recorded.
+    """
     attrs = store.suite_attrs(suite) if suite in store.suites() else {}
     index = store.suite_index(suite)  # raises with "run extract" when the suite is absent
-    manifest_path = Path(attrs["manifest"])
+    manifest_path = Path(manifest if manifest is not None else attrs["manifest"])
     if not manifest_path.is_file():
         raise FileNotFoundError(f"manifest of {suite} not found at {manifest_path}; run `pipeline world`")
-    store.suite_index(suite, manifest_sha256=file_sha256(manifest_path))
+    sha = file_sha256(manifest_path)
+    if manifest is not None and sha != attrs.get("manifest_sha256"):
+        raise StaleCacheError(
+            f"{suite}: the configured manifest {manifest_path} is not the one {store.path} was "
+            f"extracted from ({attrs.get('manifest')}, other bytes); rerun `pipeline extract` "
+            f"with this configuration"
+        )
+    store.suite_index(suite, manifest_sha256=sha)
     return read_manifest(manifest_path), index
+
+
+def skip_reasons(manifest: pd.DataFrame, index: dict[str, np.ndarray], attrs: dict[str, Any], image_columns: tuple[str, ...]) -> dict[str, int]:
+    """Why the items :func:`drop_missing` leaves out are left out: ``image_missing`` (no
+    file at extract) or ``image_undecodable`` (corrupt, truncated, over the decompression
+    limit: ``extract.skip_bad_images``), counted per item from the suite's extract record."""
+    rows = index["image"] if index["image"].ndim == 2 else index["image"][:, None]
+    dropped = np.flatnonzero((rows < 0).any(axis=1))
+    bad = set(attrs.get("bad_images") or {})
+    counts = {"image_missing": 0, "image_undecodable": 0}
+    columns = [c for c in image_columns if c in manifest]
+    for i in dropped:
+        paths = {p for c in columns for p in cells([manifest[c].iloc[i]])[0]}
+        counts["image_undecodable" if paths & bad else "image_missing"] += 1
+    return counts
 
 
 def drop_missing(manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> tuple[pd.DataFrame, dict[str, np.ndarray], int]:

@@ -12,9 +12,10 @@ from pipeline.config import ExtractConfig
 from pipeline.encoders import Encoder
 
 
-def run(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None = None) -> dict[str, Any]:
+def run(cfg: ExtractConfig, progress: bool = True, encoder: Encoder | None = None, repair: bool = False, break_lock: bool = False) -> dict[str, Any]:
     """Extract features of ``cfg.suites`` into ``<cfg.out>/<cfg.model>.zarr``; returns the
-    summary (rows encoded/reused per modality, seconds, store path)."""
+    summary (rows encoded/reused per modality, seconds, store path). ``repair`` and
+    ``break_lock`` are :func:`pipeline.extraction.extract`'s."""
     from pipeline.extraction import extract
 
-    return extract(cfg, progress=progress, encoder=encoder)
+    return extract(cfg, progress=progress, encoder=encoder, repair=repair, break_lock=break_lock)

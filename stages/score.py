@@ -35,8 +35,8 @@ from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import Suite
 from pipeline.cache import open_store
 from pipeline.config import ExtractConfig, ScoreConfig
+from pipeline.manifests import file_sha256, resolve_source
 from pipeline.scorers import SCORERS
-from pipeline.manifests import file_sha256
 from pipeline.scorers.checkpoints import checkpoint_dir, load_scorer, seed_checkpoints
 from pipeline.scoring import (
     REPLACEMENTS,
@@ -44,6 +44,7 @@ from pipeline.scoring import (
     replacement_images,
     score_choice,
     score_retrieval,
+    skip_reasons,
     suite_inputs,
     text_only_metrics,
 )
@@ -51,8 +52,15 @@ from pipeline.scoring import (
 log = logging.getLogger(__name__)
 
 
-def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, manifest: pd.DataFrame, scores: np.ndarray, n_missing: int = 0, extra: dict[str, float] | None = None) -> dict[str, Any]:
-    """Per-item scores (Parquet) and the metrics file (JSON); returns the metrics record."""
+def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, manifest: pd.DataFrame, scores: np.ndarray, skipped: dict[str, int] | None = None, extra: dict[str, float] | None = None, truncation: dict[str, int] | None = None) -> dict[str, Any]:
+    """Per-item scores (Parquet) and the metrics file (JSON); returns the metrics record.
+
+    Args:
+        skipped: items left out, per reason (:func:`pipeline.scoring.skip_reasons`).
+        truncation: the suite's ``n_truncated`` captions and ``n_truncation_ties`` items
+            (recorded at extract).
+    """
+    skipped = skipped or {}
     scores_path = Path(cfg.scores_out) / variant / f"{suite.name}.parquet"
     scores_path.parent.mkdir(parents=True, exist_ok=True)
     table = pd.DataFrame(
@@ -68,7 +76,10 @@ def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, ma
         "variant": variant,
         "encoder": encoder,
         "n_items": int(len(manifest)),
-        "n_missing_images": n_missing,  # items left out because their image was missing
+        "n_skipped": int(sum(skipped.values())),  # items left out of every metric
+        "skipped": skipped,  # ... per reason
+        "n_missing_images": int(skipped.get("image_missing", 0)),  # items left out because their image was missing
+        **{k: int(v) for k, v in (truncation or {}).items()},  # captions cut to the context, items tied by it
         "metrics": {k: round(float(v), 6) for k, v in {**suite.metrics(manifest, scores), **(extra or {})}.items()},
     }
     return write_metrics(cfg, record)
@@ -117,10 +128,14 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
         for suite in suites:
             if ckpt is not None and suite.name not in seed_suites:
                 continue
-            manifest, index = suite_inputs(store, suite.name)
+            configured = resolve_source(suite.name, extract.world, extract.manifests, extract.image_roots).manifest
+            manifest, index = suite_inputs(store, suite.name, configured)
+            attrs = store.suite_attrs(suite.name)
+            skipped = skip_reasons(manifest, index, attrs, suite.image_columns)
+            truncation = {k: attrs[k] for k in ("n_truncated", "n_truncation_ties") if k in attrs}
             manifest, index, n_missing = drop_missing(manifest, index)
             if n_missing:
-                log.warning("%s: %d item(s) without an image are left out of every metric", suite.name, n_missing)
+                log.warning("%s: %d item(s) without a usable image are left out of every metric (%s)", suite.name, n_missing, skipped)
             if suite.task == "retrieval":
                 if scorer.pairwise:
                     continue  # pairwise caption scorers do not rank images
@@ -133,14 +148,14 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
                 desc = f"{name} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc, reference=suite.pairwise_reference)
             extra = text_only_metrics(suite, store, manifest, index)
-            records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, n_missing, extra))
+            records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, skipped, extra, truncation))
             if suite.task == "retrieval" or ckpt is not None or name not in replaced:
                 continue  # image replacement: choice suites, the replaced variants (not per seed)
             for mode in cfg.replacements:
                 images = replacement_images(index, mode, cfg.replacement_seed)
                 desc = f"{name}@{mode} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc, images=images, reference=suite.pairwise_reference)
-                records.append(write_outputs(cfg, suite, f"{name}@{mode}", extract.model, manifest, scores, n_missing, extra))
+                records.append(write_outputs(cfg, suite, f"{name}@{mode}", extract.model, manifest, scores, skipped, extra, truncation))
         if ckpt is None:
             scored[variant] = records[first:]
     return records

@@ -210,6 +210,15 @@ def tiny_store(tmp_path_factory, tiny_encoder):
     return FeatureStore.open(store_path(cfg))
 
 
+def extract_config_of(store, **kw):
+    """The ExtractConfig whose manifests are the ones ``store`` indexed (the score stage reads
+    the configured manifests and refuses others)."""
+    from pipeline.config import ExtractConfig
+
+    manifests = {s: store.suite_attrs(s)["manifest"] for s in store.suites()}
+    return ExtractConfig(model="tiny-test", manifests=manifests, **kw)
+
+
 @pytest.fixture
 def single_thread():
     """Tiny tensors: one intra-op thread is faster and immune to a loaded machine

@@ -71,7 +71,7 @@ def _aro(root: Path) -> None:
 
 def _whatsup(root: Path) -> None:
     prep = {"on": "on", "under": "under", "left_of": "to the left of", "right_of": "to the right of", "in-front_of": "in front of", "behind": "behind"}
-    for subset, folder, name, arrangements in (
+    for _subset, folder, name, arrangements in (
         ("a", "controlled_images", "controlled_images_dataset.json", ["left_of", "right_of", "on", "under"]),
         ("b", "controlled_clevr", "controlled_clevr_dataset.json", ["left_of", "right_of", "in-front_of", "behind"]),
     ):

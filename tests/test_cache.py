@@ -210,8 +210,8 @@ def test_long_caption_truncated_and_warned_once(tmp_path, tiny_encoder, tiny_sui
     long.to_parquet(tmp_path / "m" / "long.parquet", index=False)
     with caplog.at_level("WARNING"):
         extract_stage.run(_cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "long.parquet"}), progress=False, encoder=tiny_encoder)
-    msgs = [r.message for r in caplog.records if "truncated" in r.message]
-    assert len(msgs) == 1 and msgs[0].startswith("2 caption(s)")
+    msgs = [r.getMessage() for r in caplog.records if "exceed the context" in r.getMessage()]
+    assert len(msgs) == 1 and msgs[0].startswith("shapes-aro: 2 caption(s)")
     store = FeatureStore.open(tmp_path / "features" / "tiny-test.zarr")
     rows = store.suite_index("shapes-aro")["captions"][0, :1]
     t = store.texts(rows)

@@ -136,15 +136,17 @@ def test_reader_expects_the_fingerprint_the_writer_records(tiny_pair, tmp_path):
     assert "init_seed" not in as_loaded and as_loaded["pretrained"].startswith("sha256:")
 
 
-def test_cli_passes_init_seed_to_extract(monkeypatch):
+def test_cli_passes_init_seed_to_extract(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
     from pipeline.cli import app
     from stages import extract as stage
 
     seen = []
-    monkeypatch.setattr(stage, "run", lambda cfg, progress: seen.append(cfg) or {})
-    result = CliRunner().invoke(app, ["extract", "--params", "none.yaml", "--pretrained", "none", "--init-seed", "7"])
+    monkeypatch.setattr(stage, "run", lambda cfg, progress, **_: seen.append(cfg) or {})
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    result = CliRunner().invoke(app, ["extract", "--params", str(empty), "--pretrained", "none", "--init-seed", "7"])
     assert result.exit_code == 0, result.output
     assert seen[0].init_seed == 7 and seen[0].pretrained == "none"
     assert ExtractConfig().init_seed == 0

@@ -393,9 +393,10 @@ def test_a_seed_with_the_main_weights_is_copied_not_rescored(tmp_path, tiny_stor
     """`<variant>@seed0` holds the main checkpoint's weights: the score stage writes the main
     run's scores under its name without scoring again; a seed with other weights is scored;
     the seeds score `seed_suites` only, and an unknown one is refused."""
-    from pipeline.config import ExtractConfig, ScoreConfig
+    from pipeline.config import ScoreConfig
     from pipeline.training.loop import train_variant
     from stages import score as score_stage
+    from tests.conftest import extract_config_of
 
     train_variant(_cfg(tmp_path / "ckpt", "flowclip", seeds=[0, 1], steps=4, eval_every=2), tiny_store, progress=False)
     monkeypatch.setattr(score_stage, "open_store", lambda extract: tiny_store)
@@ -406,7 +407,7 @@ def test_a_seed_with_the_main_weights_is_copied_not_rescored(tmp_path, tiny_stor
         variants=["flowclip"], seed_variants=["flowclip"], suites=["shapes-dev", "shapes-train"], seed_suites=["shapes-dev"], encoder="tiny-test",
         checkpoints=str(tmp_path / "ckpt"), scores_out=str(tmp_path / "scores"), metrics_out=str(tmp_path / "metrics"),
     )
-    runs = score_stage.run(cfg, ExtractConfig(model="tiny-test"), progress=False)
+    runs = score_stage.run(cfg, extract_config_of(tiny_store), progress=False)
     assert sorted((r["variant"], r["suite"]) for r in runs) == [
         ("flowclip", "shapes-dev"), ("flowclip", "shapes-train"), ("flowclip@seed0", "shapes-dev"), ("flowclip@seed1", "shapes-dev")
     ]  # the seeds score seed_suites only
@@ -419,4 +420,4 @@ def test_a_seed_with_the_main_weights_is_copied_not_rescored(tmp_path, tiny_stor
     assert on_disk == {**records["flowclip"], "variant": "flowclip@seed0"} == records["flowclip@seed0"]
     assert (tmp_path / "scores" / "flowclip@seed1" / "shapes-dev.parquet").is_file()
     with pytest.raises(ValueError, match="seed_suites"):
-        score_stage.run(dataclasses.replace(cfg, seed_suites=["shapes-aro"]), ExtractConfig(model="tiny-test"), progress=False)
+        score_stage.run(dataclasses.replace(cfg, seed_suites=["shapes-aro"]), extract_config_of(tiny_store), progress=False)

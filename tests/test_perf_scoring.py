@@ -110,7 +110,8 @@ def test_bench_scoring_command_writes_the_schema(tmp_path, tiny_encoder, monkeyp
 def test_unknown_variant_fails_naming_the_valid_ones(tmp_path):
     from pipeline.cli import app
 
-    args = ["bench", "scoring", "--params", str(tmp_path / "none.yaml"), "--variants", "nope", "--quiet"]
+    (tmp_path / "empty.yaml").write_text("")
+    args = ["bench", "scoring", "--params", str(tmp_path / "empty.yaml"), "--variants", "nope", "--quiet"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1 and "unknown scorer 'nope'" in result.output and "bindclip" in result.output
 

@@ -29,6 +29,7 @@ from pipeline.scoring import (
     stable_top_k,
     suite_inputs,
 )
+from tests.conftest import extract_config_of
 
 # ------------------------------------------------------------------------ dummy scorers
 
@@ -352,9 +353,7 @@ def test_true_image_clip_equals_todays_scores_and_shuffle_changes_them(tiny_stor
 
 
 def _stage_configs(store, tmp_path: Path, **kw) -> tuple[ScoreConfig, ExtractConfig]:
-    ext = ExtractConfig(
-        model="tiny-test", pretrained="none", out=str(Path(store.path).parent)
-    )  # random init
+    ext = extract_config_of(store, pretrained="none", out=str(Path(store.path).parent))  # random init
     cfg = ScoreConfig(variants=["clip"], suites=["shapes-dev", "shapes-train"], encoder="tiny-test",
                       scores_out=str(tmp_path / "scores"), metrics_out=str(tmp_path / "metrics"), **kw)  # fmt: skip
     return cfg, ext

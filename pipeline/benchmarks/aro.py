@@ -80,6 +80,7 @@ from pipeline.benchmarks.base import (
     bucket_split,
     choice_correct,
     hash_bucket,
+    read_json,
     relative_image_path,
     require_file,
 )
@@ -105,8 +106,7 @@ def excluded_relations() -> frozenset[str]:
 
 
 def _read_json_list(path: Path) -> list:
-    with open(path) as f:
-        data = json.load(f)
+    data = read_json(path)
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list")
     return data

@@ -28,11 +28,12 @@ for BindCLIP's image-disjoint training and development pairs.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -145,6 +146,44 @@ def require_file(root: Path, name: str, how_to_get: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{name} not found under {Path(root)}; {how_to_get}")
     return path
+
+
+def read_json(path: Path) -> Any:
+    """An official annotation file's JSON, read strictly.
+
+    Python's ``json`` keeps the last of two equal keys in one object, which silently drops an
+    item of a file keyed by index (SugarCrepe); here a duplicated key, invalid UTF-8 and a
+    syntax error each raise one ValueError naming the file and the place.
+    """
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise ValueError(f"{path}: key {key!r} appears twice in one JSON object (an item would be lost); fix the file")
+            seen[key] = value
+        return seen
+
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ValueError(f"{path}: invalid UTF-8 at byte {e.start} (line {line}); re-save the file as UTF-8") from None
+    try:
+        return json.loads(text, object_pairs_hook=unique)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+
+
+def text_field(record: Any, key: str, path: Path, item: str) -> str:
+    """``record[key]`` as a non-empty string, or a ValueError naming the file, the item and
+    the key (a missing key, ``null`` or an empty caption)."""
+    value = record.get(key) if isinstance(record, dict) else None
+    if not isinstance(value, str) or not value.strip():
+        got = "missing" if not isinstance(record, dict) or key not in record else repr(value)
+        raise ValueError(f"{path}: item {item}: {key!r} is {got}; expected a non-empty string")
+    return value
 
 
 def relative_image_path(path: str, item: str) -> str:

@@ -46,7 +46,6 @@ Metric (shared with ``shapes-train`` / ``shapes-dev``): per-family accuracy with
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from itertools import pairwise
@@ -62,6 +61,7 @@ from pipeline.benchmarks.base import (
     bucket_split,
     choice_correct,
     hash_bucket,
+    read_json,
     relative_image_path,
     require_file,
 )
@@ -275,10 +275,8 @@ def _geometric_items(
 def build_families(root: Path, cfg: CocoFamiliesConfig | None = None) -> pd.DataFrame:
     """The family manifest from the COCO captions + instances files under ``root``."""
     cfg = cfg or CocoFamiliesConfig()
-    with open(require_file(root, cfg.captions, COCO_SOURCE)) as f:
-        cap_data = json.load(f)
-    with open(require_file(root, cfg.instances, COCO_SOURCE)) as f:
-        inst = json.load(f)
+    cap_data = read_json(require_file(root, cfg.captions, COCO_SOURCE))
+    inst = read_json(require_file(root, cfg.instances, COCO_SOURCE))
     cats = {c["id"]: c for c in inst["categories"]}
     super_of = {c["name"]: c["supercategory"] for c in cats.values()}
     supers: dict[str, list[str]] = {}

@@ -43,7 +43,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.benchmarks.base import SUITES, Suite, relative_image_path, require_file
+from pipeline.benchmarks.base import (
+    SUITES,
+    Suite,
+    read_json,
+    relative_image_path,
+    require_file,
+)
 from pipeline.benchmarks.phrases import split_phrases
 from pipeline.benchmarks.retrieval import (
     OBJECT_CAPTION_COLUMNS,
@@ -94,8 +100,7 @@ def _row(
 
 
 def _load_json(path: Path):
-    with open(path) as f:
-        return json.load(f)
+    return read_json(path)
 
 
 # ---------------------------------------------------------------------------- COCO

@@ -17,7 +17,6 @@ The metric functions here are shared with ``shapes-sugarcrepe`` (``pipeline.benc
 
 from __future__ import annotations
 
-import json
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -25,7 +24,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.benchmarks.base import SUITES, Suite, Units, choice_correct, relative_image_path
+from pipeline.benchmarks.base import (
+    SUITES,
+    Suite,
+    Units,
+    choice_correct,
+    read_json,
+    relative_image_path,
+    text_field,
+)
 
 CATEGORIES = (
     "replace-obj",
@@ -72,8 +79,7 @@ def length_matched(pos: list[str], neg: list[str]) -> np.ndarray:
 
 def read_category(path: Path, category: str) -> pd.DataFrame:
     """One official category file -> manifest rows (JSON order)."""
-    with open(path) as f:
-        data = json.load(f)
+    data = read_json(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object keyed by index (SugarCrepe format)")
     rows = []
@@ -82,8 +88,8 @@ def read_category(path: Path, category: str) -> pd.DataFrame:
         rows.append(
             {
                 "item_id": item,
-                "image": relative_image_path(v["filename"], item),
-                "captions": [v["caption"], v["negative_caption"]],
+                "image": relative_image_path(text_field(v, "filename", path, item), item),
+                "captions": [text_field(v, "caption", path, item), text_field(v, "negative_caption", path, item)],
                 "correct": 0,
                 "category": category,
             }

@@ -25,13 +25,19 @@ present) is ours.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from pipeline.benchmarks.base import SUITES, Suite, Units, relative_image_path
+from pipeline.benchmarks.base import (
+    SUITES,
+    Suite,
+    Units,
+    read_json,
+    relative_image_path,
+    text_field,
+)
 from pipeline.benchmarks.sugarcrepe import read_present_categories
 
 CATEGORIES = ("replace-obj", "replace-att", "replace-rel", "swap-obj", "swap-att")
@@ -41,18 +47,17 @@ SOURCE = "download data/<category>.json from github.com/Sri-Harsha/scpp"
 
 def read_category(path: Path, category: str) -> pd.DataFrame:
     """One official category file -> manifest rows (list order)."""
-    with open(path) as f:
-        data = json.load(f)
+    data = read_json(path)
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list (SugarCrepe++ format)")
     rows = []
     for i, v in enumerate(data):
-        item = f"{category}/{v.get('id', i)}"
+        item = f"{category}/{v.get('id', i) if isinstance(v, dict) else i}"
         rows.append(
             {
                 "item_id": item,
-                "image": relative_image_path(v["filename"], item),
-                "captions": [v["caption"], v["caption2"], v["negative_caption"]],
+                "image": relative_image_path(text_field(v, "filename", path, item), item),
+                "captions": [text_field(v, k, path, item) for k in ("caption", "caption2", "negative_caption")],
                 "correct": 0,
                 "category": category,
             }

@@ -44,7 +44,6 @@ These metric functions are shared with ``shapes-whatsup`` (arrangements left/rig
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,6 +56,7 @@ from pipeline.benchmarks.base import (
     Suite,
     Units,
     choice_correct,
+    read_json,
     relative_image_path,
     require_file,
 )
@@ -87,8 +87,7 @@ def parse_controlled_name(image_path: str) -> tuple[str, str]:
 
 def read_controlled(path: Path, subset: str) -> pd.DataFrame:
     """One Controlled file -> manifest rows; ``subset`` is ``a`` or ``b``."""
-    with open(path) as f:
-        data = json.load(f)
+    data = read_json(path)
     rows = []
     for i, d in enumerate(data):
         item = f"{subset}/{i}"
@@ -207,8 +206,7 @@ def qa_label(correct_caption: str, subset: str, dataset: str) -> str:
 
 def read_qa(path: Path, subset: str, dataset: str) -> pd.DataFrame:
     """One QA file (``[image_id, correct, wrong]`` entries) -> manifest rows."""
-    with open(path) as f:
-        data = json.load(f)
+    data = read_json(path)
     rows = []
     for i, (image_id, good, bad) in enumerate(data):
         item = f"{subset}-obj/{i}"

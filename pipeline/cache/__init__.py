@@ -1,5 +1,7 @@
 """The feature store: schema (the contract), writer, reader, and opening a configured store."""
 
+from pipeline.cache.integrity import CorruptStoreError
+from pipeline.cache.lock import StoreLockedError, store_lock
 from pipeline.cache.open import expected_fingerprint, open_store, store_path
 from pipeline.cache.reader import FeatureStore
 from pipeline.cache.schema import (
@@ -12,10 +14,13 @@ from pipeline.cache.schema import (
 __all__ = [
     "SCHEMA_VERSION",
     "CacheError",
+    "CorruptStoreError",
+    "StoreLockedError",
     "FeatureStore",
     "ForeignCacheError",
     "StaleCacheError",
     "expected_fingerprint",
     "open_store",
+    "store_lock",
     "store_path",
 ]

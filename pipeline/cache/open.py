@@ -13,13 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.cache.location import is_url
 from pipeline.cache.reader import FeatureStore
 from pipeline.cache.schema import ForeignCacheError
 from pipeline.config import ExtractConfig
 
 
-def store_path(cfg: ExtractConfig) -> Path:
-    """``<cfg.out>/<cfg.model>.zarr``: one store per encoder."""
+def store_path(cfg: ExtractConfig) -> Path | str:
+    """``<cfg.out>/<cfg.model>.zarr``: one store per encoder (a URL when ``cfg.out`` is one)."""
+    if is_url(cfg.out):
+        return f"{cfg.out.rstrip('/')}/{cfg.model}.zarr"
     return Path(cfg.out) / f"{cfg.model}.zarr"
 
 
@@ -46,10 +49,10 @@ def open_store(extract: ExtractConfig) -> FeatureStore:
     object crops when ``extract.object_crops`` asks for them (a store with crops serves a
     configuration without them: the crops are additive)."""
     path = store_path(extract)
-    store = FeatureStore.open(path)
+    store = FeatureStore.open(path, storage_options=extract.storage_options)
     if extract.object_crops and not store.fingerprint.get("object_crops"):
         raise ForeignCacheError(
             f"{path} was extracted without object crops, which extract.object_crops: true asks "
             f"for; rerun `pipeline extract` with extract.object_crops: true (it adds them)"
         )
-    return FeatureStore.open(path, expect=expected_fingerprint(store, extract))
+    return FeatureStore.open(path, expect=expected_fingerprint(store, extract), storage_options=extract.storage_options)

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 import zarr
 
+from pipeline.cache.integrity import CorruptStoreError, Damage, check_shapes, describe, inventory
+from pipeline.cache.location import StoreLocation
 from pipeline.cache.schema import (
     SCHEMA_VERSION,
     CacheError,
@@ -40,44 +42,65 @@ from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatu
 GAP_BYTES = 1 << 20  # a gap between wanted rows up to this size is read through, not skipped
 
 
+def _span(name: str, rows: np.ndarray, error: Exception) -> Damage:
+    """The damage a failed read of ``rows`` of ``name`` reports (the rows it asked for)."""
+    return Damage(name, int(rows.min()), int(rows.max()) + 1, str(error))
+
+
 class FeatureStore:
     """Read-only view of one encoder's store."""
 
-    def __init__(self, path: Path, root: zarr.Group) -> None:
+    def __init__(self, path: Path | str, root: zarr.Group) -> None:
         self.path = path
         self.root = root
         self._done: dict[str, np.ndarray] = {}  # modality -> [N] bool, read once (read-only)
 
     @classmethod
-    def open(cls, path: str | Path, expect: dict[str, Any] | None = None) -> FeatureStore:
-        """Open ``path`` read-only and check its schema version and fingerprint.
+    def open(cls, path: str | Path, expect: dict[str, Any] | None = None, storage_options: dict[str, Any] | None = None) -> FeatureStore:
+        """Open ``path`` read-only and check its schema version, fingerprint, shapes and
+        chunk inventory.
 
         Args:
             expect: the fingerprint of the encoder the caller is configured for; None skips
                 the fingerprint check (version is always checked).
+            storage_options: fsspec options when ``path`` is a URL.
 
         Raises:
             CacheError: no store at ``path``.
             StaleCacheError: written by another schema version.
             ForeignCacheError: written by another encoder/weights/preprocessing.
+            CorruptStoreError: chunk files missing, arrays contradicting the dims, or attributes
+                edited (:mod:`pipeline.cache.integrity`).
         """
-        path = Path(path)
-        if not (path / "zarr.json").exists():
+        loc = StoreLocation.of(path, storage_options)
+        path = loc.path
+        if not loc.exists():
             raise CacheError(f"no feature store at {path}; run `pipeline extract` first")
-        root = zarr.open_group(path, mode="r", use_consolidated=False)
+        root = loc.open("r")
         version = root.attrs.get("schema_version")
         if version != SCHEMA_VERSION:
             raise StaleCacheError(
                 f"{path} has cache schema v{version}, this code reads v{SCHEMA_VERSION}; "
                 f"rerun `pipeline extract`"
             )
-        if expect is not None and root.attrs.get("fingerprint_id") != fingerprint_id(expect):
-            have = root.attrs.get("fingerprint", {})
-            diff = sorted(k for k in set(have) | set(expect) if have.get(k) != expect.get(k))
-            raise ForeignCacheError(
-                f"{path} was extracted with a different encoder configuration (differs in: "
-                f"{', '.join(diff)}); rerun `pipeline extract`"
+        have = dict(root.attrs.get("fingerprint", {}))
+        if root.attrs.get("fingerprint_id") != fingerprint_id(have):
+            raise CorruptStoreError(
+                f"{path}: its fingerprint_id {root.attrs.get('fingerprint_id')} is not the hash of its "
+                f"recorded fingerprint ({fingerprint_id(have)}): its attributes were edited; delete it "
+                f"and rerun `pipeline extract`"
             )
+        if expect is not None and fingerprint_id(have) != fingerprint_id(expect):
+            diff = sorted(k for k in set(have) | set(expect) if have.get(k) != expect.get(k))
+            listing = "; ".join(f"{k}: store {have.get(k)!r}, configured {expect.get(k)!r}" for k in diff)
+            raise ForeignCacheError(
+                f"{path} was extracted with a different encoder configuration ({listing}); rerun "
+                f"`pipeline extract`"
+            )
+        check_shapes(root, path)
+        damage = inventory(root)
+        if damage:
+            raise CorruptStoreError(describe(path, damage))
         return cls(path, root)
 
     @property
@@ -118,7 +141,12 @@ class FeatureStore:
         row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
         max_gap = max(1, GAP_BYTES // max(row_bytes, 1))  # rows
         runs = np.split(uniq, np.flatnonzero(np.diff(uniq) > max_gap) + 1)
-        parts = [arr[int(r[0]) : int(r[-1]) + 1][r - r[0]] for r in runs]
+        try:
+            parts = [arr[int(r[0]) : int(r[-1]) + 1][r - r[0]] for r in runs]
+        except Exception as e:  # noqa: BLE001 - a codec failure is damage: name it and the fix
+            raise CorruptStoreError(
+                f"{describe(self.path, [_span(name, uniq, e)])} ({type(e).__name__}: {e})"
+            ) from None
         return (parts[0] if len(parts) == 1 else np.concatenate(parts))[inverse]
 
     def _check_done(self, modality: str, rows: np.ndarray) -> None:

@@ -34,7 +34,7 @@ crop per annotated object box (manifest column ``object_boxes``, normalised to t
 
 A crop is the box's pixels (outward-rounded, at least one pixel) put through the encoder's
 own preprocessing, like a whole image, so the crop of the whole-image box is the image itself
-and its embedding equals ``image/embed``. The crops are an additive part of schema v2: a store
+and its embedding equals ``image/embed``. The crops are an additive part of the schema: a store
 without them is byte for byte what it is without the option, and its fingerprint has no
 ``object_crops`` key (:data:`STORE_OPTIONS`), so switching the option on adds the ``object``
 group to an existing store of the same encoder instead of replacing it.
@@ -49,6 +49,8 @@ whole shards where they can.
 Rows are content-addressed: each image and caption is encoded once across suites, and a
 rerun with a new suite appends only what is new. ``done`` flags make an interrupted extract
 resumable (LocalStore writes each shard file atomically, so no chunk is left half-written).
+Every chunk ends in a ``crc32c`` checksum and every written chunk has a file, so damaged bytes
+and deleted files are found (:mod:`pipeline.cache.integrity`) rather than read as zeros.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 2  # v2: inner chunks of chunk_rows rows (v1: one row per chunk)
+SCHEMA_VERSION = 3  # v3: crc32c on every chunk, a file for every chunk (v2: no checksums)
 SHARD_ROWS = 64  # rows per shard for grids and token states
+FLAT_CHUNK_ROWS = SHARD_ROWS * 4  # rows per chunk of the unsharded arrays (keys, flags, embeddings)
 CHUNK_BYTES = 512 * 1024  # target size of an inner chunk (uncompressed)
 KEY_BYTES = 16  # bytes of sha256 kept as a row key
 GRID_DTYPE = "float16"

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, BloscShuffle
+from zarr.codecs import BloscCodec, BloscShuffle, Crc32cCodec
 
+from pipeline.cache.location import StoreLocation
 from pipeline.cache.schema import (
     ARRAYS,
+    FLAT_CHUNK_ROWS,
     IMAGE_ARRAYS,
     OBJECT_ARRAYS,
     SCHEMA_VERSION,
@@ -41,10 +42,22 @@ log = logging.getLogger(__name__)
 # zstd+shuffle saved only 6% on toy grids (157 vs 167 MiB) and 15% on token states, while
 # compression was ~40% of the time to write them.
 COMPRESSOR = BloscCodec(cname="zstd", clevel=1, shuffle=BloscShuffle.shuffle)
+CHECKSUM = Crc32cCodec()  # last codec of every chunk: damaged bytes fail to decode
+# Every chunk gets a file, even one equal to the fill value, so an absent file is damage
+# (pipeline.cache.integrity), never an all-zero chunk.
+ARRAY_CONFIG = {"write_empty_chunks": True}
+
+
+class NonFiniteFeaturesError(ValueError):
+    """An encoder produced NaN or inf features."""
 
 
 def open_for_writing(
-    path: str | Path, fingerprint: dict[str, Any], dims: dict[str, Any], replace_mismatch: bool = False
+    path: str | Path,
+    fingerprint: dict[str, Any],
+    dims: dict[str, Any],
+    replace_mismatch: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> zarr.Group:
     """Open (or create) the store at ``path`` for this encoder.
 
@@ -58,21 +71,22 @@ def open_for_writing(
         replace_mismatch: delete an existing store of another schema version or fingerprint
             and start afresh (the DVC pipeline retrains the toy CLIP, which makes its old
             features worthless) instead of refusing it.
+        storage_options: fsspec options when ``path`` is a URL (:mod:`pipeline.cache.location`).
 
     Raises:
         StaleCacheError / ForeignCacheError: an existing store has another schema version or
             fingerprint and ``replace_mismatch`` is False.
     """
-    path = Path(path)
+    loc = StoreLocation.of(path, storage_options)
     fid = fingerprint_id(fingerprint)
-    if (path / "zarr.json").exists() and replace_mismatch:
-        attrs = zarr.open_group(path, mode="r").attrs
+    if loc.exists() and replace_mismatch:
+        attrs = loc.open("r").attrs
         same_encoder = encoder_id(attrs.get("fingerprint", {})) == encoder_id(fingerprint)
         if attrs.get("schema_version") != SCHEMA_VERSION or not same_encoder:
             log.warning("replacing %s: it was written by another encoder or schema", path)
-            shutil.rmtree(path)
-    if (path / "zarr.json").exists():
-        root = zarr.open_group(path, mode="r+")
+            loc.remove()
+    if loc.exists():
+        root = loc.open("r+")
         version = root.attrs.get("schema_version")
         if version != SCHEMA_VERSION:
             raise StaleCacheError(
@@ -96,7 +110,7 @@ def open_for_writing(
                 if spec.name not in root:
                     _create(root, spec, resolve_tail(spec, dims))
         return root
-    root = zarr.open_group(path, mode="w")
+    root = loc.open("w")
     root.attrs.update(
         schema_version=SCHEMA_VERSION,
         fingerprint=fingerprint,
@@ -114,15 +128,16 @@ def _create(root: zarr.Group, spec: ArraySpec, tail: tuple[int, ...]) -> None:
     if spec.sharded:
         chunks, shards = (chunk_rows(spec, tail), *tail), (SHARD_ROWS, *tail)
     else:
-        chunks, shards = (max(SHARD_ROWS * 4, 1), *tail), None
+        chunks, shards = (FLAT_CHUNK_ROWS, *tail), None
     root.create_array(
         spec.name,
         shape=(0, *tail),
         dtype=spec.dtype,
         chunks=chunks,
         shards=shards,
-        compressors=COMPRESSOR if spec.dtype != "bool" and not spec.sharded else None,
+        compressors=(COMPRESSOR, CHECKSUM) if spec.dtype != "bool" and not spec.sharded else (CHECKSUM,),
         fill_value=0 if spec.dtype != "bool" else False,
+        config=ARRAY_CONFIG,
     )
 
 
@@ -130,12 +145,19 @@ def write_params(root: zarr.Group, params: dict[str, np.ndarray]) -> None:
     """Store the frozen projection parameters (``params/<name>``), once."""
     for name, value in params.items():
         value = np.asarray(value, dtype=np.float32)
-        arr = root.require_array(f"params/{name}", shape=value.shape, dtype="float32")
+        arr = root.require_array(
+            f"params/{name}", shape=value.shape, dtype="float32", compressors=(CHECKSUM,), config=ARRAY_CONFIG
+        )
         arr[...] = value
 
 
 def plan_rows(root: zarr.Group, modality: str, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Map content keys to store rows, appending rows for unseen keys.
+
+    Appending resizes every array of the modality, writes the new keys, and then records the
+    new row count in the modality group's ``rows`` attribute. A run killed between those
+    steps leaves arrays longer than ``rows``; the next call cuts them back to ``rows`` before
+    planning, so the uncommitted tail is planned again exactly as the first time.
 
     Args:
         modality: ``image``, ``text`` or ``object``.
@@ -145,23 +167,34 @@ def plan_rows(root: zarr.Group, modality: str, keys: np.ndarray) -> tuple[np.nda
         ``rows`` [n] int64 row of every key, and ``todo`` sorted unique rows whose ``done``
         flag is False (new rows and rows left unfinished by an interrupted run).
     """
+    committed = int(root[modality].attrs.get("rows", 0))
+    for spec in ARRAYS[modality]:
+        arr = root[spec.name]
+        if arr.shape[0] != committed:
+            log.info("%s: dropping %d uncommitted rows of an interrupted run", spec.name, arr.shape[0] - committed)
+            arr.resize((committed, *arr.shape[1:]))
     key_arr = root[f"{modality}/key"]
     existing = {k: i for i, k in enumerate(keys_to_hex(key_arr[:]))}
     hexes = keys_to_hex(keys)
     new = [h for h in dict.fromkeys(hexes) if h not in existing]
-    n_old = key_arr.shape[0]
     if new:
-        n_new = n_old + len(new)
+        n_new = committed + len(new)
         for spec in ARRAYS[modality]:
             arr = root[spec.name]
             arr.resize((n_new, *arr.shape[1:]))
         new_keys = np.stack([np.frombuffer(bytes.fromhex(h), dtype=np.uint8) for h in new])
-        root[f"{modality}/key"][n_old:n_new] = new_keys  # fresh handle: the old one predates resize
-        existing.update({h: n_old + i for i, h in enumerate(new)})
+        append_keys(root, modality, committed, new_keys)
+        root[modality].attrs["rows"] = n_new
+        existing.update({h: committed + i for i, h in enumerate(new)})
     rows = np.array([existing[h] for h in hexes], dtype=np.int64)
     done = root[f"{modality}/done"][:]  # re-read: `resize` went through another handle
     todo = np.flatnonzero(~done.astype(bool))
     return rows, todo
+
+
+def append_keys(root: zarr.Group, modality: str, start: int, keys: np.ndarray) -> None:
+    """Write the keys of the rows appended at ``start`` (after every array was resized)."""
+    root[f"{modality}/key"][start : start + len(keys)] = keys  # fresh handle: the old one predates resize
 
 
 def shard_batches(rows: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
@@ -179,8 +212,43 @@ def shard_batches(rows: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
     yield from np.split(rows, cuts)
 
 
-def write_rows(root: zarr.Group, modality: str, rows: np.ndarray, arrays: dict[str, np.ndarray]) -> None:
-    """Write one batch of encoded rows (contiguous or not), then flag them done."""
+def task_blocks(rows: np.ndarray, block_rows: int) -> Iterator[np.ndarray]:
+    """Split sorted rows into blocks no two of which share a chunk or shard file of any array.
+
+    Every array's chunks and shards tile rows in multiples of ``FLAT_CHUNK_ROWS`` (the chunk
+    of the unsharded arrays), so blocks of whole ``FLAT_CHUNK_ROWS`` spans, at least
+    ``block_rows`` rows each, can be written by concurrent tasks without a read-modify-write
+    of one file by two of them.
+    """
+    if len(rows) == 0:
+        return
+    per = max(FLAT_CHUNK_ROWS, -(-block_rows // FLAT_CHUNK_ROWS) * FLAT_CHUNK_ROWS)
+    block_of = rows // per
+    yield from np.split(rows, np.flatnonzero(np.diff(block_of)) + 1)
+
+
+def write_rows(root: zarr.Group, modality: str, rows: np.ndarray, arrays: dict[str, np.ndarray], done: np.ndarray | None = None) -> None:
+    """Write one batch of encoded rows (contiguous or not), then flag them done.
+
+    Args:
+        done: [len(rows)] bool, which rows to flag (None: all); a row left unflagged (its
+            image could not be decoded) is encoded again by the next extract.
+
+    Raises:
+        NonFiniteFeaturesError: a float array holds NaN or inf (nothing of the batch is
+            written).
+    """
+    for name, value in arrays.items():
+        if np.issubdtype(value.dtype, np.floating):
+            bad = ~np.isfinite(value.reshape(len(value), -1)).all(axis=1)
+            if done is not None:
+                bad &= done
+            if bad.any():
+                raise NonFiniteFeaturesError(
+                    f"the encoder produced NaN/inf {modality}/{name} features for store rows "
+                    f"{rows[bad][:8].tolist()}{' ...' if bad.sum() > 8 else ''}; nothing of that batch "
+                    f"was written (check the weights and the inputs of those rows)"
+                )
     lo, hi = int(rows.min()), int(rows.max()) + 1
     contiguous = hi - lo == len(rows) and np.all(np.diff(rows) == 1)
     for name, value in arrays.items():
@@ -190,7 +258,38 @@ def write_rows(root: zarr.Group, modality: str, rows: np.ndarray, arrays: dict[s
             arr[lo:hi] = value
         else:
             arr.set_orthogonal_selection((rows,), value)
-    root[f"{modality}/done"].set_orthogonal_selection((rows,), np.ones(len(rows), dtype=bool))
+    flags = np.ones(len(rows), dtype=bool) if done is None else np.asarray(done, dtype=bool)
+    root[f"{modality}/done"].set_orthogonal_selection((rows,), flags)
+
+
+def clear_damage(root: zarr.Group, damage: list) -> dict[str, np.ndarray]:
+    """Make every damaged chunk file of ``damage`` (:class:`pipeline.cache.integrity.Damage`)
+    whole again and its rows due for encoding: the file is deleted and rewritten with zeros,
+    and the rows it holds are unflagged in their modality's ``done``.
+
+    Returns:
+        ``{modality: rows}`` whose keys were in a damaged file (zero now; the caller restores
+        them from the suite indexes).
+    """
+    from zarr.core.sync import sync
+
+    from pipeline.cache.integrity import file_rows
+
+    lost: dict[str, list[np.ndarray]] = {}
+    for d in damage:
+        modality = d.array.split("/")[0]
+        arr = root[d.array]
+        per = file_rows(arr)
+        for i in range(d.lo // per, (d.hi - 1) // per + 1):
+            lo, hi = i * per, min((i + 1) * per, arr.shape[0])
+            key = "/".join([f"{d.array}/c", str(i), *["0"] * (arr.ndim - 1)])
+            sync(root.store.delete(key))
+            arr[lo:hi] = np.zeros((hi - lo, *arr.shape[1:]), dtype=arr.dtype)
+            root[f"{modality}/done"][lo:hi] = False
+            if d.array.endswith("/key"):
+                lost.setdefault(modality, []).append(np.arange(lo, hi))
+        log.warning("%s: rows %d-%d cleared for re-encoding (%s)", d.array, d.lo, d.hi - 1, d.problem[:80])
+    return {m: np.concatenate(r) for m, r in lost.items()}
 
 
 def write_suite_index(
@@ -216,7 +315,10 @@ def write_suite_index(
             del group[stale]
         kinds = {}
     for column, (_, rows) in columns.items():
-        group.create_array(column, data=np.asarray(rows, dtype=np.int64), overwrite=True)
+        group.create_array(
+            column, data=np.asarray(rows, dtype=np.int64), overwrite=True,
+            compressors=(COMPRESSOR, CHECKSUM), config=ARRAY_CONFIG,
+        )  # fmt: skip
     kinds = {c: m for c, m in kinds.items() if c in set(group.array_keys())}
     group.attrs.update({**attrs, "kinds": {**kinds, **{c: m for c, (m, _) in columns.items()}}})
 

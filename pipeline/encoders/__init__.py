@@ -31,6 +31,8 @@ last block's output after ``ln_final``; ``tokens[eot] @ text_projection`` equals
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -333,6 +335,35 @@ def weights_provenance(config: str, path: str | Path) -> tuple[str, bool] | None
     return None if best is None else best[1:]
 
 
+HASH_CACHE = Path(os.environ.get("PIPELINE_HASH_CACHE", Path.home() / ".cache" / "pipeline" / "sha256.json"))
+
+
+def weights_sha256(path: str | Path) -> str:
+    """sha256 of a weights file, remembered by (real path, size, mtime) in :data:`HASH_CACHE`.
+
+    Every command that checks a store's fingerprint resolves the weights identity; hashing a
+    605 MB ViT-B-32 file took seconds of each call. A file rewritten in place changes its
+    mtime (or size), which misses the cache and hashes it again.
+    """
+    st = Path(path).stat()
+    key = f"{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    try:
+        cache = json.loads(HASH_CACHE.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key not in cache:
+        cache = {k: v for k, v in cache.items() if not k.startswith(f"{Path(path).resolve()}|")}
+        cache[key] = file_sha256(path)
+        try:
+            HASH_CACHE.parent.mkdir(parents=True, exist_ok=True)
+            tmp = HASH_CACHE.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache))
+            tmp.replace(HASH_CACHE)  # atomic: concurrent commands never read half a file
+        except OSError:
+            pass  # a read-only home: hash every time
+    return cache[key]
+
+
 def resolve_pretrained(spec: EncoderSpec, pretrained: str | None, checkpoint: str | None) -> str:
     """The weights identity string for a spec, without loading anything.
 
@@ -345,12 +376,12 @@ def resolve_pretrained(spec: EncoderSpec, pretrained: str | None, checkpoint: st
             raise WeightsUnavailableError(
                 f"toy CLIP checkpoint not found at {str(path)!r}: {spec.weights_hint}"
             )
-        return f"sha256:{file_sha256(path)}"
+        return f"sha256:{weights_sha256(path)}"
     tag = pretrained or spec.default_pretrained
     if tag.lower() in ("none", "random"):
         return "random"
     if Path(tag).is_file():
-        return f"sha256:{file_sha256(tag)}"
+        return f"sha256:{weights_sha256(tag)}"
     if tag != "openai":
         raise WeightsUnavailableError(
             f"pretrained {tag!r} for {spec.name} is neither 'openai', 'none' nor an existing "

@@ -82,7 +82,11 @@ def load_pixels(enc, root: Path, names: list[str], crops: list | None = None) ->
     preprocessed by extract's own loader, so a bench pays what extract pays."""
     from pipeline.extraction import _load
 
-    return torch.stack([_load(enc, root, name, crop) for name, crop in zip(names, crops or [None] * len(names), strict=True)])
+    bad: dict[int, str] = {}
+    pixels = torch.stack([_load(enc, root, name, crop, bad, i) for i, (name, crop) in enumerate(zip(names, crops or [None] * len(names), strict=True))])
+    if bad:
+        raise ValueError(f"undecodable bench image(s): {'; '.join(bad.values())}")
+    return pixels
 
 
 def bare_forward(enc, folder: Path, manifest: Path, batch_size: int) -> float:

@@ -90,3 +90,56 @@ def extract_memory(sizes: list[int], model: str = "toy") -> dict[str, Any]:
         "growth_ratio": round(peaks[-1] / peaks[0], 3),
         "goal": "flat peak memory as images grow",
     }
+
+
+def extract_scaling(n_images: int, schedulers: tuple[str, ...] = ("local:1", "local:2"), model: str = "toy", batch_size: int = 64) -> dict[str, Any]:
+    """Distributed extract throughput on ``n_images`` random images per scheduler, against
+    the single-process extract (2 torch threads), each into a fresh store; the stores are
+    compared array by array.
+
+    ``encode_s`` is the encoding phase (after planning, before the suite indexes: what more
+    workers speed up); ``wall_s`` adds the cluster's start-up and the workers' model loads.
+    The toy's weights are ``extract.checkpoint``'s default (run ``pipeline toyclip`` first).
+    """
+    import os
+
+    import numpy as np
+    import zarr
+
+    from pipeline.cache import store_path
+    from pipeline.distributed import extract_distributed
+    from pipeline.extraction import extract
+
+    load = os.getloadavg()[0]
+    runs: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        size = random_encoder(model).preprocess_cfg["size"][0]
+        manifest = make_suite(folder, n_images, size)
+        stores = {}
+        for name in ("single", *schedulers):
+            cfg = extract_cfg(folder, manifest, model, batch_size)
+            cfg.threads, cfg.out = 2, str(folder / name.replace(":", "-"))
+            t0 = time.perf_counter()
+            summary = extract(cfg, progress=False) if name == "single" else extract_distributed(cfg, name, progress=False)
+            wall = time.perf_counter() - t0
+            runs[name] = {
+                "encode_s": summary["seconds"], "wall_s": round(wall, 2),
+                "images_per_s": round(n_images / summary["seconds"], 1),
+                **({"workers": summary["workers"], "tasks": summary["tasks"]} if name != "single" else {}),
+            }  # fmt: skip
+            stores[name] = zarr.open_group(store_path(cfg), mode="r")
+        ref = stores["single"]
+        for name in schedulers:
+            same = all(
+                np.array_equal(ref[k][...], stores[name][k][...])
+                for k, node in ref.members(max_depth=None) if isinstance(node, zarr.Array)
+            )  # fmt: skip
+            runs[name]["identical_to_single"] = bool(same)
+    first, last = schedulers[0], schedulers[-1]
+    return {
+        "model": model, "n_images": n_images, "n_captions": 2 * n_images, "load_avg_1min": round(load, 2),
+        "runs": runs,
+        "speedup": round(runs[first]["encode_s"] / runs[last]["encode_s"], 2),
+        "goal": f"{last} >= 1.7x {first} (encode phase)",
+    }  # fmt: skip

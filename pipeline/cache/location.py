@@ -1,0 +1,122 @@
+"""Where a store lives: a local folder or an fsspec URL (``s3://``, ``gs://``, ``memory://``,
+``file://``), opened the same way.
+
+    loc = StoreLocation.of("s3://bucket/features/toy.zarr", {"anon": False})
+    loc.exists(); root = loc.open("r+"); loc.remove()
+
+Local paths go through zarr's ``LocalStore`` (atomic file writes); URLs through
+``FsspecStore`` with the storage options of ``extract.storage_options`` (credentials,
+endpoints). ``s3://`` needs ``s3fs`` and ``gs://`` needs ``gcsfs``: the ``remote`` extra
+(``pip install -e '.[remote]'``). Everything above the store (fingerprint, resume, integrity,
+refusal) only sees a ``zarr.Group``, so it works the same on both.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zarr
+
+
+def is_url(path: str | Path) -> bool:
+    """Whether ``path`` is an fsspec URL (``scheme://...``) rather than a local path."""
+    return "://" in str(path)
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """A store's address and, for a URL, its fsspec storage options."""
+
+    path: str | Path
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, path: str | Path, storage_options: dict[str, Any] | None = None) -> StoreLocation:
+        return cls(str(path) if is_url(path) else Path(path), dict(storage_options or {}))
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    @property
+    def remote(self) -> bool:
+        return is_url(self.path)
+
+    def _fs(self) -> tuple[Any, str]:
+        import fsspec
+
+        try:
+            return fsspec.core.url_to_fs(str(self.path), **self._options())
+        except ImportError as e:
+            raise ImportError(
+                f"{self.path}: {e}; install the remote-store extra: pip install -e '.[remote]'"
+            ) from None
+
+    def _options(self) -> dict[str, Any]:
+        if str(self.path).startswith("file://"):
+            return {"auto_mkdir": True, **self.storage_options}
+        return self.storage_options
+
+    def exists(self) -> bool:
+        """Whether a Zarr group exists here (its ``zarr.json``)."""
+        if not self.remote:
+            return (Path(self.path) / "zarr.json").exists()
+        fs, root = self._fs()
+        return fs.exists(f"{root}/zarr.json")
+
+    def open(self, mode: str) -> zarr.Group:
+        """The group at this location (``mode`` as :func:`zarr.open_group`'s)."""
+        if not self.remote:
+            return zarr.open_group(self.path, mode=mode, use_consolidated=False)
+        self._fs()  # a missing filesystem package is named with the extra that provides it
+        return zarr.open_group(str(self.path), mode=mode, storage_options=self._options(), use_consolidated=False)
+
+    def remove(self) -> None:
+        """Delete the store and everything in it."""
+        if not self.remote:
+            shutil.rmtree(self.path)
+            return
+        fs, root = self._fs()
+        fs.rm(root, recursive=True)
+
+    def sibling(self, suffix: str) -> str | Path:
+        """The address of ``<store><suffix>`` beside the store (its lock file)."""
+        if self.remote:
+            return f"{str(self.path).rstrip('/')}{suffix}"
+        p = Path(self.path)
+        return p.with_name(p.name + suffix)
+
+    def read_text(self, path: str | Path) -> str | None:
+        """The text of a small file beside the store (None when absent)."""
+        if not self.remote:
+            p = Path(path)
+            return p.read_text() if p.exists() else None
+        fs, _ = self._fs()
+        target = fsspec_path(path)
+        return fs.cat_file(target).decode() if fs.exists(target) else None
+
+    def write_text(self, path: str | Path, text: str) -> None:
+        if not self.remote:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
+            return
+        fs, _ = self._fs()
+        fs.pipe_file(fsspec_path(path), text.encode())
+
+    def delete_file(self, path: str | Path) -> None:
+        if not self.remote:
+            Path(path).unlink(missing_ok=True)
+            return
+        fs, _ = self._fs()
+        target = fsspec_path(path)
+        if fs.exists(target):
+            fs.rm_file(target)
+
+
+def fsspec_path(url: str | Path) -> str:
+    """The filesystem path part of an fsspec URL (``memory://a/b`` -> ``/a/b``)."""
+    import fsspec
+
+    return fsspec.core.url_to_fs(str(url))[1]

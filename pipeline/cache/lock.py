@@ -1,0 +1,157 @@
+"""One writer at a time: the lock an extract holds on its store.
+
+    with store_lock("cache/features/toy.zarr"):
+        ...                                  # open_for_writing, encode, finish
+
+The lock is the file ``<store>.lock`` beside the store (the store folder itself may not exist
+yet). Its holder takes an exclusive ``flock`` on it and writes its pid, host and start time
+into it, so a second extract into the same store is refused at once with a message naming
+the holder. ``flock`` is released by the kernel when its holder dies, so the lock of a killed
+extract (``kill -9``) is stale by construction: the next extract reclaims it and resumes,
+logging whose lock it took over. A lock file whose host is another machine (a store on a
+shared file system) cannot be checked from here; while its ``flock`` is held it is refused
+like a local one, and ``break_lock`` takes it over when the file system does not carry
+``flock`` across hosts and the holder is known to be gone.
+
+A remote store (an fsspec URL) has no ``flock``: its lock is the object ``<store>.lock``
+holding the same record, written when the lock is taken and deleted when it is released.
+While it exists the store is refused; a holder that died leaves it behind, which the message
+says (stale when its host is this machine and its pid is not running), and ``break_lock``
+takes it over.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pipeline.cache.schema import CacheError
+
+log = logging.getLogger(__name__)
+
+
+class StoreLockedError(CacheError):
+    """Another process is writing the store."""
+
+
+def lock_path(store: str | Path) -> Path:
+    """``<store>.lock``: the lock file of the store at ``store``."""
+    store = Path(store)
+    return store.with_name(store.name + ".lock")
+
+
+def read_holder(store: str | Path) -> dict[str, Any]:
+    """The pid, host and start time recorded in the store's lock file ({} when none)."""
+    try:
+        return json.loads(lock_path(store).read_text() or "{}")
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+@contextmanager
+def store_lock(store: str | Path, break_lock: bool = False, storage_options: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    """Hold the write lock of ``store`` for the duration of the block.
+
+    Args:
+        break_lock: take the lock over although the lock file names another host whose
+            extract may still run (a shared file system without cross-host ``flock``).
+
+    Yields:
+        The holder record written into the lock file (pid, host, started).
+
+    Raises:
+        StoreLockedError: another live process holds the lock (the message names its pid,
+            host and start time), or the lock file names another host and ``break_lock`` is
+            False.
+    """
+    from pipeline.cache.location import is_url
+
+    if is_url(store):
+        with _remote_lock(str(store), break_lock, storage_options or {}) as holder:
+            yield holder
+        return
+    path = lock_path(store)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreLockedError(
+                f"{store} is being written by {_describe(read_holder(store))}; wait for that "
+                f"extract to finish (its lock is {path})"
+            ) from None
+        previous = read_holder(store)
+        here = _host()
+        if previous.get("host") not in (None, here) and not break_lock:
+            raise StoreLockedError(
+                f"{store} has a lock of {_describe(previous)}, another host, which this machine "
+                f"cannot check; if that extract is gone, rerun with --break-lock"
+            )
+        if previous:
+            log.warning("%s: reclaiming the stale lock of %s (it is no longer running)", store, _describe(previous))
+        holder = _me()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        os.fsync(fd)
+        try:
+            yield holder
+        finally:
+            os.ftruncate(fd, 0)  # an empty lock file: released cleanly
+    finally:
+        os.close(fd)  # releases the flock
+
+
+@contextmanager
+def _remote_lock(store: str, break_lock: bool, storage_options: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    from pipeline.cache.location import StoreLocation
+
+    loc = StoreLocation.of(store, storage_options)
+    path = loc.sibling(".lock")
+    text = loc.read_text(path)
+    if text and not break_lock:
+        previous = json.loads(text)
+        stale = previous.get("host") == _host() and not _alive(int(previous.get("pid", -1)))
+        state = "stale: that process is not running" if stale else "it may still be running"
+        raise StoreLockedError(
+            f"{store} is locked by {_describe(previous)} ({state}); wait for it, or rerun with "
+            f"--break-lock once it is gone (lock: {path})"
+        )
+    holder = _me()
+    loc.write_text(path, json.dumps(holder))
+    try:
+        yield holder
+    finally:
+        loc.delete_file(path)
+
+
+def _host() -> str:
+    return socket.gethostname()
+
+
+def _me() -> dict[str, Any]:
+    return {"pid": os.getpid(), "host": _host(), "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+def _describe(holder: dict[str, Any]) -> str:
+    if not holder:
+        return "another process (its lock file names none yet)"
+    return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('started')}"

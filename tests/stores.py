@@ -1,0 +1,32 @@
+"""Comparing two feature stores array by array (crash, repair and distributed tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+VOLATILE = {"created", "updated"}  # timestamps
+
+
+def store_contents(path: Path) -> dict:
+    """Every array's values and every group's attributes (timestamps left out)."""
+    root = zarr.open_group(path, mode="r")
+    out = {"/": {k: v for k, v in root.attrs.items() if k not in VOLATILE}}
+    for name, node in root.members(max_depth=None):
+        if isinstance(node, zarr.Array):
+            out[name] = (node.dtype, node[...])
+        else:
+            out[name + "/"] = {k: v for k, v in node.attrs.items() if k not in VOLATILE}
+    return out
+
+
+def assert_same_store(a: Path, b: Path) -> None:
+    ca, cb = store_contents(a), store_contents(b)
+    assert sorted(ca) == sorted(cb)
+    for name in ca:
+        if name.endswith("/"):
+            assert ca[name] == cb[name], name
+        else:
+            assert ca[name][0] == cb[name][0] and np.array_equal(ca[name][1], cb[name][1]), name

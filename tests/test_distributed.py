@@ -1,0 +1,116 @@
+"""Extract on dask.distributed: a LocalCluster and a real `dask scheduler` with two `dask
+worker` processes each write the store one process writes; the model is loaded once per
+worker; a client killed mid-run resumes to the same store."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.cache import store_path
+from pipeline.config import ExtractConfig, load_config
+from pipeline.distributed import extract_distributed
+from tests.stores import assert_same_store
+from tests.test_crash import _params, _run
+
+pytestmark = pytest.mark.distributed
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The single-process store (tests/test_crash.py's world: 150 images, tiny-vit)."""
+    tmp = tmp_path_factory.mktemp("dist")
+    params = _params(tmp, tmp / "ref")
+    assert _run(params) == 0
+    return tmp, tmp / "ref" / "tiny-vit.zarr"
+
+
+def _cfg(tmp: Path, name: str) -> ExtractConfig:
+    return load_config(ExtractConfig, _params(tmp, tmp / name), "extract")
+
+
+def test_local_cluster_store_identical_model_loaded_once_per_worker(reference):
+    tmp, ref = reference
+    cfg = _cfg(tmp, "local2")
+    summary = extract_distributed(cfg, "local:2", progress=False)
+    assert summary["tasks"] >= 3 and summary["images"]["encoded"] == 300
+    assert summary["encoder_loads"] == summary["workers"] <= 2  # once per worker, not per task
+    assert_same_store(store_path(cfg), ref)
+    again = extract_distributed(cfg, "local:1", progress=False)  # resumed: nothing left
+    assert again["tasks"] == 0 and again["images"]["encoded"] == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_real_scheduler_and_two_workers(reference):
+    tmp, ref = reference
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [subprocess.Popen([BIN / "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]  # fmt: skip
+    try:
+        time.sleep(2)
+        for _ in range(2):
+            procs.append(subprocess.Popen([BIN / "dask", "worker", address, "--nthreads", "1", "--no-dashboard", "--nworkers", "1"],
+                                          cwd=Path(__file__).resolve().parents[1],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+        from distributed import Client
+
+        with Client(address, timeout="30s") as client:
+            client.wait_for_workers(2, timeout=60)
+        cfg = _cfg(tmp, "real")
+        summary = extract_distributed(cfg, address, progress=False)
+        assert summary["workers"] == 2 and summary["encoder_loads"] == 2
+        assert_same_store(store_path(cfg), ref)
+    finally:
+        for p in procs[::-1]:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("point,n", [("plan", 2), ("first_task", 1), ("index", 1), ("finalize", 1)])
+def test_client_killed_then_resumed_store_is_identical(reference, point, n):
+    tmp, ref = reference
+    params = _params(tmp, tmp / f"dist-{point}")
+    assert _run(params, point, n, scheduler="local:2") == -signal.SIGKILL
+    assert _run(params, scheduler="local:2") == 0
+    assert_same_store(tmp / f"dist-{point}" / "tiny-vit.zarr", ref)
+
+
+def test_score_on_a_cluster_writes_the_single_process_metrics(reference):
+    import json
+
+    import yaml
+
+    tmp, _ = reference
+    params = yaml.safe_load(_params(tmp, tmp / "ref").read_text())
+    outs = {}
+    for name, extra in (("single", []), ("cluster", ["--scheduler", "local:2"])):
+        params["score"] = {
+            "variants": ["clip", "local-max", "additive"], "suites": ["shapes-sugarcrepe"], "encoder": "tiny-vit",
+            "metrics_out": str(tmp / f"metrics-{name}"), "scores_out": str(tmp / f"scores-{name}"),
+            "checkpoints": str(tmp / "no-checkpoints"),
+        }  # fmt: skip
+        path = tmp / f"score-{name}.yaml"
+        path.write_text(yaml.safe_dump(params))
+        done = subprocess.run([BIN / "pipeline", "score", "--params", str(path), "--quiet", *extra],
+                              cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        outs[name] = {p.relative_to(tmp / f"metrics-{name}"): json.loads(p.read_text()) for p in (tmp / f"metrics-{name}").rglob("*.json")}
+    assert len(outs["single"]) == 3 and outs["single"] == outs["cluster"]

@@ -1,0 +1,191 @@
+"""Damaged stores are named, never read as zeros; `extract --repair` re-encodes exactly the
+damaged rows; the fingerprint and dims are checked against the arrays; one writer at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from pipeline.cache import (
+    CorruptStoreError,
+    FeatureStore,
+    ForeignCacheError,
+    StoreLockedError,
+    store_lock,
+    store_path,
+)
+from pipeline.cache.integrity import inventory, verify
+from pipeline.cache.lock import lock_path
+from pipeline.config import ExtractConfig
+from pipeline.extraction import extract
+from tests.conftest import make_choice_manifest, make_images
+from tests.stores import assert_same_store
+
+pytestmark = pytest.mark.bad_input
+N = 300  # two 256-row chunks of the unsharded arrays, five 64-row shards of the grids
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("integrity")
+    make_choice_manifest(tmp / "sc.parquet", make_images(tmp / "images", N, size=28))
+    return tmp
+
+
+def _cfg(world: Path, out: Path) -> ExtractConfig:
+    return ExtractConfig(
+        model="tiny-test", suites=["shapes-sugarcrepe"], manifests={"shapes-sugarcrepe": str(world / "sc.parquet")},
+        image_roots={"shapes-sugarcrepe": str(world / "images")}, out=str(out), batch_size=32,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference(world, tiny_encoder):
+    cfg = _cfg(world, world / "ref")
+    extract(cfg, progress=False, encoder=tiny_encoder)
+    return store_path(cfg)
+
+
+@pytest.fixture
+def damaged(world, reference, tmp_path):
+    """A fresh copy of the reference store to damage."""
+    import shutil
+
+    out = tmp_path / "features"
+    shutil.copytree(reference.parent, out)
+    return _cfg(world, out), store_path(_cfg(world, out))
+
+
+def _file(store: Path, array: str, i: int) -> Path:
+    arr = zarr.open_group(store, mode="r")[array]
+    return store / array / "c" / "/".join([str(i), *["0"] * (arr.ndim - 1)])
+
+
+def _flip(path: Path, at: int = 40) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("array,i", [("image/embed", 1), ("text/embed", 0), ("image/final", 2), ("text/tokens", 0)])
+def test_deleted_chunk_file_is_refused_naming_array_rows_and_fix(damaged, array, i):
+    _, store = damaged
+    _file(store, array, i).unlink()
+    with pytest.raises(CorruptStoreError) as e:
+        FeatureStore.open(store)
+    msg = str(e.value)
+    assert array in msg and str(store) in msg and "pipeline extract --repair" in msg
+    per = 256 if array.endswith("embed") else 64
+    assert f"rows {i * per}-" in msg
+
+
+def test_overwritten_bytes_inside_a_shard_fail_their_checksum(damaged):
+    _, store = damaged
+    _flip(_file(store, "image/final", 1), at=100)
+    fs = FeatureStore.open(store)  # every file is present: the inventory passes
+    with pytest.raises(CorruptStoreError, match=r"image/final rows .*--repair"):
+        fs.images(np.arange(64, 128))
+    assert any(d.array == "image/final" for d in verify(fs.root))
+
+
+def test_truncated_chunk_is_named_not_a_blosc_error(damaged):
+    _, store = damaged
+    path = _file(store, "text/embed", 0)
+    path.write_bytes(path.read_bytes()[:50])
+    fs = FeatureStore.open(store)
+    with pytest.raises(CorruptStoreError, match=r"text/embed rows 0-.*pipeline extract --repair"):
+        fs.texts(np.arange(5), grids=False)
+
+
+def test_repair_reencodes_exactly_the_damaged_rows(damaged, reference, tiny_encoder):
+    cfg, store = damaged
+    _file(store, "image/embed", 1).unlink()  # rows 256-299
+    _flip(_file(store, "image/early", 0), at=200)  # rows 0-63 (an inner chunk of shard 0)
+    _flip(_file(store, "text/key", 0), at=30)  # keys restored from the suite index
+    with pytest.raises(CorruptStoreError):
+        extract(cfg, progress=False, encoder=tiny_encoder)  # refused without --repair
+    summary = extract(cfg, progress=False, encoder=tiny_encoder, repair=True)
+    assert summary["images"]["encoded"] == 64 + (N - 256)  # shard 0's rows and the lost chunk's
+    assert set(summary["repaired"]) == {"image/embed", "image/early", "text/key"}
+    assert inventory(zarr.open_group(store, mode="r")) == [] and verify(zarr.open_group(store, mode="r")) == []
+    assert_same_store(store, reference)
+
+
+def test_edited_dims_are_checked_against_the_arrays(damaged):
+    _, store = damaged
+    meta = store / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["dims"]["d_v"] += 8
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(CorruptStoreError, match=r"image/early has rows of shape .* give"):
+        FeatureStore.open(store)
+
+
+def test_edited_fingerprint_is_named_not_an_empty_difference(damaged):
+    _, store = damaged
+    meta = store / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["fingerprint_id"] = "0" * 16
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(CorruptStoreError, match="attributes were edited"):
+        FeatureStore.open(store)
+
+
+def test_refused_fingerprint_lists_each_field_with_both_values(reference):
+    fp = FeatureStore.open(reference).fingerprint
+    with pytest.raises(ForeignCacheError) as e:
+        FeatureStore.open(reference, expect={**fp, "early_layer": 7})
+    assert f"early_layer: store {fp['early_layer']!r}, configured 7" in str(e.value)
+
+
+def test_nan_features_are_refused_at_write(world, tiny_encoder, tmp_path, monkeypatch):
+    import torch
+
+    original = tiny_encoder.encode_images
+
+    def poisoned(pixels):
+        out = {k: v.clone() for k, v in original(pixels).items()}
+        out["embed"][0, 0] = torch.nan
+        return out
+
+    monkeypatch.setattr(tiny_encoder, "encode_images", poisoned)
+    with pytest.raises(ValueError, match=r"NaN/inf image/embed features for store rows \[0, 32"):
+        extract(_cfg(world, tmp_path / "nan"), progress=False, encoder=tiny_encoder)
+
+
+# ---------------------------------------------------------------- one writer at a time
+
+
+def test_second_writer_is_refused_naming_the_holder(tmp_path):
+    store = tmp_path / "x.zarr"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from pipeline.cache import store_lock\nimport time\nwith store_lock({str(store)!r}):\n print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreLockedError) as e, store_lock(store):
+            pass
+        assert f"pid {holder.pid} on {os.uname().nodename}" in str(e.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    with store_lock(store) as me:  # the dead holder's lock is stale: reclaimed
+        assert me["pid"] == os.getpid()
+    assert lock_path(store).read_text() == ""  # released cleanly
+
+
+def test_lock_of_another_host_needs_break_lock(tmp_path):
+    store = tmp_path / "y.zarr"
+    lock_path(store).write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "2026-01-01T00:00:00+00:00"}))
+    with pytest.raises(StoreLockedError, match="--break-lock"), store_lock(store):
+        pass
+    with store_lock(store, break_lock=True) as me:
+        assert me["host"] == os.uname().nodename

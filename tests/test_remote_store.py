@@ -1,0 +1,86 @@
+"""Feature stores at fsspec URLs (memory://, file://): the same store, fingerprint, resume,
+integrity and refusal as a local folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import numpy as np
+import pytest
+
+from pipeline.cache import (
+    CorruptStoreError,
+    FeatureStore,
+    ForeignCacheError,
+    StoreLockedError,
+    store_lock,
+    store_path,
+)
+from pipeline.cache.location import StoreLocation
+from pipeline.config import ExtractConfig
+from pipeline.extraction import extract
+from tests.conftest import make_choice_manifest, make_images
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("remote")
+    make_choice_manifest(tmp / "sc.parquet", make_images(tmp / "images", 12, size=28))
+    return tmp
+
+
+def _cfg(suite, out: str) -> ExtractConfig:
+    return ExtractConfig(
+        model="tiny-test", suites=["shapes-sugarcrepe"], manifests={"shapes-sugarcrepe": str(suite / "sc.parquet")},
+        image_roots={"shapes-sugarcrepe": str(suite / "images")}, out=out, batch_size=4,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def local(suite, tiny_encoder):
+    cfg = _cfg(suite, str(suite / "local"))
+    extract(cfg, progress=False, encoder=tiny_encoder)
+    return FeatureStore.open(store_path(cfg))
+
+
+@pytest.mark.parametrize("scheme", ["memory", "file"])
+def test_url_store_equals_local_store_and_resumes(scheme, suite, tiny_encoder, local, tmp_path):
+    out = f"memory://{uuid.uuid4().hex}/features" if scheme == "memory" else f"file://{tmp_path}/features"
+    cfg = _cfg(suite, out)
+    first = extract(cfg, progress=False, encoder=tiny_encoder)
+    assert first["images"]["encoded"] == 12 and str(first["store"]).startswith(f"{scheme}://")
+    again = extract(cfg, progress=False, encoder=tiny_encoder)
+    assert again["images"]["encoded"] == 0 and again["captions"]["encoded"] == 0  # resumed: nothing new
+    remote = FeatureStore.open(store_path(cfg), expect=local.fingerprint)
+    rows = np.arange(12)
+    assert np.array_equal(remote.images(rows).final.numpy(), local.images(rows).final.numpy())
+    assert np.array_equal(remote.texts(rows).embed.numpy(), local.texts(rows).embed.numpy())
+    with pytest.raises(ForeignCacheError, match="early_layer"):
+        FeatureStore.open(store_path(cfg), expect={**local.fingerprint, "early_layer": 9})
+
+
+def test_url_store_missing_chunk_is_named(suite, tiny_encoder):
+    cfg = _cfg(suite, f"memory://{uuid.uuid4().hex}/features")
+    extract(cfg, progress=False, encoder=tiny_encoder)
+    loc = StoreLocation.of(store_path(cfg))
+    loc.delete_file(f"{store_path(cfg)}/image/embed/c/0/0")
+    with pytest.raises(CorruptStoreError, match=r"image/embed rows 0-.*--repair"):
+        FeatureStore.open(store_path(cfg))
+
+
+def test_url_store_lock_refuses_a_second_writer_and_breaks(suite):
+    store = f"memory://{uuid.uuid4().hex}/features/x.zarr"
+    with store_lock(store):
+        with pytest.raises(StoreLockedError, match="--break-lock"), store_lock(store):
+            pass
+        with store_lock(store, break_lock=True):
+            pass
+
+
+def test_storage_options_reach_the_filesystem(suite, tmp_path):
+    url = f"file://{tmp_path}/not/yet/there"
+    StoreLocation.of(f"{url}/a.zarr", {}).open("w")  # file:// makes folders by default
+    refused = dataclasses.replace(_cfg(suite, f"file://{tmp_path}/other/folder"), storage_options={"auto_mkdir": False})
+    with pytest.raises(FileNotFoundError):  # the option reached fsspec's filesystem
+        StoreLocation.of(store_path(refused), refused.storage_options).open("w")
