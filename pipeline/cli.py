@@ -380,6 +380,18 @@ def bench_extract(
     _write_bench("extract", f"pipeline bench extract --toy-images {toy_images} --vit-images {vit_images}", results)
 
 
+@bench_app.command("cli")
+def bench_cli(
+    model: Annotated[str, typer.Option(help="encoder (random init saved as a weights file)")] = "ViT-B-32",
+    items: Annotated[int, typer.Option(help="SugarCrepe-style items scored")] = 100,
+    repeats: Annotated[int, typer.Option(help="timed calls (median)")] = 3,
+) -> None:
+    """One `pipeline score` call against its scoring time: imports, params, store open and fingerprint (goal: <= 3 s)."""
+    from pipeline.perf.cli import score_overhead
+
+    _write_bench("cli", f"pipeline bench cli --model {model} --items {items} --repeats {repeats}", score_overhead(model, items, repeats))
+
+
 @bench_app.command("scoring")
 def bench_scoring(
     params: Annotated[Path, typer.Option(help="params.yaml (score.checkpoints, score.batch_size, train.<variant>.scorer)")] = DEFAULT_PARAMS,

@@ -239,8 +239,9 @@ def load_config(cls: type[C], params: str | Path | None, section: str, overrides
     :class:`ParamsError` (one line) on anything the schema refuses.
     """
     values = dict(_section(params, section))
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return _build(cls, values, section, params)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    cfg = _build(cls, values, section, params)  # the file's values, blamed on the file
+    return _build(cls, {**values, **given}, section) if given else cfg
 
 
 def read_params(params: str | Path | None) -> dict[str, Any]:
@@ -331,6 +332,7 @@ def load_train_config(params: str | Path | None, variant: str, overrides: dict[s
     if params is not None and variant not in train:
         listed = ", ".join(k for k in train if k != "variants") or "none"
         raise ParamsError(f"{params} has no train.{variant} section; trainable sections: {listed}")
-    values = dict(_section(params, f"train.{variant}"))
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None}, variant=variant)
-    return _build(TrainConfig, values, f"train.{variant}", params)
+    values = {**_section(params, f"train.{variant}"), "variant": variant}
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    cfg = _build(TrainConfig, values, f"train.{variant}", params)
+    return _build(TrainConfig, {**values, **given}, f"train.{variant}") if given else cfg

@@ -10,8 +10,9 @@ process does. In between, each task encodes one block of rows from
 :func:`pipeline.cache.writer.task_blocks`: blocks never share a chunk or shard file of any
 array, so concurrent tasks never read-modify-write one file, and a retried task (a worker
 lost mid-block) rewrites only its own files with the same bytes. Tasks are submitted with
-``pure=False``. A worker loads the encoder once, on its first task, and keeps it for the
-next ones (:func:`worker_encoder`). Workers open the store themselves: it must be on a path
+``pure=False``. Every worker loads the encoder once, before the first task is submitted
+(a worker that joins later, on its first task), and keeps it for the next ones
+(:func:`worker_encoder`). Workers open the store themselves: it must be on a path
 or URL every worker sees (a shared disk, or an fsspec URL with ``extract.storage_options``).
 
 The DVC stage does not use this module: ``pipeline extract`` imports it only with
@@ -71,6 +72,13 @@ def worker_encoder(cfg: ExtractConfig):
     return _ENCODERS[key]
 
 
+def preload(cfg: ExtractConfig) -> int:
+    """Load this worker's encoder (``Client.run`` on every worker); returns the count of
+    encoders it has loaded, not the encoder (which would travel back to the client)."""
+    worker_encoder(cfg)
+    return _LOADS["n"]
+
+
 def encode_block(cfg: ExtractConfig, modality: str, rows: np.ndarray, sources: list) -> dict[str, Any]:
     """One task: encode ``rows`` of ``modality`` into the store of ``cfg`` (opened here).
 
@@ -107,6 +115,8 @@ def extract_distributed(
     enc = load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)  # fingerprint, dims, projections
     with store_lock(store_path(cfg), break_lock, cfg.storage_options), cluster(scheduler) as client:
         root, plan = prepare(cfg, enc, repair, progress)
+        if any(len(rows) for rows, _ in plan.todo.values()):
+            client.run(preload, cfg)  # every worker loads the model now, in parallel, and fails early
         t0 = time.perf_counter()
         futures, sizes = [], {}
         for modality, (rows, sources) in plan.todo.items():

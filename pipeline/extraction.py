@@ -74,6 +74,7 @@ class ExtractPlan:
     truncation: dict[str, dict[str, int]] = field(default_factory=dict)  # suite -> n_truncated, n_truncation_ties
     repaired: dict[str, int] = field(default_factory=dict)  # array -> damaged rows found by --repair
     bad: dict[tuple[str, int], str] = field(default_factory=dict)  # (modality, row) -> why it cannot be decoded
+    image_paths: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # suite -> hex key -> every path with that content
 
 
 def extract(
@@ -143,6 +144,7 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
     objects: dict[str, tuple[str, np.ndarray]] = {}  # hex key -> (hex image key, [4] box)
     suite_cells: list[tuple[Any, dict[str, tuple[str, list[list[str]]]], str]] = []
     missing: dict[str, list[str]] = {}  # suite -> image paths that could not be found
+    image_paths: dict[str, dict[str, dict[str, None]]] = {}  # suite -> hex key -> its paths (ordered set)
     for src in sources:
         suite = SUITES.get(src.suite)
         df = read_manifest(src.manifest)
@@ -162,6 +164,7 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
                         continue
                     k = bytes(image_key(data, crop if col == "image" else None)).hex()
                     images.setdefault(k, (src.image_root, rel, crop if col == "image" else None))
+                    image_paths.setdefault(src.suite, {}).setdefault(k, {})[rel] = None
                     row_keys.append(k)
                 keyed.append(row_keys)
             columns[col] = ("image", keyed)
@@ -193,6 +196,7 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
 
     # 2. rows for every key; what is new or unfinished is to encode
     plan = ExtractPlan(store_path(cfg), suite_cells, missing, {}, images)
+    plan.image_paths = {suite: {k: list(paths) for k, paths in keyed.items()} for suite, keyed in image_paths.items()}
     plan.repaired = {d.array: d.hi - d.lo for d in damage}
     if any(len(r) for r in lost_keys.values()):
         _restore_keys(root, suite_cells, lost_keys)
@@ -236,7 +240,9 @@ def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: flo
     """Write every suite's item -> row index and mark the store updated; the summary.
 
     Rows in ``plan.bad`` (images that could not be decoded, and their object crops) are
-    indexed as -1, like missing images, and listed per suite with the reason.
+    indexed as -1, like missing images, and listed per suite with the reason under every
+    path of every image column that holds those bytes: images are keyed by content, so two
+    files with the same bytes share one row, and each item is counted by its own path.
 
     Raises:
         BadImageError: some images could not be decoded and ``cfg.skip_bad_images`` is
@@ -244,11 +250,11 @@ def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: flo
     """
     bad_rows = {modality: {r for m, r in plan.bad if m == modality} for modality in plan.row_of}
     bad_images: dict[str, dict[str, str]] = {}  # suite -> {image path: reason}
-    for src, columns, _ in plan.suite_cells:
-        for key in {k for ks in columns.get("image", ("", []))[1] for k in ks if k is not None}:
+    for suite, paths_of in plan.image_paths.items():
+        for key, paths in paths_of.items():
             row = plan.row_of["image"][key]
             if row in bad_rows["image"]:
-                bad_images.setdefault(src.suite, {})[plan.images[key][1]] = plan.bad["image", row]
+                bad_images.setdefault(suite, {}).update(dict.fromkeys(paths, plan.bad["image", row]))
     if bad_images and not cfg.skip_bad_images:
         listing = "; ".join(
             f"{suite}: {len(paths)} ({', '.join(f'{p}: {why}' for p, why in list(paths.items())[:3])}"

@@ -80,6 +80,7 @@ def test_dedup_across_suites_and_rerun_encodes_only_new(tmp_path, tiny_encoder, 
     extra = make_choice_manifest(tmp_path / "m" / "x.parquet", [f"more/{n}" for n in more], seed=9)
     import pandas as pd
 
+    extra["item_id"] = [f"more-{i}" for i in extra["item_id"]]  # one id per item
     both = pd.concat([shared, extra], ignore_index=True)
     both.to_parquet(tmp_path / "m" / "aro.parquet", index=False)
     cfg2 = _cfg(tmp_path, {"shapes-sugarcrepe": path, "shapes-aro": tmp_path / "m" / "aro.parquet"})

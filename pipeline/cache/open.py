@@ -30,16 +30,14 @@ def expected_fingerprint(store: FeatureStore, extract: ExtractConfig) -> dict[st
     """The store's fingerprint with the fields the current configuration determines
     recomputed (encoder, open_clip config and version, weights identity, early layer, and a
     random init's seed)."""
-    import open_clip
-
-    from pipeline.encoders import ENCODERS, configured_identity
+    from pipeline.encoders import ENCODERS, configured_identity, open_clip_version
 
     spec = ENCODERS.get(extract.model)
     fp = store.fingerprint
     fp.pop("init_seed", None)  # present only for a random init, which the config decides
     fp.update(
         configured_identity(spec, extract.pretrained, extract.checkpoint, extract.init_seed),
-        open_clip_version=open_clip.__version__,
+        open_clip_version=open_clip_version(),
     )
     return fp
 

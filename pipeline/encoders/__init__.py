@@ -164,15 +164,13 @@ class Encoder:
 
     def fingerprint(self) -> dict[str, Any]:
         """What makes features from this encoder comparable (stored in the cache)."""
-        import open_clip
-
         return encoder_fingerprint(
             self.spec,
             self.pretrained,
             self.preprocess_cfg,
             self.dims,
             self.n_layers,
-            open_clip.__version__,
+            open_clip_version(),
             open_clip_model=self.open_clip_model or None,
             init_seed=self.init_seed,
         )
@@ -333,6 +331,15 @@ def weights_provenance(config: str, path: str | Path) -> tuple[str, bool] | None
             if found and (best is None or len(needle) > best[0]):
                 best = (len(needle), f"{base}:{tag}", bool(pcfg.get("quick_gelu", False)))
     return None if best is None else best[1:]
+
+
+def open_clip_version() -> str:
+    """The installed open_clip's version, read from its package metadata: every store's
+    fingerprint records it, and importing open_clip to ask takes seconds of each command
+    that only opens a store."""
+    from importlib.metadata import version
+
+    return version("open_clip_torch")
 
 
 HASH_CACHE = Path(os.environ.get("PIPELINE_HASH_CACHE", Path.home() / ".cache" / "pipeline" / "sha256.json"))

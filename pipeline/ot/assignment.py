@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 
 
 def _np(x: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -50,6 +49,8 @@ def hungarian(
         cost: [B] mean matched cost over the ``min(n_valid, m_valid)`` matched pairs
         (NaN for a problem with no valid row or column).
     """
+    from scipy.optimize import linear_sum_assignment  # lazy: scipy adds ~1 s to each command
+
     C = _np(C)
     squeeze = C.ndim == 2
     C = C[None] if squeeze else C

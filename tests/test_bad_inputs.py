@@ -1,0 +1,480 @@
+"""The bad-input battery: one bad input each, given to the real ``pipeline`` command, is
+either refused with one clear line (naming the input and the fix, a non-zero exit, no
+traceback) or skipped, counted and reported (``n_skipped`` and ``skipped`` in the metrics
+file ``pipeline score`` writes).
+
+Everything runs on ``tiny-vit`` at random init (``pretrained: none``) over a few generated
+28-pixel images; damaged stores, NaN features and the write lock are
+``tests/test_integrity.py``'s.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from PIL import Image
+from typer.testing import CliRunner, Result
+
+from pipeline.cli import app
+from pipeline.manifests import decode_image
+from tests.conftest import make_images
+
+pytestmark = [
+    pytest.mark.bad_input,
+    pytest.mark.filterwarnings("ignore:SugarCrepe.*lacks:UserWarning"),  # one category file of seven
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = "shapes-sugarcrepe"
+runner = CliRunner()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def cli(*args: object) -> Result:
+    """``pipeline ARGS`` in this process (click's runner: stdout and stderr both in ``output``)."""
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def refused(result: Result, *names: str) -> str:
+    """The one ``error:`` line of a refused command, checked: exit 1 through the CLI's own
+    handler (an uncaught exception is a bug), no traceback, the whole message on that line
+    (the last of stderr), and every ``names`` in it."""
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, result.output
+    assert result.stderr.splitlines()[-1] == lines[0], result.stderr
+    for name in names:
+        assert name in lines[0], f"{name!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def ok(result: Result) -> Result:
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    return result
+
+
+def item(i: int, image: str, captions: list[str] | None = None) -> dict:
+    """One shapes-sugarcrepe manifest row."""
+    colours, shapes = ["red", "green", "blue", "yellow"], ["circle", "square", "star", "cross"]
+    c1, c2, s1, s2 = colours[i % 4], colours[(i + 1) % 4], shapes[i % 4], shapes[(i + 2) % 4]
+    return {
+        "item_id": f"it{i}",
+        "image": image,
+        "captions": captions or [f"a {c1} {s1} and a {c2} {s2}", f"a {c2} {s1} and a {c1} {s2}"],
+        "correct": 0,
+        "category": ["swap-att", "replace-obj"][i % 2],
+        "length_matched": True,
+    }
+
+
+def write_manifest(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    return path
+
+
+def write_params(tmp: Path, manifest: Path, images: Path, name: str = "params", **extract: object) -> Path:
+    """A params.yaml whose extract (tiny-vit, random init) and score (clip) sections read
+    ``manifest`` over ``images`` and write under ``tmp``."""
+    doc = {
+        "extract": {
+            "model": "tiny-vit", "pretrained": "none", "init_seed": 0, "suites": [SUITE],
+            "manifests": {SUITE: str(manifest)}, "image_roots": {SUITE: str(images)},
+            "out": str(tmp / "features"), "batch_size": 16, "threads": 1, **extract,
+        },
+        "score": {
+            "encoder": "tiny-vit", "variants": ["clip"], "suites": [SUITE],
+            "scores_out": str(tmp / "scores"), "metrics_out": str(tmp / "metrics"),
+        },
+    }  # fmt: skip
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def metrics_of(tmp: Path) -> dict:
+    return json.loads((tmp / "metrics" / "clip" / f"{SUITE}.json").read_text())
+
+
+def extract_and_score(params: Path) -> dict:
+    """``pipeline extract`` then ``pipeline score`` on ``params``; the metrics record."""
+    ok(cli("extract", "--params", params, "--quiet"))
+    ok(cli("score", "--params", params, "--quiet"))
+    return metrics_of(params.parent)
+
+
+def png_bytes(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> tuple[Path, list[str]]:
+    """A folder of eight good 28-pixel images and their names."""
+    folder = tmp_path_factory.mktemp("images")
+    return folder, make_images(folder, 8, size=28)
+
+
+@pytest.fixture
+def good(tmp_path, images) -> tuple[Path, Path]:
+    """A clean eight-item manifest and its params (nothing extracted yet)."""
+    folder, names = images
+    manifest = write_manifest(tmp_path / "m.parquet", [item(i, n) for i, n in enumerate(names)])
+    return manifest, write_params(tmp_path, manifest, folder)
+
+
+def edited(params: Path, section: str, **values: object) -> Path:
+    """``params`` rewritten with ``values`` set in its ``section``."""
+    doc = yaml.safe_load(params.read_text())
+    doc[section].update(values)
+    params.write_text(yaml.safe_dump(doc))
+    return params
+
+
+# ---------------------------------------------------------------- params
+
+
+@pytest.mark.parametrize(
+    "text,needles",
+    [
+        ("  batch_size: eight\n", ["extract.batch_size", "'eight'", "expected a valid integer"]),
+        ("  batch_size: 0\n", ["extract.batch_size = 0", "expected greater than 0"]),
+        ("  skip_missing: 'no'\n", ["extract.skip_missing", "'no'", "expected a valid boolean"]),
+        ("  suites: sugarcrepe\n", ["extract.suites", "'sugarcrepe'", "expected a valid array"]),
+        ("  batch_sise: 8\n", ["unknown key extract.batch_sise", "batch_size"]),
+    ],
+    ids=["batch_size-eight", "batch_size-zero", "skip_missing-quoted-no", "suites-string", "typo-key"],
+)
+def test_bad_params_value_is_named(tmp_path, text, needles):
+    params = tmp_path / "params.yaml"
+    params.write_text("extract:\n  model: tiny-vit\n  pretrained: none\n" + text)
+    refused(cli("extract", "--params", params, "--quiet"), str(params), *needles)
+
+
+def test_negative_batch_size_on_the_command_line(good):
+    _, params = good
+    refused(cli("extract", "--params", params, "--batch-size", "-3", "--quiet"), "the command line: extract.batch_size = -3", "expected greater than 0")
+
+
+def test_section_written_as_a_list(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("extract:\n  - model\n  - tiny-vit\n")
+    refused(cli("extract", "--params", params), str(params), "section `extract` must be a mapping", "got a list")
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("extract:\n  model: [tiny-vit\n  out: x\n")
+    refused(cli("extract", "--params", params), str(params), "malformed YAML at line 3")
+
+
+def test_missing_params_file(tmp_path):
+    params = tmp_path / "nope.yaml"
+    refused(cli("score", "--params", params), str(params), "no such params file", "--params")
+
+
+def test_params_file_not_utf8_through_the_installed_command(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_bytes(b"extract:\n  model: tiny-vit\n  out: caf\xe9\n")
+    run = subprocess.run([Path(sys.executable).parent / "pipeline", "extract", "--params", params], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.stderr.splitlines() == [f"error: {params}: not UTF-8 text (invalid continuation byte at byte 37)"]
+
+
+def test_unknown_variant_lists_the_valid_ones(good):
+    _, params = good
+    refused(cli("score", "--params", params, "--variant", "clipp", "--quiet"), "unknown scorer 'clipp'", "valid scorers", "clip")
+
+
+def test_unknown_suite_lists_the_valid_ones(good):
+    _, params = good
+    refused(cli("extract", "--params", params, "--suite", "sugarcreep", "--quiet"), "unknown suite 'sugarcreep'", "valid suites", "sugarcrepe")
+
+
+def test_unknown_model_lists_the_valid_ones(good):
+    _, params = good
+    refused(cli("extract", "--params", params, "--model", "ViT-Q-99", "--quiet"), "unknown encoder 'ViT-Q-99'", "valid encoders", "tiny-vit")
+
+
+# ---------------------------------------------------------------- official annotation files
+
+
+def official(root: Path, text: str | bytes) -> Path:
+    """``root/swap_att.json`` (SugarCrepe's file name) holding ``text`` as given."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "swap_att.json"
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def entry(**fields: object) -> str:
+    base = {"filename": "000000000139.jpg", "caption": "a red car and a blue bus", "negative_caption": "a blue car and a red bus"}
+    return json.dumps({k: v for k, v in {**base, **fields}.items() if v is not ...})
+
+
+def manifest_cmd(tmp: Path) -> Result:
+    return cli("manifest", "--suite", "sugarcrepe", "--root", tmp / "sc", "--out", tmp / "sc.parquet")
+
+
+def test_official_file_with_a_duplicated_key(tmp_path):
+    path = official(tmp_path / "sc", f'{{"0": {entry()}, "1": {entry()}, "0": {entry(caption="a cat")}}}')
+    refused(manifest_cmd(tmp_path), str(path), "key '0' appears twice", "fix the file")
+    assert not (tmp_path / "sc.parquet").exists()
+
+
+def test_official_file_with_invalid_utf8(tmp_path):
+    text = f'{{"0": {entry()},\n "1": {entry(caption="a red caf@")}}}'.encode().replace(b"@", b"\xe9")
+    path = official(tmp_path / "sc", text)
+    refused(manifest_cmd(tmp_path), str(path), "invalid UTF-8", "(line 2)", "re-save the file as UTF-8")
+
+
+def test_official_file_with_a_null_caption(tmp_path):
+    path = official(tmp_path / "sc", f'{{"0": {entry()}, "1": {entry(caption=None)}}}')
+    refused(manifest_cmd(tmp_path), str(path), "item swap-att/1", "'caption' is None", "expected a non-empty string")
+
+
+def test_official_file_without_negative_caption(tmp_path):
+    path = official(tmp_path / "sc", f'{{"0": {entry(negative_caption=...)}}}')
+    refused(manifest_cmd(tmp_path), str(path), "item swap-att/0", "'negative_caption' is missing")
+
+
+def test_official_file_with_a_path_escaping_the_root(tmp_path):
+    official(tmp_path / "sc", f'{{"0": {entry()}, "1": {entry(filename="../x.jpg")}}}')
+    refused(manifest_cmd(tmp_path), "item swap-att/1", "'../x.jpg' escapes the image root", "'..' are refused")
+
+
+def test_duplicated_item_id_in_a_manifest_given_to_extract(tmp_path, images):
+    folder, names = images
+    rows = [item(i, n) for i, n in enumerate(names)]
+    rows[5]["item_id"] = rows[2]["item_id"]
+    manifest = write_manifest(tmp_path / "m.parquet", rows)
+    params = write_params(tmp_path, manifest, folder)
+    refused(cli("extract", "--params", params, "--quiet"), str(manifest), "1 item_id(s) appear more than once (it2)", "each item must be listed once")
+
+
+# ---------------------------------------------------------------- images at extract
+
+
+def with_image(tmp: Path, images: tuple[Path, list[str]], name: str, data: bytes | None, **extract: object) -> Path:
+    """Params over the eight good items plus ``it8`` whose image is ``name`` (written into a
+    copy of the image folder with ``data``; None leaves it missing)."""
+    folder = tmp / "images"
+    shutil.copytree(images[0], folder)
+    if data is not None:
+        (folder / name).write_bytes(data)
+    rows = [item(i, n) for i, n in enumerate(images[1])] + [item(8, name)]
+    return write_params(tmp, write_manifest(tmp / "m.parquet", rows), folder, **extract)
+
+
+def truncated_png() -> bytes:
+    data = png_bytes(Image.fromarray(np.random.default_rng(1).integers(0, 255, (28, 28, 3), dtype=np.uint8)))
+    return data[: len(data) // 2]
+
+
+def test_missing_image_is_refused_naming_it(tmp_path, images):
+    params = with_image(tmp_path, images, "gone.png", None)
+    refused(cli("extract", "--params", params, "--quiet"), "1 image(s) not found", f"{SUITE}: 1 (gone.png)", "extract.skip_missing: true")
+
+
+def test_missing_image_skipped_is_counted_in_the_metrics(tmp_path, images):
+    params = with_image(tmp_path, images, "gone.png", None, skip_missing=True)
+    m = extract_and_score(params)
+    assert m["n_items"] == 8 and m["n_skipped"] == 1
+    assert m["skipped"] == {"image_missing": 1, "image_undecodable": 0}
+
+
+def test_truncated_image_is_refused_naming_the_file(tmp_path, images):
+    params = with_image(tmp_path, images, "cut.png", truncated_png())
+    line = refused(cli("extract", "--params", params, "--quiet"), "1 image(s) cannot be decoded", str(tmp_path / "images" / "cut.png"), "extract.skip_bad_images: true")
+    assert "truncated" in line
+
+
+def test_corrupt_image_skipped_is_counted_in_the_metrics(tmp_path, images):
+    params = with_image(tmp_path, images, "corrupt.png", b"\x89PNG\r\n\x1a\n not a png", skip_bad_images=True)
+    m = extract_and_score(params)
+    assert m["n_items"] == 8 and m["n_skipped"] == 1
+    assert m["skipped"] == {"image_missing": 0, "image_undecodable": 1}
+
+
+def bomb_png(side: int = 30000) -> bytes:
+    """A 60-byte PNG declaring ``side`` x ``side`` greyscale pixels (900 megapixels at the
+    default: over twice PIL's ``MAX_IMAGE_PIXELS``, refused when the header is read)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def test_decompression_bomb_is_refused_naming_the_file(tmp_path, images):
+    params = with_image(tmp_path, images, "bomb.png", bomb_png())
+    refused(cli("extract", "--params", params, "--quiet"), str(tmp_path / "images" / "bomb.png"), "decompression bomb", "900000000 pixels", "extract.skip_bad_images: true")
+
+
+# ---------------------------------------------------------------- image modes decode to the right RGB
+
+
+def _grey16() -> tuple[Image.Image, np.ndarray]:
+    raw = np.zeros((28, 28), dtype=np.uint16)
+    raw[:14, :14], raw[:14, 14:], raw[14:, :14] = 65535, 32768, 1000
+    expected = np.zeros((28, 28), dtype=np.uint8)
+    expected[:14, :14], expected[:14, 14:], expected[14:, :14] = 255, 128, 4  # v * 255 / 65535, rounded
+    return Image.fromarray(raw), np.repeat(expected[..., None], 3, axis=2)
+
+
+def _palette() -> tuple[Image.Image, np.ndarray]:
+    colours = np.array([[200, 30, 40], [10, 160, 90], [250, 250, 0], [5, 5, 120]], dtype=np.uint8)
+    idx = (np.arange(28)[:, None] // 7 + np.arange(28)[None, :] // 14) % 4
+    img = Image.fromarray(idx.astype(np.uint8), mode="P")
+    img.putpalette(colours.reshape(-1).tolist())
+    return img, colours[idx]
+
+
+def _cmyk() -> tuple[Image.Image, np.ndarray]:
+    cmyk = np.zeros((28, 28, 4), dtype=np.uint8)
+    cmyk[:14, :, 0] = 255  # cyan
+    cmyk[14:, :, 1:3] = 255  # magenta + yellow: red
+    cmyk[:, 21:, 3] = 128  # half black
+    expected = np.zeros((28, 28, 3), dtype=np.uint8)
+    expected[:14], expected[14:] = [0, 255, 255], [255, 0, 0]
+    expected[:, 21:] = (expected[:, 21:].astype(int) * 127 // 255).astype(np.uint8)
+    return Image.fromarray(cmyk, mode="CMYK"), expected
+
+
+def _rgba() -> tuple[Image.Image, np.ndarray]:
+    rgba = np.random.default_rng(3).integers(0, 256, (28, 28, 4), dtype=np.uint8)
+    rgba[::2, :, 3] = 0  # fully transparent rows keep their colour: alpha is dropped
+    return Image.fromarray(rgba, mode="RGBA"), rgba[..., :3].copy()
+
+
+MODES = {  # name -> (file name, image in the odd mode, the RGB it must decode to, PIL format)
+    "grey16": ("grey16.png", _grey16, "PNG"),
+    "palette": ("palette.png", _palette, "PNG"),
+    "cmyk": ("cmyk.jpg", _cmyk, "JPEG"),
+    "rgba": ("rgba.png", _rgba, "PNG"),
+}
+
+
+@pytest.fixture(scope="module")
+def decoded(tmp_path_factory, images):
+    """One extract over the eight good items, each odd-mode image and an 8-bit RGB PNG of
+    the RGB it must decode to; per mode, the bytes, the expected RGB and both images' pooled
+    features from the store."""
+    from pipeline.cache import FeatureStore
+
+    tmp = tmp_path_factory.mktemp("modes")
+    folder = tmp / "images"
+    folder.mkdir()
+    rows = [item(i, n) for i, n in enumerate(images[1])]
+    for name in images[1]:
+        (folder / name).write_bytes((images[0] / name).read_bytes())
+    files = {}
+    for mode, (name, make, fmt) in MODES.items():
+        img, expected = make()
+        buf = io.BytesIO()
+        img.save(buf, fmt, **({"quality": 100} if fmt == "JPEG" else {}))
+        (folder / name).write_bytes(buf.getvalue())
+        (folder / f"ref-{mode}.png").write_bytes(png_bytes(Image.fromarray(expected)))
+        rows += [item(len(rows), name), item(len(rows) + 1, f"ref-{mode}.png")]
+        files[mode] = (buf.getvalue(), expected)
+    params = write_params(tmp, write_manifest(tmp / "m.parquet", rows), folder)
+    ok(cli("extract", "--params", params, "--quiet"))
+    store = FeatureStore.open(tmp / "features" / "tiny-vit.zarr")
+    index = store.suite_index(SUITE)["image"][:, 0]
+    embed = store.images(index, grids=False).embed.numpy()
+    by_image = {r["image"]: embed[i] for i, r in enumerate(rows)}
+    return {m: (*files[m], by_image[MODES[m][0]], by_image[f"ref-{m}.png"]) for m in MODES}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_image_mode_is_decoded_to_the_right_rgb(decoded, mode):
+    data, expected, features, reference = decoded[mode]
+    rgb = np.asarray(decode_image(data, MODES[mode][0]))
+    assert rgb.shape == expected.shape and rgb.dtype == np.uint8
+    tolerance = 2 if mode == "cmyk" else 0  # JPEG is lossy
+    assert np.abs(rgb.astype(int) - expected).max() <= tolerance
+    np.testing.assert_allclose(features, reference, atol=1e-5)  # extract saw exactly that RGB
+
+
+# ---------------------------------------------------------------- captions over the context
+
+
+PREFIX = " ".join(["a small red circle beside a large blue square"] * 9)  # 81 BPE tokens
+
+
+def test_caption_over_the_context_is_counted(tmp_path, images):
+    folder, names = images
+    rows = [item(i, n) for i, n in enumerate(names)]
+    rows[3]["captions"] = [PREFIX, "a green star"]
+    params = write_params(tmp_path, write_manifest(tmp_path / "m.parquet", rows), folder)
+    m = extract_and_score(params)
+    assert m["n_truncated"] == 1 and m["n_truncation_ties"] == 0
+    assert m["n_items"] == 8 and m["n_skipped"] == 0
+
+
+def test_captions_equal_up_to_the_cut_are_counted_as_ties(tmp_path, images):
+    folder, names = images
+    rows = [item(i, n) for i, n in enumerate(names)]
+    rows[3]["captions"] = [PREFIX + " and a green star", PREFIX + " and a yellow cross"]
+    params = write_params(tmp_path, write_manifest(tmp_path / "m.parquet", rows), folder)
+    m = extract_and_score(params)
+    assert m["n_truncated"] == 2 and m["n_truncation_ties"] == 1
+    scores = pd.read_parquet(tmp_path / "scores" / "clip" / f"{SUITE}.parquet")
+    assert scores["scores"][3][0] == scores["scores"][3][1]  # the cut makes the two options one
+
+
+# ---------------------------------------------------------------- the store
+
+
+def test_score_before_extract_names_the_command_to_run(good, tmp_path):
+    _, params = good
+    refused(cli("score", "--params", params, "--quiet"), f"no feature store at {tmp_path / 'features' / 'tiny-vit.zarr'}", "run `pipeline extract` first")
+
+
+def test_score_with_another_manifest_than_the_store_was_extracted_from(good, images, tmp_path):
+    manifest, params = good
+    ok(cli("extract", "--params", params, "--quiet"))
+    folder, names = images
+    other = write_manifest(tmp_path / "other.parquet", [item(i, n) for i, n in enumerate(names[:6])])
+    edited(params, "extract", manifests={SUITE: str(other)})
+    refused(cli("score", "--params", params, "--quiet"), f"configured manifest {other}", f"extracted from ({manifest}", "rerun `pipeline extract`")
+
+
+# ---------------------------------------------------------------- bad items = clean items + reported skips
+
+
+def test_bad_items_score_as_the_clean_items_plus_the_reported_skips(tmp_path, images):
+    folder = tmp_path / "images"
+    shutil.copytree(images[0], folder)
+    (folder / "bad1.png").write_bytes(b"not an image at all")
+    (folder / "bad2.png").write_bytes(b"not an image at all")  # same bytes: one store row, two items
+    clean = [item(i, n) for i, n in enumerate(images[1])]
+    bad = clean[:3] + [item(20, "bad1.png")] + clean[3:6] + [item(21, "bad2.png")] + clean[6:]
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "bad").mkdir()
+    m_clean = extract_and_score(write_params(tmp_path / "clean", write_manifest(tmp_path / "clean.parquet", clean), folder))
+    m_bad = extract_and_score(write_params(tmp_path / "bad", write_manifest(tmp_path / "bad.parquet", bad), folder, skip_bad_images=True))
+    assert m_bad["n_skipped"] == 2 and m_bad["skipped"] == {"image_missing": 0, "image_undecodable": 2}
+    assert m_clean["n_skipped"] == 0
+    assert m_bad["metrics"] == m_clean["metrics"] and m_bad["n_items"] == m_clean["n_items"] == 8
+    s_clean = pd.read_parquet(tmp_path / "clean" / "scores" / "clip" / f"{SUITE}.parquet")
+    s_bad = pd.read_parquet(tmp_path / "bad" / "scores" / "clip" / f"{SUITE}.parquet")
+    assert s_bad["item_id"].tolist() == s_clean["item_id"].tolist()
+    np.testing.assert_allclose(np.stack(s_bad["scores"]), np.stack(s_clean["scores"]), rtol=1e-6)

@@ -1,0 +1,56 @@
+"""The cost of one `pipeline score` call: the weights hash is remembered by (path, size,
+mtime), and scoring from the cache imports neither open_clip nor scipy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+import pipeline.encoders as encoders
+from pipeline.manifests import file_sha256
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_weights_hash_is_remembered_by_path_size_and_mtime(tmp_path, monkeypatch):
+    weights = tmp_path / "w.bin"
+    weights.write_bytes(b"\x01" * 1000)
+    monkeypatch.setattr(encoders, "HASH_CACHE", tmp_path / "cache" / "sha256.json")
+    calls = []
+    monkeypatch.setattr(encoders, "file_sha256", lambda p: calls.append(p) or file_sha256(p))
+    first = encoders.weights_sha256(weights)
+    assert encoders.weights_sha256(weights) == first == file_sha256(weights) and len(calls) == 1
+    weights.write_bytes(b"\x02" * 1000)  # rewritten in place: same size, new mtime
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    second = encoders.weights_sha256(weights)
+    assert second == file_sha256(weights) != first and len(calls) == 2
+
+
+def test_score_command_imports_neither_open_clip_nor_scipy(tmp_path):
+    from pipeline.config import ExtractConfig
+    from pipeline.extraction import extract
+    from pipeline.perf.common import make_suite
+
+    manifest = make_suite(tmp_path, 6, 56)
+    ext = {
+        "model": "tiny-vit", "pretrained": "none", "suites": ["shapes-sugarcrepe"], "manifests": {"shapes-sugarcrepe": str(manifest)},
+        "image_roots": {"shapes-sugarcrepe": str(tmp_path / "images")}, "out": str(tmp_path / "features"), "batch_size": 4, "threads": 1,
+    }  # fmt: skip
+    extract(ExtractConfig(**ext), progress=False)
+    score = {"variants": ["clip", "local-max"], "suites": ["shapes-sugarcrepe"], "encoder": "tiny-vit",
+             "scores_out": str(tmp_path / "scores"), "metrics_out": str(tmp_path / "metrics")}  # fmt: skip
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"extract": ext, "score": score}))
+    code = (
+        "import sys\nfrom pipeline.cli import app\n"
+        f"try:\n    app(['score', '--params', {str(params)!r}, '--quiet'])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'open_clip', 'scipy', 'ot', 'distributed'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert (tmp_path / "metrics" / "local-max" / "shapes-sugarcrepe.json").is_file()
