@@ -31,6 +31,12 @@ import numpy as np
 
 from pipeline.config import ExtractConfig
 
+# dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in every worker it spawns; any fixed value
+# turns off glibc's adaptive mmap threshold, so each large tensor of the forward pass is
+# mmapped and unmapped again, and the toy's encoder ran 2.3x slower in a worker than in
+# one process (`pipeline bench extract --scheduler ...`). Our local workers keep glibc's
+# default; `dask worker --no-nanny` does the same for workers started by hand.
+NANNY_MALLOC = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 BLOCK_ROWS = {"text": 256, "image": 256, "object": 256}  # rows per task: one chunk of the unsharded arrays
 _ENCODERS: dict[tuple, Any] = {}  # per worker process: encoder arguments -> Encoder
 _LOADS = {"n": 0}  # encoders this process has loaded (the once-per-worker test reads it)
@@ -41,13 +47,18 @@ def cluster(scheduler: str) -> Iterator[Any]:
     """A ``distributed.Client`` for ``scheduler``: ``local:N`` starts (and afterwards stops)
     a ``LocalCluster`` of N single-threaded worker processes; anything else is a scheduler
     address to connect to."""
+    import dask
     from distributed import Client, LocalCluster
 
     if scheduler.startswith("local:"):
         n = int(scheduler.split(":", 1)[1])
         if n < 1:
             raise ValueError(f"--scheduler {scheduler}: the worker count must be at least 1")
-        with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as lc, Client(lc) as client:
+        with (
+            dask.config.set({NANNY_MALLOC: None}),
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as lc,
+            Client(lc) as client,
+        ):
             yield client
         return
     try:

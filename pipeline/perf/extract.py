@@ -101,6 +101,11 @@ def extract_scaling(n_images: int, schedulers: tuple[str, ...] = ("local:1", "lo
     workers speed up); ``wall_s`` adds the cluster's start-up and the workers' model loads.
     A toy encoder runs random weights written to a checkpoint file in the bench's folder
     (every worker loads them from there; speed does not depend on the weights).
+
+    ``single-1-thread`` is one process at one torch thread, as a worker runs; its
+    ``cores_used`` (process CPU time over wall time) counts the decode and write threads
+    that overlap its forward pass. ``speedup_bound`` is what the last scheduler's workers can
+    reach over one worker when each uses that many cores on this machine's ``cores``.
     """
     import os
 
@@ -113,6 +118,7 @@ def extract_scaling(n_images: int, schedulers: tuple[str, ...] = ("local:1", "lo
     from pipeline.extraction import extract
 
     load = os.getloadavg()[0]
+    torch_threads = torch.get_num_threads()
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -122,21 +128,22 @@ def extract_scaling(n_images: int, schedulers: tuple[str, ...] = ("local:1", "lo
         checkpoint = folder / "random.safetensors"
         save_file({k: v.contiguous() for k, v in enc.model.state_dict().items()}, str(checkpoint))
         stores = {}
-        for name in ("single", *schedulers):
+        for name in ("single", "single-1-thread", *schedulers):
             cfg = extract_cfg(folder, manifest, model, batch_size)
-            cfg.threads, cfg.out = 2, str(folder / name.replace(":", "-"))
+            cfg.threads, cfg.out = 1 if name == "single-1-thread" else 2, str(folder / name.replace(":", "-"))
             if enc.spec.toy:
                 cfg.checkpoint = str(checkpoint)
             else:
                 cfg.pretrained = "none"
-            t0 = time.perf_counter()
-            summary = extract(cfg, progress=False) if name == "single" else extract_distributed(cfg, name, progress=False)
-            wall = time.perf_counter() - t0
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            summary = extract(cfg, progress=False) if name.startswith("single") else extract_distributed(cfg, name, progress=False)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             runs[name] = {
                 "encode_s": summary["seconds"], "wall_s": round(wall, 2),
                 "images_per_s": round(n_images / summary["seconds"], 1),
-                **({"workers": summary["workers"], "tasks": summary["tasks"]} if name != "single" else {}),
+                **({"workers": summary["workers"], "tasks": summary["tasks"]} if name in schedulers else {"cores_used": round(cpu / wall, 2)}),
             }  # fmt: skip
+            torch.set_num_threads(torch_threads)
             stores[name] = zarr.open_group(store_path(cfg), mode="r")
         ref = stores["single"]
         for name in schedulers:
@@ -146,9 +153,13 @@ def extract_scaling(n_images: int, schedulers: tuple[str, ...] = ("local:1", "lo
             )  # fmt: skip
             runs[name]["identical_to_single"] = bool(same)
     first, last = schedulers[0], schedulers[-1]
+    per_worker = runs["single-1-thread"]["cores_used"]  # a 1-thread extract's cores: forward + decode and write threads
+    workers = int(last.split(":")[1]) if last.startswith("local:") else runs[last]["workers"]
     return {
         "model": model, "n_images": n_images, "n_captions": 2 * n_images, "load_avg_1min": round(load, 2),
         "runs": runs,
         "speedup": round(runs[first]["encode_s"] / runs[last]["encode_s"], 2),
+        "cores": os.cpu_count(),
+        "speedup_bound": round(min(workers, os.cpu_count() / per_worker) / min(1.0, os.cpu_count() / per_worker), 2),
         "goal": f"{last} >= 1.7x {first} (encode phase)",
     }  # fmt: skip
