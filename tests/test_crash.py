@@ -39,12 +39,17 @@ def _run(params: Path, point: str = "none", n: int = 1, scheduler: str | None = 
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300).returncode
 
 
+def build_reference(tmp_path_factory, name: str) -> tuple[Path, Path]:
+    """A fresh folder and the store one uninterrupted single-process extract writes there
+    (``N_IMAGES`` images, tiny-vit): what every resumed or distributed run must equal."""
+    tmp = tmp_path_factory.mktemp(name)
+    assert _run(_params(tmp, tmp / "ref")) == 0
+    return tmp, tmp / "ref" / "tiny-vit.zarr"
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("crash")
-    params = _params(tmp, tmp / "ref")
-    assert _run(params) == 0
-    return tmp, tmp / "ref" / "tiny-vit.zarr"
+    return build_reference(tmp_path_factory, "crash")
 
 
 @pytest.mark.parametrize(

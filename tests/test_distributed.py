@@ -17,7 +17,7 @@ from pipeline.cache import store_path
 from pipeline.config import ExtractConfig, load_config
 from pipeline.distributed import extract_distributed
 from tests.stores import assert_same_store
-from tests.test_crash import _params, _run
+from tests.test_crash import _params, _run, build_reference
 
 pytestmark = pytest.mark.distributed
 BIN = Path(sys.executable).parent
@@ -25,11 +25,7 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The single-process store (tests/test_crash.py's world: 150 images, tiny-vit)."""
-    tmp = tmp_path_factory.mktemp("dist")
-    params = _params(tmp, tmp / "ref")
-    assert _run(params) == 0
-    return tmp, tmp / "ref" / "tiny-vit.zarr"
+    return build_reference(tmp_path_factory, "dist")
 
 
 def _cfg(tmp: Path, name: str) -> ExtractConfig:
@@ -114,3 +110,19 @@ def test_score_on_a_cluster_writes_the_single_process_metrics(reference):
         assert done.returncode == 0, done.stderr[-2000:]
         outs[name] = {p.relative_to(tmp / f"metrics-{name}"): json.loads(p.read_text()) for p in (tmp / f"metrics-{name}").rglob("*.json")}
     assert len(outs["single"]) == 3 and outs["single"] == outs["cluster"]
+
+
+def _worker_malloc_env():
+    import os
+
+    return os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
+def test_local_workers_keep_glibcs_adaptive_malloc(monkeypatch):
+    """dask's nanny would set MALLOC_TRIM_THRESHOLD_ in each worker, which fixes glibc's mmap
+    threshold and made the toy's forward pass 2.3x slower there; local:N workers run without it."""
+    from pipeline.distributed import cluster
+
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)  # the nanny copies it from the parent too
+    with cluster("local:1") as client:
+        assert client.submit(_worker_malloc_env, pure=False).result() is None
