@@ -69,9 +69,9 @@ def trial_params(base: dict, name: str, out: Path, variants: list[str], override
 
 def summary(metrics_dir: Path, variants: list[str]) -> dict:
     """Per variant: all-task, binding and dev means; ARO-style mean under true/shuffle/fixed."""
-    from pipeline.report.compare import ARO_TASKS as ARO
-    from pipeline.scorers.flowclip.analysis import ALL_TASKS
-    from pipeline.scorers.flowclip.analysis import BINDING_TASKS as BINDING
+    from pipeline.report.tasks import ALL_TASKS
+    from pipeline.report.tasks import ARO_TASKS as ARO
+    from pipeline.report.tasks import BINDING_TASKS as BINDING
 
     def mean(name: str, tasks) -> float | None:
         vals = []

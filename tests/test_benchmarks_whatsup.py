@@ -178,7 +178,9 @@ def test_report_pools_the_real_suites_and_needs_both(tmp_path):
     }  # fmt: skip
     assert mc["p"] == pytest.approx(2 * (1 + 4) / 2**4)  # 2 * P[Bin(4, 1/2) <= 1]
     assert whatsup_mcnemar({"whatsup-a": results["whatsup-a"]}, "v", suites=WHATSUP_POOLED) is None
-    assert whatsup_mcnemar(results, "v") is None  # the default pools shapes-whatsup only
+    assert whatsup_mcnemar(results, "v") == mc  # on real suites the default pools A + B
+    shapes = {"shapes-whatsup": results["whatsup-a"], **results}
+    assert whatsup_mcnemar(shapes, "v")["pairs"] == 4  # on the shapes world: shapes-whatsup
     with pytest.raises(ValueError, match="same suites"):
         pair_mcnemar([(a, _pair_scores(8, {0}))], [(b, _pair_scores(4, {4}, 4))])
 

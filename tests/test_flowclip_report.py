@@ -23,6 +23,7 @@ from pipeline.benchmarks.coco_families import FAMILIES
 from pipeline.benchmarks.sugarcrepe import CATEGORIES
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
 from pipeline.report import SECTIONS, ReportContext
+from pipeline.report.tasks import ALL_TASKS, BINDING_TASKS, MEANS
 from pipeline.scorers.flowclip import analysis
 
 N = 10  # items per SugarCrepe category, ARO category, dev family; queries of retrieval
@@ -164,7 +165,7 @@ def test_each_ladder_step_is_the_mean_of_the_per_task_differences():
     results = results_from(LADDER_RIGHT)
     steps = analysis.ladder(results, n_resamples=300, seed=0)
     assert steps["rungs"] == list(analysis.LADDER)
-    for name, tasks in analysis.MEANS.items():
+    for name, tasks in MEANS.items():
         block = steps[name]
         assert block["tasks"] == [analysis.task_label(t) for t in tasks] and not block["missing"]
         rows = {r["variant"]: r for r in block["rows"]}
@@ -186,7 +187,7 @@ def test_each_ladder_step_is_the_mean_of_the_per_task_differences():
                 [accuracy(LADDER_RIGHT[v], t) - accuracy(LADDER_RIGHT["clip"], t) for t in tasks]
             )
             assert rows[v]["vs_clip"]["diff"] == pytest.approx(vs_clip, abs=1e-12)
-    assert len(analysis.ALL_TASKS) == 12 and len(analysis.BINDING_TASKS) == 5
+    assert len(ALL_TASKS) == 12 and len(BINDING_TASKS) == 5
 
 
 def test_the_ladder_compares_only_the_tasks_every_rung_has():
@@ -197,7 +198,7 @@ def test_the_ladder_compares_only_the_tasks_every_rung_has():
     assert len(steps["all-task"]["tasks"]) == 11 and not steps["binding"]["missing"]
     clip = steps["all-task"]["rows"][0]
     assert clip["value"] == pytest.approx(
-        np.mean([accuracy(right["clip"], t) for t in analysis.ALL_TASKS[:-1]]), abs=1e-12
+        np.mean([accuracy(right["clip"], t) for t in ALL_TASKS[:-1]]), abs=1e-12
     )
 
 
@@ -250,7 +251,7 @@ def test_the_seed_spread_is_the_mean_and_sample_sd_over_seeds():
     assert list(spread) == ["flowclip"]  # global-m has no seed runs
     row = spread["flowclip"]
     assert row["seeds"] == ["flowclip@seed0", "flowclip@seed1", "flowclip@seed2"]
-    for name, tasks in analysis.MEANS.items():
+    for name, tasks in MEANS.items():
         vals = [np.mean([accuracy(right[s], t) for t in tasks]) for s in row["seeds"]]
         assert row[name]["values"] == pytest.approx(vals, abs=1e-12)
         assert row[name]["mean"] == pytest.approx(np.mean(vals), abs=1e-12)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -141,3 +142,18 @@ def test_the_report_renders_the_real_suites(real_run):
         assert f"## {suite}" in report, suite
     assert "## Published figures beside ours" in report and "| whatsup-pooled | pooled-pair | bindclip |" in report
     assert "item(s) left out, their image missing at extract" in report  # the missing image is named
+    assert report.startswith("# Compositionality report (real benchmarks)")
+    assert "failure profile" not in report and "\n| |  |\n" not in report  # no shapes-only or empty tables
+    assert "| | bindclip@seed0 | bindclip@seed1 | spread (max−min) |" in report  # training seeds only
+    number = r" [0-9.]+ \[[0-9.]+, [0-9.]+\]"  # a filled cell after its "|": value [lo, hi]
+    for row in (  # the family tables, on the real suites
+        r"\| sugarcrepe \| swap-att \|" + number,  # head to head
+        r"\| sugarcrepe-pp \| swap-att \|" + number,
+        r"\| `clip` \| own image \|" + number,  # image replacement: relation, attribution, ...
+        r"\| `flowclip-cimr` \| fixed \|" + number,
+        r"\| aro-relation \| relation \| [0-9.]+ \| [0-9.]+ \|",  # BindCLIP Table 1
+        r"\| `global-m` \|" + number,  # the ablation ladder
+        r"\| whatsup-a \| individual \| [0-9]+ \| [0-9]+ \|",  # errors corrected and made
+    ):
+        assert re.search(row, report), row
+    assert "aro-coco-order P@1" in report and "### Ablation ladder" in report

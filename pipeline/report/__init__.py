@@ -61,6 +61,13 @@ class ReportContext:
         return {v for entry in self.results.values() for v in entry["scores"]}
 
     @property
+    def layout(self):
+        """The scored world's :class:`~pipeline.report.tasks.TaskLayout` (shapes or real)."""
+        from pipeline.report.tasks import layout_for
+
+        return layout_for(self.results)
+
+    @property
     def store(self):
         """The configured encoder's feature store, opened (and checked) on first use."""
         if self.store_ is None:

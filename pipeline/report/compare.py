@@ -11,8 +11,8 @@
   (:data:`WHATSUP_POOLED`: whatsup-a + whatsup-b, the 410-pair criterion;
   :func:`pipeline.benchmarks.whatsup.pooled_pairs`).
 * ``family_table``: a suite's metrics per variant, one column each.
-* ``variant_means``: each variant's all-task and binding means (:data:`ALL_TASKS`,
-  :data:`BINDING_TASKS`) with CIs and its paired difference to the baseline, the numbers
+* ``variant_means``: each variant's all-task and binding means (the scored world's
+  :data:`pipeline.report.tasks.MEANS`) with CIs and its paired difference to the baseline, the numbers
   ``pipeline compare-encoders`` keeps per encoder.
 
 ``results`` is the report stage's ``load_results``: ``{suite: {"manifest": df, "scores":
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from pipeline.benchmarks import SUITES, Units
-from pipeline.benchmarks.sugarcrepe import CATEGORIES
 from pipeline.benchmarks.whatsup import POOLED_SUITES, Scored, pooled_pairs
+from pipeline.report.tasks import DEV_SUITE, WHATSUP_SUITE, Task, layout_for
 from pipeline.stats import (
     ConfidenceInterval,
     mcnemar_exact,
@@ -37,32 +37,6 @@ from pipeline.stats import (
     units_mean_ci,
 )
 
-Task = tuple[str, str]  # (suite, metric): one task of a mean
-
-# Task lists shared by the generic sections and the families' (Flow-CLIP's ARO average).
-ARO_TASKS: tuple[Task, ...] = (
-    ("shapes-aro", "relation"),
-    ("shapes-aro", "attribution"),
-    ("shapes-aro", "order"),
-)
-SUGARCREPE_TASKS: tuple[Task, ...] = tuple(("shapes-sugarcrepe", c) for c in CATEGORIES)
-WHATSUP: tuple[Task, ...] = (("shapes-whatsup", "individual"),)
-# Every task of the all-task mean: the seed's 11-task mean, on the shapes suites.
-ALL_TASKS: tuple[Task, ...] = (
-    *SUGARCREPE_TASKS,
-    *ARO_TASKS,
-    *WHATSUP,
-    ("shapes-retrieval", "R@1"),
-)
-# The binding mean: attribute / object swaps, ARO relation and attribution, spatial arrangement.
-BINDING_TASKS: tuple[Task, ...] = (
-    ("shapes-sugarcrepe", "swap-att"),
-    ("shapes-sugarcrepe", "swap-obj"),
-    ("shapes-aro", "relation"),
-    ("shapes-aro", "attribution"),
-    *WHATSUP,
-)
-MEANS = {"all-task": ALL_TASKS, "binding": BINDING_TASKS}
 WHATSUP_POOLED: tuple[str, ...] = POOLED_SUITES  # the real suites of the 410-pair criterion
 
 
@@ -182,12 +156,15 @@ def pair_mcnemar(variant: Sequence[Scored], baseline: Sequence[Scored]) -> dict:
 
 
 def whatsup_mcnemar(
-    results: dict, variant: str, baseline: str = "clip", suites: Sequence[str] = ("shapes-whatsup",)
+    results: dict, variant: str, baseline: str = "clip", suites: Sequence[str] | None = None
 ) -> dict | None:
     """Exact McNemar on What'sUp pair correctness (units = pairs), the pairs of ``suites``
-    pooled in order: ``shapes-whatsup`` by default, :data:`WHATSUP_POOLED` for the real
-    410-pair criterion. None unless both were scored on every suite of ``suites``.
-    The record is :func:`pair_mcnemar`'s."""
+    pooled in order; by default the What'sUp suites of the scored world
+    (:func:`pipeline.report.tasks.layout_for`): ``shapes-whatsup``, or on the real suites
+    :data:`WHATSUP_POOLED`, the 410-pair criterion. None unless both were scored on every
+    suite of ``suites``. The record is :func:`pair_mcnemar`'s."""
+    if suites is None:
+        suites = layout_for(results).suites_of(WHATSUP_SUITE)
     entries = [results.get(s) for s in suites]
     if not entries or not all(e and variant in e["scores"] and baseline in e["scores"] for e in entries):
         return None
@@ -197,9 +174,11 @@ def whatsup_mcnemar(
     )
 
 
-def family_table(results: dict, variants: list[str], suite: str = "shapes-dev") -> pd.DataFrame:
-    """Per-family accuracy (rows: families, columns: variants)."""
-    entry = results.get(suite)
+def family_table(results: dict, variants: list[str], suite: str = DEV_SUITE) -> pd.DataFrame:
+    """Per-family accuracy (rows: families, columns: variants) on ``suite``, a role suite
+    (:mod:`pipeline.report.tasks`: the dev families by default) or a suite of the scored world."""
+    suite = layout_for(results).suite(suite)
+    entry = results.get(suite) if suite else None
     if not entry:
         return pd.DataFrame()
     s = SUITES.get(suite)
@@ -214,17 +193,19 @@ def family_table(results: dict, variants: list[str], suite: str = "shapes-dev") 
 def variant_means(
     results: dict, variants: Sequence[str], baseline: str = "clip", n_resamples: int = 10_000, seed: int = 0
 ) -> dict[str, dict]:
-    """Per scored variant: each of :data:`MEANS` over the tasks it shares with ``baseline``
+    """Per scored variant: each mean of the scored world's layout
+    (:attr:`pipeline.report.tasks.TaskLayout.means`) over the tasks it shares with ``baseline``
     (a pairwise scorer has no retrieval task), its value with a 95% CI and, for the other
     variants, the paired difference to ``baseline`` on the same tasks; plus every task's
     value. ``{variant: {"means": {name: {...}}, "tasks": {"suite/metric": value}}}``."""
     out: dict[str, dict] = {}
+    layout_means = layout_for(results).means
     for v in variants:
-        units = task_units(results, ALL_TASKS, v)
+        units = task_units(results, layout_means["all-task"], v)
         if not units:
             continue
         means = {}
-        for name, tasks in MEANS.items():
+        for name, tasks in layout_means.items():
             shared = common_tasks(results, tasks, [v, baseline])
             ci = mean_ci(results, shared, v, n_resamples, seed)
             if ci is None:

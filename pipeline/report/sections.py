@@ -2,7 +2,7 @@
 
 * ``overview`` (order 0): the title, the encoder, the variants and how to read a cell.
 * ``failure-profile`` (10): frozen CLIP on the shapes suites next to real ViT-L/14's
-  published numbers.
+  published numbers (shapes world only: the real report has its published-figures section).
 * ``suites`` (20): per suite, each variant's metrics with 95% bootstrap CIs and, for the
   others, Δ against ``clip`` with a paired-bootstrap CI; chance levels; example images.
   The same numbers, one row per (suite, variant, metric), go to ``plots/metrics.csv``.
@@ -17,7 +17,10 @@
 * ``performance`` (90): the measurements that ``pipeline bench ...`` and ``pipeline
   probes`` left in the report folder.
 
-Family sections (e.g. BindCLIP's, order 50) sit between these and the performance.
+Family sections (e.g. BindCLIP's, order 50) sit between these and the performance. The
+sections name their tasks by role (:mod:`pipeline.report.tasks`) and render them in the
+scored world's suites (``ctx.layout``), so one report serves the shapes world and the real
+benchmarks.
 """
 
 from __future__ import annotations
@@ -31,16 +34,20 @@ import pandas as pd
 from pipeline.benchmarks import SUITES, Units
 from pipeline.config import ReportConfig
 from pipeline.report import ReportContext, section
-from pipeline.report.compare import (
-    ARO_TASKS,
-    SUGARCREPE_TASKS,
-    Task,
-    compare_mean,
-    mean_ci,
-    task_units,
-)
+from pipeline.report.compare import common_tasks, compare_mean, mean_ci, task_units
 from pipeline.report.figures import examples_figure
 from pipeline.report.markdown import md_table, pct, pct_ci, points_ci
+from pipeline.report.tasks import (
+    ARO_TASKS,
+    RETRIEVAL,
+    SUGARCREPE_TASKS,
+    WHATSUP,
+    Task,
+    TaskLayout,
+)
+from pipeline.report.tasks import (
+    label as task_label,
+)
 from pipeline.report.templates import Templates
 from pipeline.stats import ConfidenceInterval, bootstrap_ci, units_bootstrap
 
@@ -62,22 +69,10 @@ REAL_CLIP_PROFILE = {
     ("shapes-aro", "order"): 0.4658,
     ("shapes-whatsup", "individual"): (0.2646 + 0.2525) / 2,
 }
-CHANCE = {"shapes-whatsup": {"individual": 0.25, "pair": 1 / 16, "set": 1 / 256}}
-# Chance per task of the image-replacement table: 2-way items 50%, ARO Order 5-way 20%.
-TASK_CHANCE: dict[Task, float] = {
-    **dict.fromkeys(SUGARCREPE_TASKS, 0.5),
-    ("shapes-aro", "relation"): 0.5,
-    ("shapes-aro", "attribution"): 0.5,
-    ("shapes-aro", "order"): 0.2,
-    **{("shapes-whatsup", k): v for k, v in CHANCE["shapes-whatsup"].items()},
-}
-# The head-to-head rows: every metric of these suites, then single tasks, then the binding
-# slices not among them.
+# The head-to-head rows, as roles (:mod:`pipeline.report.tasks`): every metric of these
+# suites, then single tasks, then the binding slices not among them.
 HEAD_TO_HEAD_SUITES = ("shapes-sugarcrepe", "shapes-aro")
-HEAD_TO_HEAD_TASKS: tuple[Task, ...] = (
-    ("shapes-whatsup", "individual"),
-    ("shapes-retrieval", "R@1"),
-)
+HEAD_TO_HEAD_TASKS: tuple[Task, ...] = (*WHATSUP, *RETRIEVAL)
 BINDING_SLICES: tuple[Task, ...] = (("shapes-whatsup", "pair"), ("shapes-whatsup", "set"))
 SCORING_BENCH = "bench/scoring.json"  # `pipeline bench scoring`: parameters, pairs/s, speedup
 BENCH_ENCODERS = ("toy", "ViT-L-14-336")  # always shown in the head-to-head ("–" if absent)
@@ -153,11 +148,15 @@ def overview(ctx: ReportContext) -> list[str]:
         bootstrap=ctx.cfg.bootstrap,
         seed=ctx.cfg.seed,
     )
-    return ["# Compositionality report (shapes world)", intro]
+    return [f"# Compositionality report ({ctx.layout.world})", intro]
 
 
 @section("failure-profile", order=10)
 def failure_profile(ctx: ReportContext) -> list[str]:
+    """The toy CLIP against published ViT-L/14 on the shapes world; on the real suites the
+    published-figures section holds that comparison ([] here)."""
+    if not ctx.layout.toy_world:
+        return []
     return ["## The toy CLIP's failure profile", TEXT("profile"), profile_table(ctx.results)]
 
 
@@ -177,7 +176,7 @@ def suites(ctx: ReportContext) -> list[str]:
             + ", ".join(missing[:10]) + (" …" if len(missing) > 10 else "") + "."
         ) if missing else ""  # fmt: skip
         parts += [f"## {suite_name}", f"{len(entry['manifest'])} items. {description}{left_out}", table]
-        chance = CHANCE.get(suite_name)
+        chance = ctx.layout.suite_chances.get(suite_name)
         if chance:
             parts.append("Chance: " + ", ".join(f"{k} {pct(v)}" for k, v in chance.items()) + ".")
         fig = examples_figure(entry, ctx.cfg.examples)
@@ -188,11 +187,14 @@ def suites(ctx: ReportContext) -> list[str]:
     return parts
 
 
-def head_to_head_tasks() -> list[Task]:
-    """The head-to-head rows: every metric of :data:`HEAD_TO_HEAD_SUITES`, then
-    :data:`HEAD_TO_HEAD_TASKS` and :data:`BINDING_SLICES`."""
-    rows = [(s, m) for s in HEAD_TO_HEAD_SUITES for m in SUITES.get(s).metric_names]
-    return rows + list(HEAD_TO_HEAD_TASKS) + list(BINDING_SLICES)
+def head_to_head_tasks(layout: TaskLayout) -> list[Task]:
+    """The head-to-head rows in ``layout``'s world: every metric of :data:`HEAD_TO_HEAD_SUITES`
+    (as roles), every metric of the world's extra suites, then :data:`HEAD_TO_HEAD_TASKS` and
+    :data:`BINDING_SLICES`."""
+    roles = [(s, m) for s in HEAD_TO_HEAD_SUITES for m in SUITES.get(s).metric_names]
+    extra = [(s, m) for s in layout.extra_head_to_head for m in SUITES.get(s).metric_names]
+    rows = [*layout.tasks(roles), *extra, *layout.tasks([*HEAD_TO_HEAD_TASKS, *BINDING_SLICES])]
+    return list(dict.fromkeys(rows))
 
 
 def read_bench(path) -> dict[str, Any]:
@@ -245,7 +247,7 @@ def head_to_head(ctx: ReportContext) -> list[str]:
     variants = [v for v in ctx.cfg.head_to_head if v in ctx.scored]
     if len(variants) < 2:
         return []
-    tasks = head_to_head_tasks()
+    tasks = head_to_head_tasks(ctx.layout)
     units = {v: task_units(ctx.results, tasks, v) for v in variants}
     rows = []
     for task in tasks:
@@ -277,8 +279,9 @@ def replacement_modes(ctx: ReportContext) -> list[str]:
 @section("image-replacement", order=46)
 def image_replacement(ctx: ReportContext) -> list[str]:
     """Each variant with replacement runs (``<variant>@<mode>``) on the ARO-style tasks, their
-    mean and the SugarCrepe-style mean (and What'sUp-style individual where it was scored):
-    own image, then each replacement with Δ against the own image; chance last."""
+    mean, the SugarCrepe-style mean and the What'sUp-style individual accuracy (each over the
+    tasks every run was scored on, the count named when some are missing): own image, then
+    each replacement with Δ against the own image; chance last."""
     modes = replacement_modes(ctx)
     variants = [
         v
@@ -287,28 +290,40 @@ def image_replacement(ctx: ReportContext) -> list[str]:
     ]
     if not variants:
         return []
-    whatsup = (("shapes-whatsup", "individual"),)
+    layout = ctx.layout
+    runs_of = {v: [v, *(f"{v}@{m}" for m in modes if f"{v}@{m}" in ctx.scored)] for v in variants}
+    everyone = [r for runs in runs_of.values() for r in runs]
+
+    def scored(roles: tuple[Task, ...]) -> tuple[Task, ...]:  # the tasks every run has
+        return tuple(common_tasks(ctx.results, layout.tasks(roles), everyone))
+
+    def named(name: str, roles: tuple[Task, ...], tasks: tuple[Task, ...]) -> str:
+        n_all = len(layout.tasks(roles))
+        return name if len(tasks) == n_all else f"{name} ({len(tasks)} of {n_all} tasks)"
+
+    aro, sugarcrepe, whatsup = scored(ARO_TASKS), scored(SUGARCREPE_TASKS), scored(WHATSUP)
     columns: list[tuple[str, tuple[Task, ...]]] = [
-        *((t[1], (t,)) for t in ARO_TASKS),
-        ("ARO-style mean", ARO_TASKS),
-        ("SugarCrepe-style mean", SUGARCREPE_TASKS),
+        *((task_label(t, aro), (t,)) for t in aro),
+        (named("ARO-style mean", ARO_TASKS, aro), aro),
+        (named("SugarCrepe-style mean", SUGARCREPE_TASKS, sugarcrepe), sugarcrepe),
+        (named("What'sUp-style individual", WHATSUP, whatsup), whatsup),  # a mean on the real suites
     ]
-    if any(task_units(ctx.results, whatsup, f"{v}@{m}") for v in variants for m in modes):
-        columns.append(("What'sUp-style individual", whatsup))
+    columns = [(name, tasks) for name, tasks in columns if tasks]
+    if not columns:
+        return []
     n, seed = ctx.cfg.bootstrap, ctx.cfg.seed
     rows = []
     for v in variants:
-        runs = [v, *(f"{v}@{m}" for m in modes if f"{v}@{m}" in ctx.scored)]
-        for run in runs:
+        for run in runs_of[v]:
             cells = []
-            for _, tasks in columns:  # a mean needs every one of its tasks
+            for _, tasks in columns:  # each mean over the tasks every run was scored on
                 ci = mean_ci(ctx.results, tasks, run, n, seed)
                 d = compare_mean(ctx.results, tasks, run, v, n, seed) if run != v else None
                 cell = "–" if ci is None else pct_ci(ci.estimate, ci.lo, ci.hi)
                 cells.append(cell + (f"<br>Δ {points_ci(d.diff, d.lo, d.hi)}" if d else ""))
             condition = "own image" if run == v else run.split("@", 1)[1]
             rows.append([f"`{v}`", condition, *cells])
-    chance = [pct(sum(TASK_CHANCE[t] for t in tasks) / len(tasks)) for _, tasks in columns]
+    chance = [pct(sum(layout.chance(t) for t in tasks) / len(tasks)) for _, tasks in columns]
     rows.append(["chance", "", *chance])
     header = ["variant", "image", *(name for name, _ in columns)]
     return [
@@ -332,6 +347,8 @@ def encoder_comparison(ctx: ReportContext) -> list[str]:
     """``pipeline compare-encoders``' summary (``report.encoders``): each variant's all-task
     and binding means per encoder, with CIs and the paired difference to ``clip`` on the
     same encoder; a pointer to the command when it has not been run."""
+    if not ctx.layout.toy_world:  # the comparison trains toy encoders on the shapes world
+        return []
     path = Path(ctx.cfg.encoders)
     try:
         summary = json.loads(path.read_text())

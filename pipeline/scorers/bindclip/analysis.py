@@ -23,10 +23,12 @@ import pandas as pd
 
 from pipeline.benchmarks import SUITES
 from pipeline.report.compare import Comparison, compare
+from pipeline.report.tasks import DEV_SUITE, layout_for
 from pipeline.stats import paired_bootstrap
 from pipeline.world.families import edit_kind_order, edit_kinds
 
-# (suite, metric) rows of the Table-1 layout: headline per suite, then the binding slices.
+# (suite, metric) rows of the Table-1 layout: headline per suite, then the binding slices;
+# roles (:mod:`pipeline.report.tasks`), rendered in the scored world's suites.
 HEADLINE_ROWS = (
     ("shapes-whatsup", "pair"),
     ("shapes-aro", "relation"),
@@ -54,7 +56,7 @@ def binding_table(
     """``variant`` against frozen CLIP on :data:`HEADLINE_ROWS` then :data:`BINDING_ROWS`
     (the rows some suite was scored on), each a paired bootstrap."""
     rows = []
-    for suite, metric in HEADLINE_ROWS + BINDING_ROWS:
+    for suite, metric in layout_for(results).tasks(HEADLINE_ROWS + BINDING_ROWS):
         c = compare(results, suite, metric, variant, n_resamples=n_resamples, seed=seed)
         if c is not None:
             rows.append(c)
@@ -68,17 +70,19 @@ def lesion_costs(
     n_resamples: int = 10_000,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """What the plan carries: ``variant`` − ``lesion`` accuracy per shapes-dev family and mean.
+    """What the plan carries: ``variant`` − ``lesion`` accuracy per dev family and mean (the
+    scored world's dev suite: shapes-dev, or coco-families where it was scored).
 
     Columns ``diff``, ``lo``, ``hi``, ``p``: the scored checkpoint, a paired bootstrap over
     items (95% CI; the mean row resamples within families); then one column per training
     seed scored as ``<variant>@seed<k>`` and ``<lesion>@seed<k>`` (difference of
     accuracies) and ``seed mean``, their mean. Empty when either variant was not scored.
     """
-    entry = results.get("shapes-dev")
+    dev = layout_for(results).suite(DEV_SUITE)
+    entry = results.get(dev) if dev else None
     if not entry or variant not in entry["scores"] or lesion not in entry["scores"]:
         return pd.DataFrame()
-    suite = SUITES.get("shapes-dev")
+    suite = SUITES.get(dev)
     names = [
         n
         for n in suite.metric_names
@@ -86,7 +90,7 @@ def lesion_costs(
     ]
     rows = {}
     for name in names:
-        c = compare(results, "shapes-dev", name, variant, lesion, n_resamples, seed)
+        c = compare(results, dev, name, variant, lesion, n_resamples, seed)
         rows[name] = {"diff": c.diff, "lo": c.lo, "hi": c.hi, "p": c.p}
     table = pd.DataFrame(rows).T
     tags = _seed_tags(entry, variant, lesion)
@@ -121,13 +125,14 @@ def lesion_costs_by_kind(
     either variant was not scored or the shapes-dev manifest has no scene columns (a source
     other than the shapes world).
     """
-    entry = results.get("shapes-dev")
+    dev = layout_for(results).suite(DEV_SUITE)
+    entry = results.get(dev) if dev else None
     if not entry or variant not in entry["scores"] or lesion not in entry["scores"]:
         return pd.DataFrame()
     manifest = entry["manifest"]
     if not {"scene", "cf_scene"} <= set(manifest.columns):
         return pd.DataFrame()
-    suite = SUITES.get("shapes-dev")
+    suite = SUITES.get(dev)
 
     def correct(v: str) -> np.ndarray:  # per item, manifest order: the suite's own rule
         return suite.units(manifest, entry["scores"][v])["mean"].values
@@ -153,15 +158,17 @@ def lesion_costs_by_kind(
 def additive_grid(
     results: dict, weights: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 ) -> pd.DataFrame:
-    """shapes-sugarcrepe accuracy of ``clip + w * local`` for each pooling and w.
+    """SugarCrepe(-style) accuracy of ``clip + w * local`` for each pooling and w (the scored
+    world's SugarCrepe suite).
 
     Columns: pooling, w, then ``total``, the length-matched add-* slices, ``replace-rel``
     and ``swap-att`` (the categories the seed discusses).
     """
-    entry = results.get("shapes-sugarcrepe")
+    name = layout_for(results).suite("shapes-sugarcrepe")
+    entry = results.get(name) if name else None
     if not entry or "clip" not in entry["scores"]:
         return pd.DataFrame()
-    s = SUITES.get("shapes-sugarcrepe")
+    s = SUITES.get(name)
     keep = ("total", "add-obj-length-matched", "add-att-length-matched", "replace-rel", "swap-att")
     rows = []
     for pooling in ("local-max", "local-softmax"):
@@ -195,11 +202,13 @@ def goal_checks(
             return None
         return SUITES.get(suite).metrics(entry["manifest"], entry["scores"][v]).get(name)
 
-    for suite, name in (
-        ("shapes-sugarcrepe", "swap-att"),
-        ("shapes-sugarcrepe", "swap-obj"),
-        ("shapes-aro", "relation"),
-        ("shapes-whatsup", "individual"),
+    for suite, name in layout_for(results).tasks(
+        (
+            ("shapes-sugarcrepe", "swap-att"),
+            ("shapes-sugarcrepe", "swap-obj"),
+            ("shapes-aro", "relation"),
+            ("shapes-whatsup", "individual"),
+        )
     ):
         base, val = metric(suite, "clip", name), metric(suite, variant, name)
         if base is None or val is None:

@@ -21,6 +21,7 @@ from pipeline.benchmarks import SUITES
 from pipeline.report import ReportContext, section
 from pipeline.report.compare import family_table, whatsup_mcnemar
 from pipeline.report.markdown import df_markdown, md_table, pct, points_ci
+from pipeline.report.tasks import DEV_SUITE
 from pipeline.report.templates import Templates
 from pipeline.scorers.bindclip import ENERGIES, analysis
 
@@ -96,14 +97,15 @@ def robustness(rows) -> dict[str, str]:
 def ablation(ctx: ReportContext) -> list[str]:
     """Lesion and consensus ablation by family; what the plan carries by family and kind."""
     parts = []
+    dev = ctx.layout.suite(DEV_SUITE)
     fam = family_table(ctx.results, [v for v in ABLATIONS if v in ctx.scored])
     if not fam.empty:
-        heading = "### Lesion and consensus ablation by family (shapes-dev)"
+        heading = f"### Lesion and consensus ablation by family ({dev})"
         parts += [heading, TEXT("lesion"), df_markdown(fam.map(pct))]
     n, seed = ctx.cfg.bootstrap, ctx.cfg.seed
     cost = analysis.lesion_costs(ctx.results, n_resamples=n, seed=seed)
     if not cost.empty:
-        pairs = len(ctx.results["shapes-dev"]["manifest"])
+        pairs = len(ctx.results[dev]["manifest"])
         families = len(cost.index.drop("mean", errors="ignore"))
         parts += [TEXT("lesion-costs", pairs=pairs, families=families), lesion_cost_markdown(cost)]
     by_kind = analysis.lesion_costs_by_kind(ctx.results, n_resamples=n, seed=seed)
@@ -113,14 +115,13 @@ def ablation(ctx: ReportContext) -> list[str]:
 
 
 def local_baselines(ctx: ReportContext) -> list[str]:
-    """Local pooling and global + w·local on shapes-sugarcrepe."""
+    """Local pooling and global + w·local on the SugarCrepe(-style) suite."""
     grid = analysis.additive_grid(ctx.results)
     if grid.empty:
         return []
-    table = family_table(
-        ctx.results, [v for v in LOCAL_BASELINES if v in ctx.scored], "shapes-sugarcrepe"
-    )
-    sc = ctx.results["shapes-sugarcrepe"]["manifest"]
+    name = ctx.layout.suite("shapes-sugarcrepe")
+    table = family_table(ctx.results, [v for v in LOCAL_BASELINES if v in ctx.scored], name)
+    sc = ctx.results[name]["manifest"]
     adds = {
         c: (
             int(((sc["category"] == c) & sc["length_matched"]).sum()),
@@ -131,7 +132,7 @@ def local_baselines(ctx: ReportContext) -> list[str]:
     matched = ", ".join(f"{m} of {n} {c}" for c, (m, n) in adds.items())
     rates = {c: grid[c].map(pct) for c in grid.columns if c not in ("pooling", "w")}
     return [
-        "### Local and additive baselines (shapes-sugarcrepe)",
+        f"### Local and additive baselines ({name})",
         TEXT("local", length_matched=matched),
         df_markdown(table.map(pct)),
         df_markdown(grid.assign(**rates)),
@@ -139,12 +140,13 @@ def local_baselines(ctx: ReportContext) -> list[str]:
 
 
 def training_seeds(ctx: ReportContext) -> list[str]:
-    """The headline rows per training seed (``bindclip@seed<k>``) and their spread."""
-    seeds = sorted(v for v in ctx.scored if v.startswith(f"{VARIANT}@"))
+    """The headline rows per training seed (``bindclip@seed<k>``; not the image-replacement
+    runs) and their spread."""
+    seeds = sorted(v for v in ctx.scored if v.startswith(f"{VARIANT}@seed"))
     if not seeds:
         return []
     rows = {}
-    for suite, metric in SEED_ROWS:
+    for suite, metric in ctx.layout.tasks(SEED_ROWS):
         entry = ctx.results.get(suite)
         if not entry:
             continue
@@ -159,6 +161,8 @@ def training_seeds(ctx: ReportContext) -> list[str]:
             **{v: pct(x) for v, x in zip(seeds, vals, strict=False)},
             "spread (max−min)": spread,
         }
+    if not rows:
+        return []
     return ["### Training seeds", df_markdown(pd.DataFrame(rows).T)]
 
 

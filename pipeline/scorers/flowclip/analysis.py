@@ -2,8 +2,9 @@
 and one of a trained scorer on cached features; its report section renders them.
 
 * :func:`ladder`: the ablation ladder ``clip`` → ``global-m`` → ``flowclip`` →
-  ``flowclip-cimr`` on the all-task mean (:data:`ALL_TASKS`, the seed's "11-task mean" on
-  the shapes suites) and the binding mean (:data:`BINDING_TASKS`, its "binding mean"), each
+  ``flowclip-cimr`` on the all-task mean (:data:`~pipeline.report.tasks.ALL_TASKS`, the
+  seed's "11-task mean", on the shapes suites or the real ones) and the binding mean
+  (:data:`~pipeline.report.tasks.BINDING_TASKS`, its "binding mean"), each
   rung against the previous one and against ``clip`` with a paired bootstrap of the mean
   (each task's units resampled on their own: :func:`pipeline.stats.units_mean_bootstrap`).
 * :func:`corrections`: which frozen-CLIP errors a variant corrects and which new ones it
@@ -34,33 +35,29 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipeline.benchmarks.coco_families import FAMILIES
 from pipeline.features import ImageFeatures, TextFeatures
-from pipeline.report.compare import (
+from pipeline.report.compare import common_tasks, compare_mean, mean_ci, task_units
+from pipeline.report.sections import bench_number
+from pipeline.report.tasks import (
     ALL_TASKS,
     ARO_TASKS,
     BINDING_TASKS,
-    MEANS,
+    DEV_TASKS,
     SUGARCREPE_TASKS,
     WHATSUP,
     Task,
-    common_tasks,
-    compare_mean,
-    mean_ci,
-    task_units,
+    layout_for,
 )
-from pipeline.report.sections import bench_number
 from pipeline.stats import mcnemar_exact
 
 BASELINE = "clip"
 VARIANTS = ("global-m", "flowclip", "flowclip-cimr")  # the family's scored variants
 LADDER = (BASELINE, *VARIANTS)  # each rung adds one thing: M, then ICER, then CIMR
+# Every task list below names roles (:mod:`pipeline.report.tasks`); each function renders
+# them in the scored world's suites (``layout_for(results)``).
 # Slices of the corrections table (units = items): the test suites, then the dev families.
 TEST_CORRECTION_TASKS: tuple[Task, ...] = (*SUGARCREPE_TASKS, *ARO_TASKS, *WHATSUP)
-CORRECTION_TASKS: tuple[Task, ...] = (
-    *TEST_CORRECTION_TASKS,
-    *(("shapes-dev", f) for f in FAMILIES),
-)
+CORRECTION_TASKS: tuple[Task, ...] = (*TEST_CORRECTION_TASKS, *DEV_TASKS)
 SEED_TASKS: tuple[Task, ...] = (  # headline tasks shown per training seed
     ("shapes-sugarcrepe", "swap-att"),
     ("shapes-aro", "relation"),
@@ -111,7 +108,8 @@ def _compared(
 
 
 def ladder(results: dict[str, Any], n_resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """The scored rungs of :data:`LADDER` on each mean of :data:`MEANS`.
+    """The scored rungs of :data:`LADDER` on each mean of the scored world
+    (:attr:`pipeline.report.tasks.TaskLayout.means`).
 
     Per mean: ``tasks``, the tasks every scored rung has (so every step compares the same
     tasks), ``missing``, those some rung lacks, and one row per rung with its mean and
@@ -121,7 +119,7 @@ def ladder(results: dict[str, Any], n_resamples: int = 10_000, seed: int = 0) ->
     """
     rungs = scored_variants(results, LADDER)
     out: dict[str, Any] = {"rungs": rungs}
-    for name, tasks in MEANS.items():
+    for name, tasks in layout_for(results).means.items():
         present = common_tasks(results, tasks, rungs) if rungs else []
         rows = []
         for k, v in enumerate(rungs if present else []):
@@ -165,10 +163,12 @@ def corrections(
     makes, net and the exact McNemar p on those discordant items; then ``all test items``,
     the test-suite slices (not shapes-dev) pooled. Slices the baseline or a variant lacks are
     left out (a variant without a slice gets None there)."""
-    base = task_units(results, CORRECTION_TASKS, baseline)
-    units = {v: task_units(results, CORRECTION_TASKS, v) for v in variants}
+    layout = layout_for(results)
+    slices, test_slices = layout.tasks(CORRECTION_TASKS), set(layout.tasks(TEST_CORRECTION_TASKS))
+    base = task_units(results, slices, baseline)
+    units = {v: task_units(results, slices, v) for v in variants}
     rows, pooled = [], {v: ([], []) for v in variants}
-    for task in CORRECTION_TASKS:
+    for task in slices:
         if task not in base or not any(task in units[v] for v in variants):
             continue
         b = base[task].values.astype(bool)  # [n] the baseline right on each item
@@ -181,11 +181,11 @@ def corrections(
         for v in variants:
             u = units[v].get(task)
             row[v] = _mcnemar_row(b, u.values.astype(bool)) if u is not None else None
-            if u is not None and task in TEST_CORRECTION_TASKS:
+            if u is not None and task in test_slices:
                 pooled[v][0].append(b)
                 pooled[v][1].append(u.values.astype(bool))
         rows.append(row)
-    test = [r for r in rows if (r["suite"], r["slice"]) in TEST_CORRECTION_TASKS]
+    test = [r for r in rows if (r["suite"], r["slice"]) in test_slices]
     if test:
         row = {
             "suite": "all test items",
@@ -210,16 +210,18 @@ def seed_names(results: dict[str, Any], variant: str) -> list[str]:
 
 
 def seed_spread(results: dict[str, Any], variants: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """Per variant with per-seed runs: its ``seeds`` and, for each mean of :data:`MEANS`
+    """Per variant with per-seed runs: its ``seeds`` and, for each mean of the scored world
     (over the tasks every seed has) and each of :data:`SEED_TASKS`, the per-seed ``values``,
     their ``mean`` and ``sd`` (sample standard deviation; None with one seed)."""
     out: dict[str, Any] = {}
+    layout = layout_for(results)
     for v in variants:
         seeds = seed_names(results, v)
         if not seeds:
             continue
-        columns = {name: common_tasks(results, tasks, seeds) for name, tasks in MEANS.items()}
-        columns |= {task_label(t): [t] for t in SEED_TASKS if common_tasks(results, [t], seeds)}
+        columns = {name: common_tasks(results, tasks, seeds) for name, tasks in layout.means.items()}
+        shown = layout.tasks(SEED_TASKS)
+        columns |= {task_label(t): [t] for t in shown if common_tasks(results, [t], seeds)}
         row: dict[str, Any] = {"seeds": seeds}
         for name, tasks in columns.items():
             if not tasks:
@@ -276,10 +278,12 @@ def goal_checks(
     """
     eps = _AT_BOUND
     checks = []
+    layout = layout_for(results)
 
-    def comparison(tasks, variant: str, base: str, name: str):
-        """The paired comparison on the tasks both have (None without any), and a note
-        naming how many of ``tasks`` that is when some are missing."""
+    def comparison(roles, variant: str, base: str, name: str):
+        """The paired comparison on the world's tasks of ``roles`` both have (None without
+        any), and a note naming how many of them that is when some are missing."""
+        tasks = layout.tasks(roles)
         present = common_tasks(results, tasks, [variant, base])
         c = (
             compare_mean(results, present, variant, base, n_resamples, seed, name)
@@ -411,8 +415,10 @@ def sensitivity_items(
     yet taken, as ``(suite, item, gold option, foil option)``; the foil is ``variant``'s
     highest-scoring wrong option (the other caption of a two-way item)."""
     out: list[tuple[str, int, int, int]] = []
-    for suite, category in SENSITIVITY_ITEMS:
-        entry = results.get(suite)
+    layout = layout_for(results)
+    for role, category in SENSITIVITY_ITEMS:
+        suite = layout.suite(role)
+        entry = results.get(suite) if suite else None
         if not entry or variant not in entry["scores"]:
             continue
         m = entry["manifest"]

@@ -19,6 +19,7 @@ import numpy as np
 from pipeline.report import ReportContext, section
 from pipeline.report.markdown import md_table, pct, pct_ci, points_ci
 from pipeline.report.sections import SCORING_BENCH, read_bench, replacement_modes
+from pipeline.report.tasks import MEANS
 from pipeline.report.templates import Templates
 from pipeline.scorers.flowclip import analysis
 
@@ -42,7 +43,7 @@ def flowclip_section(ctx: ReportContext) -> list[str]:
     )
     ctx.json_files["flowclip.json"] = {
         "tasks": {
-            name: [analysis.task_label(t) for t in tasks] for name, tasks in analysis.MEANS.items()
+            name: [analysis.task_label(t) for t in tasks] for name, tasks in ctx.layout.means.items()
         },
         "ladder": steps,
         "corrections": fixes,
@@ -72,7 +73,7 @@ def _step(c: dict | None, n_resamples: int) -> str:
 def ladder_part(steps: dict[str, Any], n_resamples: int) -> list[str]:
     """One table: per rung, each mean with its CI, the step from the rung before and the
     difference from frozen CLIP."""
-    means = [name for name in analysis.MEANS if steps[name]["rows"]]
+    means = [name for name in MEANS if steps[name]["rows"]]
     if not means:
         return []
     header = ["rung"]
@@ -201,7 +202,7 @@ def seeds_part(seeds: dict[str, Any]) -> list[str]:
         [f"`{v}`", str(len(row["seeds"])), *(cell(row.get(c)) for c in columns)]
         for v, row in seeds.items()
     ]
-    header = ["variant", "seeds", *(f"{c} mean" if c in analysis.MEANS else c for c in columns)]
+    header = ["variant", "seeds", *(f"{c} mean" if c in MEANS else c for c in columns)]
     return ["### Training seeds", TEXT("seeds"), md_table(header, rows)]
 
 

@@ -213,7 +213,6 @@ def geometry_section(ctx: ReportContext) -> list[str]:
         for m, d in x.items()
     ]
     parts.append(md_table(["suite", "metric", "hungarian", "fgw", "Δ hungarian − fgw", "p"], rows))
-    parts += ["### Steering", TEXT("steering")]
     rows = [
         [s, f"`{v}`", m, _diff(m, e["diff"], e["diff_lo"], e["diff_hi"])]
         for s, by in numbers.items()
@@ -222,7 +221,9 @@ def geometry_section(ctx: ReportContext) -> list[str]:
         for m, e in by[v].items()
         if "diff" in e
     ]
-    parts.append(md_table(["suite", "variant", "metric", f"Δ vs `{BASELINE}`"], rows))
+    if rows:  # steering is scored where `score.variants` names it
+        parts += ["### Steering", TEXT("steering")]
+        parts.append(md_table(["suite", "variant", "metric", f"Δ vs `{BASELINE}`"], rows))
     bench = read_bench(ctx.out / RERANK_BENCH)
     parts += ["### Reranking cost", *cost_part(bench)]
     parts += matching_part(ctx)
