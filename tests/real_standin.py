@@ -115,6 +115,7 @@ def write_real_standin(root: Path, shared: Path, n_items: int = 6, missing: dict
         "whatsup-a": (root / "whatsup", root / "whatsup"),
         "whatsup-b": (root / "whatsup", root / "whatsup"),
         "coco-families": (root / "coco", root / "coco"),
+        "coco-families-dev": (root / "coco", root / "coco"),
         "coco-objects": (root / "coco", root / "coco"),
         "coco-objects-train": (root / "coco", root / "coco"),
     }

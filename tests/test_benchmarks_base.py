@@ -18,7 +18,7 @@ from pipeline.benchmarks.base import (
 )
 
 REAL = ["aro-relation", "aro-attribution", "aro-coco-order", "aro-flickr-order", "sugarcrepe", "sugarcrepe-pp",
-        "whatsup-a", "whatsup-b", "whatsup-coco", "whatsup-vg", "coco-families"]  # fmt: skip
+        "whatsup-a", "whatsup-b", "whatsup-coco", "whatsup-vg", "coco-families", "coco-families-dev"]  # fmt: skip
 SHAPES = [
     "shapes-whatsup",
     "shapes-aro",

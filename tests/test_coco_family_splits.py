@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from pipeline.benchmarks.base import SuiteSelection, bucket_split, hash_bucket
@@ -121,6 +122,18 @@ def test_the_split_is_image_disjoint_and_deterministic(tmp_path):
     assert m["split"].equals(
         build_families(tmp_path)["split"]
     )  # a hash of the path: the same every run
+
+
+def test_the_dev_suite_is_the_validation_split(tmp_path):
+    from pipeline.benchmarks import SUITES
+
+    _write_coco(tmp_path)
+    full = build_families(tmp_path)
+    dev = SUITES.get("coco-families-dev").build_manifest(tmp_path)
+    assert _image_ids(dev) == VALIDATION
+    expected = full[full["split"] == "validation"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(dev, expected)
+    assert SUITES.get("coco-families-dev").metric_names == SUITES.get("coco-families").metric_names
 
 
 def test_the_pair_loader_reads_only_the_selected_split(coco_store):

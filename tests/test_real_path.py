@@ -39,6 +39,7 @@ EXPECTED = {  # suite -> metrics every scored variant must report on the stand-i
     "sugarcrepe-pp": {"replace-rel", "swap-att", "total", "TOT"},
     "whatsup-a": {"individual", "pair", "set"},
     "whatsup-b": {"individual", "pair", "set"},
+    "coco-families-dev": {"entity", "mean"},
     "coco-objects": {"R@1", "R@5", "R@10", "nDCG@10", "mean-rank"},
 }
 RETRIEVAL_ONLY = {"fgw", "hungarian", "fgw-hungarian", "ridge-fgw"}  # rerankers: retrieval suites only
@@ -157,3 +158,4 @@ def test_the_report_renders_the_real_suites(real_run):
     ):
         assert re.search(row, report), row
     assert "aro-coco-order P@1" in report and "### Ablation ladder" in report
+    assert "### Lesion and consensus ablation by family (coco-families-dev)" in report

@@ -67,7 +67,7 @@ def test_the_real_layout_names_the_official_suites():
         "whatsup-vg",
     }
     assert REAL.suites_of("shapes-whatsup") == ("whatsup-a", "whatsup-b")  # the 410-pair criterion
-    assert REAL.suite("shapes-dev") == "coco-families"
+    assert REAL.suite("shapes-dev") == "coco-families-dev"  # the validation split
     assert len(REAL.means["all-task"]) == 7 + 4 + 4 + 1
     rows = head_to_head_tasks(REAL)
     assert ("sugarcrepe-pp", "swap-att") in rows and ("whatsup-b", "set") in rows

@@ -367,6 +367,21 @@ def build_manifest(root: Path) -> pd.DataFrame:
     return build_families(root)
 
 
+def build_dev_manifest(root: Path) -> pd.DataFrame:
+    """The ``validation`` rows of :func:`build_manifest` (BindCLIP's image-hash split): the
+    dev families checkpoints are selected on (``coco-families[validation]``), as a suite of
+    its own so that score and the report read it like any test suite.
+
+    Raises:
+        ValueError: when no item falls in the validation buckets.
+    """
+    df = build_manifest(root)
+    dev = df[df["split"] == "validation"].reset_index(drop=True)
+    if dev.empty:
+        raise ValueError(f"no COCO family item of {root} falls in the validation split (buckets 3-4)")
+    return dev
+
+
 # ---------------------------------------------------------------------------- metric
 
 
@@ -383,19 +398,24 @@ def family_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units]
     return units
 
 
-SUITES.register(
-    "coco-families",
-    Suite(
-        name="coco-families",
-        task="choice",
-        build_manifest=build_manifest,
-        units=family_units,
-        metric_names=(*FAMILIES, "mean"),
-        headline="mean",
-        caption_columns=("captions", "paraphrase"),  # paraphrases: BindCLIP's paraphrase objective
-        description=(
-            "COCO hard-negative families: root = COCO 2017 root holding annotations/"
-            "captions_train2017.json and instances_train2017.json; images under root/train2017/"
-        ),
-    ),
+_ROOT_FILES = (
+    "root = COCO 2017 root holding annotations/captions_train2017.json and "
+    "instances_train2017.json; images under root/train2017/"
 )
+for _name, _build, _what in (
+    ("coco-families", build_manifest, "COCO hard-negative families"),
+    ("coco-families-dev", build_dev_manifest, "coco-families' validation split (the dev families)"),
+):
+    SUITES.register(
+        _name,
+        Suite(
+            name=_name,
+            task="choice",
+            build_manifest=_build,
+            units=family_units,
+            metric_names=(*FAMILIES, "mean"),
+            headline="mean",
+            caption_columns=("captions", "paraphrase"),  # paraphrases: BindCLIP's paraphrase objective
+            description=f"{_what}: {_ROOT_FILES}",
+        ),
+    )

@@ -130,7 +130,7 @@ REAL = TaskLayout(
         "shapes-whatsup": _REAL_WHATSUP_AB,
         "shapes-retrieval": ("coco-objects",),
         "shapes-multi": ("vg-objects",),
-        "shapes-dev": ("coco-families",),
+        "shapes-dev": ("coco-families-dev",),
     },
     overrides={
         ("shapes-aro", "relation"): (("aro-relation", "relation"),),
