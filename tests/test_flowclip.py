@@ -108,7 +108,14 @@ def test_icer_is_exactly_zero_when_W_is_zero():
     image, text = images(4), texts([1, 3, 5, 8], seed=1)
     assert torch.equal(model.icer(image, text), torch.zeros(4))
     assert torch.equal(model.icer.matrix(image, text, pair_chunk=5), torch.zeros(4, 4))
-    with torch.no_grad():
+    assert not model.icer.vanishes()  # with a gradient asked for, ICER is computed (W must learn)
+    computed = (model.score(image, text).detach(), model.score_matrix(image, text).detach())
+    with torch.no_grad():  # scoring skips the products and gives the same numbers, bit for bit
+        assert model.icer.vanishes()
+        assert torch.equal(model.score(image, text), computed[0])
+        assert torch.equal(model.score_matrix(image, text), computed[1])
+        assert torch.equal(model.full_path().score_matrix(image, text), computed[1])  # timed path
+        assert not model.icer.vanishes()  # full_path computes ICER (what `pipeline bench` times)
         model.icer.W.normal_()
     assert model.icer(image, text).abs().min() > 0  # and not otherwise
 

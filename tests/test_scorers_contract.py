@@ -103,3 +103,21 @@ def test_option_scores_decide_like_the_scorer(name):
         pair = scorer.score_pair(image, a, b)
     assert out.shape == (4, 2) and torch.isfinite(out).all()
     assert torch.equal(torch.sign(out[:, 0] - out[:, 1]), torch.sign(pair.float()))
+
+
+RANKING_SCORERS = [n for n in CHOICE_SCORERS if not create_scorer(n, dims=DIMS, proj=random_projections()).pairwise]
+
+
+@pytest.mark.parametrize("name", RANKING_SCORERS)
+def test_score_matrix_is_score_of_every_pair(name):
+    """A per-caption scorer's [Ni, Nt] matrix (retrieval) holds its score of each pair."""
+    torch.manual_seed(0)
+    scorer = create_scorer(name, dims=DIMS, proj=random_projections()).eval()
+    for p in scorer.parameters():  # away from any identity initialisation
+        p.data.add_(0.05 * torch.randn_like(p))
+    image, text = random_image(5), random_text([2, 5, 9, 1])
+    with torch.no_grad():
+        matrix = scorer.score_matrix(image, text)  # [5, 4]
+        pairs = torch.stack([scorer.score(image.index(torch.full((4,), i)), text) for i in range(5)])
+    assert matrix.shape == (5, 4)
+    torch.testing.assert_close(matrix, pairs, rtol=1e-5, atol=1e-5)

@@ -72,14 +72,15 @@ def scorer_options(variant: str, params: Path | None, checkpoints: Path | None =
 def build_scorer(variant: str, store, options: dict[str, Any], checkpoints: Path | None = None) -> tuple[Scorer, str]:
     """``variant`` for ``store``'s encoder and a description of its weights: the trained
     checkpoint under ``checkpoints`` when there is one (``load_scorer``), else random init
-    (seed :data:`SEED`) with ``options``."""
+    (seed :data:`SEED`) with ``options``; its exact shortcuts off (``Scorer.full_path``), so
+    the time is the method's, not its weights'."""
     from pipeline.scorers.checkpoints import checkpoint_dir, load_scorer
 
     folder = checkpoint_dir(variant, checkpoints) if checkpoints else None
     if folder is not None and (folder / "model.safetensors").is_file():
-        return load_scorer(variant, store, checkpoints), f"trained ({folder})"
+        return load_scorer(variant, store, checkpoints).full_path(), f"trained ({folder})"
     torch.manual_seed(SEED)
-    scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **options).eval()
+    scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **options).eval().full_path()
     return scorer, f"random init (seed {SEED})" if scorer.trainable else "none (no trainable parameters)"
 
 

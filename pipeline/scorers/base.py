@@ -53,6 +53,12 @@ class Scorer(nn.Module):
     trainable: ClassVar[bool] = False
     uses_grids: ClassVar[bool] = True
 
+    def full_path(self) -> Scorer:
+        """This scorer with every exact shortcut turned off (e.g. Flow-CLIP skipping ICER
+        while ``W = 0``), so that ``pipeline bench`` times the computation the method
+        defines whatever its weights are; the scores do not change. Returns ``self``."""
+        return self
+
     def score(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
         """[B] score of caption b for image b (per-caption scorers)."""
         raise NotImplementedError(f"{type(self).__name__} is pairwise; use score_pair")

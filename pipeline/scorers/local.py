@@ -25,6 +25,21 @@ from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatu
 from pipeline.scorers.base import SCORERS, Scorer
 
 POOLINGS = ("max", "softmax")
+PAIR_CHUNK = 1 << 24  # token-patch cosines per block of score_matrix (64 MB in float32)
+
+
+def pool_patches(cos: torch.Tensor, pooling: str, temperature: float) -> torch.Tensor:
+    """[*, N] the token-patch cosines ``cos`` [*, N, R] pooled over patches: their max, or
+    their mean weighted by a temperature softmax."""
+    if pooling == "max":
+        return cos.amax(-1)
+    return (torch.softmax(cos / temperature, -1) * cos).sum(-1)
+
+
+def token_mean(pooled: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[*] the mean of ``pooled`` [*, N] over the valid tokens ``mask`` [*, N] (0 without any)."""
+    m = mask.to(pooled.dtype)
+    return (pooled * m).sum(-1) / m.sum(-1).clamp_min(1.0)
 
 
 def local_alignment(
@@ -44,12 +59,39 @@ def local_alignment(
         temperature: softmax temperature.
     """
     cos = torch.einsum("bnd,brd->bnr", F.normalize(tokens, dim=-1), F.normalize(patches, dim=-1))
-    if pooling == "max":
-        pooled = cos.amax(-1)  # [B, N]
-    else:
-        pooled = (torch.softmax(cos / temperature, -1) * cos).sum(-1)  # [B, N]
-    m = mask.to(pooled.dtype)
-    return (pooled * m).sum(-1) / m.sum(-1).clamp_min(1.0)
+    return token_mean(pool_patches(cos, pooling, temperature), mask)
+
+
+def local_alignment_matrix(
+    tokens: torch.Tensor,
+    mask: torch.Tensor,
+    patches: torch.Tensor,
+    pooling: str,
+    temperature: float,
+    chunk: int = PAIR_CHUNK,
+) -> torch.Tensor:
+    """[Ni, Nt] :func:`local_alignment` of every image against every caption.
+
+    One product of every caption token with every patch of a block of images
+    (``[Nt*N, D] @ [D, g*R]``), pooled in place; blocks hold ~``chunk`` token-patch
+    cosines, so memory stays bounded for any gallery.
+
+    Args:
+        tokens: [Nt, N, D] caption tokens in the joint space.
+        mask: [Nt, N] valid content tokens.
+        patches: [Ni, R, D] patches in the joint space.
+    """
+    Nt, N, D = tokens.shape
+    Ni, R, _ = patches.shape
+    t = F.normalize(tokens, dim=-1).reshape(Nt * N, D)  # [Nt*N, D]
+    p = F.normalize(patches, dim=-1)  # [Ni, R, D]
+    step = max(1, chunk // max(Nt * N * R, 1))
+    rows = []
+    for i in range(0, Ni, step):
+        g = p[i : i + step]  # [g, R, D]
+        cos = (t @ g.reshape(-1, D).T).view(Nt, N, len(g), R).permute(2, 0, 1, 3)  # [g, Nt, N, R]
+        rows.append(token_mean(pool_patches(cos, pooling, temperature), mask[None]))  # [g, Nt]
+    return torch.cat(rows) if rows else tokens.new_zeros(0, Nt)
 
 
 class LocalAlignment(Scorer):
@@ -72,21 +114,35 @@ class LocalAlignment(Scorer):
         self.register_buffer("visual_proj", proj.visual_proj.float().clone())  # [d_v, D]
         self.register_buffer("logit_scale", torch.as_tensor(proj.logit_scale).float().clone())
 
+    def _joint(self, image: ImageFeatures, text: TextFeatures) -> tuple[torch.Tensor, ...]:
+        """Caption tokens [Nt, N, D] (the first ``max_tokens`` after sot), their [Nt, N]
+        mask and the patches [Ni, R, D], in the joint space."""
+        sl = slice(1, 1 + self.max_tokens)  # content tokens start after sot
+        tokens = text.tokens[:, sl].float() @ self.text_projection
+        patches = image.final.float() @ self.visual_proj
+        return tokens, text.content_mask[:, sl], patches
+
     def local(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
         """[B] local alignment l(I, T) in cosine units."""
-        sl = slice(1, 1 + self.max_tokens)  # content tokens start after sot
-        tokens = text.tokens[:, sl].float() @ self.text_projection  # [B, N, D]
-        patches = image.final.float() @ self.visual_proj  # [B, R, D]
-        mask = text.content_mask[:, sl]
+        tokens, mask, patches = self._joint(image, text)
         return local_alignment(tokens, mask, patches, self.pooling, self.temperature)
+
+    def _with_global(self, loc: torch.Tensor, glob: torch.Tensor) -> torch.Tensor:
+        """``loc``, or the additive logit ``logit_scale * (glob + w * loc)`` when ``w`` is set."""
+        return loc if self.w is None else self.logit_scale * (glob + self.w * loc)
 
     def score(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
         """[B] local alignment, or the additive logit when ``w`` is set."""
-        loc = self.local(image, text)
-        if self.w is None:
-            return loc
-        glob = F.normalize(image.embed.float(), dim=-1) * F.normalize(text.embed.float(), dim=-1)
-        return self.logit_scale * (glob.sum(-1) + self.w * loc)
+        glob = (F.normalize(image.embed.float(), dim=-1) * F.normalize(text.embed.float(), dim=-1)).sum(-1)
+        return self._with_global(self.local(image, text), glob)
+
+    def score_matrix(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
+        """[Ni, Nt] :meth:`score` of every image against every caption, batched
+        (:func:`local_alignment_matrix`)."""
+        tokens, mask, patches = self._joint(image, text)
+        loc = local_alignment_matrix(tokens, mask, patches, self.pooling, self.temperature)
+        glob = F.normalize(image.embed.float(), dim=-1) @ F.normalize(text.embed.float(), dim=-1).T
+        return self._with_global(loc, glob)
 
 
 @SCORERS.register("local-max")

@@ -231,6 +231,7 @@ class EvidenceRefinement(nn.Module):
         self.W = nn.Parameter(torch.zeros(D, D))  # [D, D]: q'_i = q_i + W c⊥_i
         self.register_buffer("visual_proj", visual_proj.clone(), persistent=False)  # [d_v, D] frozen P_v
         self.tau = tau
+        self.shortcut = True  # skip the products while ICER vanishes (see :meth:`vanishes`)
 
     def queries(self, text: TextFeatures) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, N, D] token queries ``q_i = M_tok h_i`` and their [B, N] content mask."""
@@ -241,14 +242,24 @@ class EvidenceRefinement(nn.Module):
         """[B, R, D] unit patch keys and their [B, R] valid mask."""
         return patch_keys(image.final.float(), self.visual_proj)
 
+    def vanishes(self) -> bool:
+        """True when ICER is exactly 0 and nothing asks for its gradient: ``W = 0`` leaves every
+        corrected query equal to its query, so scoring skips the token-patch products (a
+        checkpoint selected at initialisation scores at the cost of ``global-m``)."""
+        return self.shortcut and not torch.is_grad_enabled() and not bool(self.W.any())
+
     def forward(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
         """[B] ICER of matched pairs."""
+        if self.vanishes():
+            return image.embed.new_zeros(len(text), dtype=torch.float32)
         q, token_mask = self.queries(text)  # [B, N, D], [B, N]
         v, patch_mask = self.keys(image)  # [B, R, D], [B, R]
         return icer(q[:, None], v, token_mask[:, None], patch_mask, self.W, self.tau)[:, 0]  # [B]
 
     def matrix(self, image: ImageFeatures, text: TextFeatures, pair_chunk: int) -> torch.Tensor:
         """[Ni, Nt] ICER of every image against every caption, ~``pair_chunk`` pairs a pass."""
+        if self.vanishes():
+            return image.embed.new_zeros(len(image), len(text), dtype=torch.float32)
         q, token_mask = self.queries(text)  # [Nt, N, D], [Nt, N]
         v, patch_mask = self.keys(image)  # [Ni, R, D], [Ni, R]
         step = max(1, pair_chunk // max(len(text), 1))
@@ -282,6 +293,12 @@ class FlowClip(Scorer):
         """Parameters whose gradient at initialisation is 0 in exact arithmetic (float32
         rounding noise only): ``∂s/∂M_tok = 0`` while ``W = 0``, as ICER ≡ 0 for every ``M_tok``."""
         return ("icer.M_tok",) if self.icer is not None else ()
+
+    def full_path(self) -> FlowClip:
+        """Itself with ICER computed even while ``W = 0`` (for timing; same scores)."""
+        if self.icer is not None:
+            self.icer.shortcut = False
+        return self
 
     def score(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
         """[B] s(I_b, T_b)."""
