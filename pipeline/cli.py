@@ -351,9 +351,9 @@ def encoders() -> None:
 
 
 def _write_bench(name: str, command: str, results: dict, folder: str = "reports/bench") -> None:
-    out = Path(folder) / f"{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": command, "results": results}, indent=2) + "\n")
+    from pipeline.perf.common import write_bench
+
+    out = write_bench(name, command, results, folder)
     _echo_json(results)
     typer.echo(f"-> {out}", err=True)
 

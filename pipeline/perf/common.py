@@ -6,6 +6,7 @@ weights (:func:`random_encoder`) and its suite from random images (:func:`make_s
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -103,3 +104,12 @@ def bare_forward(enc, folder: Path, manifest: Path, batch_size: int) -> float:
     for s in range(0, len(caps), batch_size * 4):
         enc.encode_texts(enc.tokenizer(caps[s : s + batch_size * 4]))
     return time.perf_counter() - t0
+
+
+def write_bench(name: str, command: str, results: dict, folder: str | Path = "reports/bench") -> Path:
+    """Write ``{"command", "results"}`` to ``<folder>/<name>.json``, the shape the report's
+    performance section reads; returns the path."""
+    out = Path(folder) / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": command, "results": results}, indent=2) + "\n")
+    return out
