@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
     ConfigDict,
+    Field,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -158,6 +159,9 @@ class TrainConfig:
     encoder: str = "toy"  # which store under extract.out to read
     train_suite: str = "shapes-train"  # training pairs (with cf/flip images and paraphrases); a suite or a selection of its rows: coco-families[train] (its `split` column), suite[column=value]
     dev_suite: str = "shapes-dev"  # checkpoint selection and the family's dev choices (never a test suite); e.g. coco-families[validation]
+    train_items: PositiveInt | None = None  # train on a seeded sample of this many training items (None: all); bounds a large suite's memory
+    dev_items: PositiveInt | None = None  # select on a seeded sample of this many dev items (None: all); bounds the time of each dev evaluation
+    sample_seed: int = 0  # seed of both samples, the same for every training seed
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one model per seed; the first is the one scored as `variant`
     steps: NonNegativeInt = 300  # optimisation steps (BindCLIP paper: 3 epochs x 100 steps)
     batch_size: PositiveInt = 64  # items per step (BindCLIP paper: 64)
@@ -180,6 +184,7 @@ class ManifestsConfig:
 
     roots: dict[str, str] = field(default_factory=dict)  # suite -> folder holding its official annotation files (see `pipeline suites`)
     out: str = "cache/manifests"  # <out>/<suite>.parquet (point extract.manifests.<suite> here)
+    image_share: dict[str, Annotated[float, Field(gt=0, le=1)]] = field(default_factory=dict)  # suite -> keep the items of this share of its images, chosen by a hash of the image path (the same images in every suite: coco-families and coco-families-dev agree)
 
 
 @with_config(STRICT)

@@ -12,18 +12,18 @@ The contract is :mod:`pipeline.cache.schema`; the encoder capture is
 
 With ``object_crops`` the frozen image tower also encodes every annotated object of the
 suites that carry ``object_boxes``: each box is cut out of its row's image
-(:func:`crop_to_box`) and preprocessed like a whole image (open_clip's eval transform: the
-shorter side resized to the input, then a centre crop, so an elongated box loses the ends of
-its long side as an elongated image would), and the crops are encoded in batches of
-``batch_size``; only their pooled embeddings are kept (``object/*``), keyed by the image's
-content and the box, so a crop shared by two suites is encoded once too.
+(:func:`pipeline.extract_pixels.crop_to_box`) and preprocessed like a whole image
+(open_clip's eval transform: the shorter side resized to the input, then a centre crop, so
+an elongated box loses the ends of its long side as an elongated image would), and the
+crops are encoded in batches of ``batch_size``; only their pooled embeddings are kept
+(``object/*``), keyed by the image's content and the box, so a crop shared by two suites is
+encoded once too. The image and crop encoding lives in :mod:`pipeline.extract_pixels`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import torch
 import zarr
-from PIL import Image
 from tqdm import tqdm
 
 from pipeline.benchmarks import SUITES
@@ -40,11 +39,11 @@ from pipeline.cache import integrity, store_lock, store_path, writer
 from pipeline.cache.schema import image_key, object_key, text_key
 from pipeline.config import ExtractConfig
 from pipeline.encoders import Encoder, load_encoder
+from pipeline.extract_pixels import _encode_images, _encode_objects, _Writer
 from pipeline.manifests import (
     BadImageError,
     cells,
     check_unique_ids,
-    decode_image,
     file_sha256,
     read_image_bytes,
     read_manifest,
@@ -322,16 +321,6 @@ def _object_cells(boxes_column, image_cells: list[list[str | None]], objects: di
     return keyed
 
 
-def crop_to_box(img: Image.Image, box: Any) -> Image.Image:
-    """The pixels of ``img`` inside the normalised box ``(x0, y0, x1, y1)``, rounded outwards
-    to whole pixels and at least one pixel wide and high (the box ``(0, 0, 1, 1)`` is the
-    whole image)."""
-    w, h = img.size
-    x0, y0, x1, y1 = (float(v) for v in box)
-    left, top = min(int(np.floor(x0 * w)), w - 1), min(int(np.floor(y0 * h)), h - 1)
-    right, bottom = max(int(np.ceil(x1 * w)), left + 1), max(int(np.ceil(y1 * h)), top + 1)
-    return img.crop((max(left, 0), max(top, 0), min(right, w), min(bottom, h)))
-
 
 def _keys(hexes: list[str]) -> np.ndarray:
     if not hexes:
@@ -414,141 +403,3 @@ def _restore_keys(root: zarr.Group, suite_cells: list, lost: dict[str, np.ndarra
             values = np.stack([np.frombuffer(bytes.fromhex(keys[int(r)]), dtype=np.uint8) for r in found])
             root[f"{modality}/key"].set_orthogonal_selection((found,), values)
         log.warning("%s/key: restored %d of %d damaged keys from the suite indexes", modality, len(keys), len(wanted))
-
-
-def _by_row(rows: np.ndarray, sources: list) -> tuple[np.ndarray, list, dict[int, int]]:
-    """Rows sorted ascending (writes go shard by shard), their sources in the same order,
-    and each row's position in that order."""
-    order = np.argsort(rows)
-    rows = rows[order]
-    return rows, [sources[i] for i in order], {int(r): i for i, r in enumerate(rows)}
-
-
-def _encode_images(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[Path, str, Any]], cfg: ExtractConfig, progress: bool) -> dict[tuple[str, int], str]:
-    if len(rows) == 0:
-        return {}
-    rows, sources, position = _by_row(rows, sources)
-
-    def load(micro: np.ndarray, bad: dict[int, str]) -> torch.Tensor:
-        return torch.stack([_load(enc, *sources[position[int(r)]], bad, int(r)) for r in micro])  # [b, 3, H, W]
-
-    def keep(out: dict[str, torch.Tensor], micro: np.ndarray) -> dict[str, np.ndarray]:
-        return {k: v.float().cpu().numpy() for k, v in out.items()}
-
-    return _encode_pixels(enc, root, "image", rows, load, keep, cfg, progress, "extract images")
-
-
-def _encode_objects(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[tuple[Path, str, Any], int, np.ndarray]], cfg: ExtractConfig, progress: bool) -> dict[tuple[str, int], str]:
-    """Encode object crops ``rows`` (store rows into ``object/*``); ``sources[i]`` is the
-    crop's image (root, path, crop), its image row and its normalised box [4]."""
-    if len(rows) == 0:
-        return {}
-    rows, sources, position = _by_row(rows, sources)
-
-    def load(micro: np.ndarray, bad: dict[int, str]) -> torch.Tensor:
-        decoded: dict[int, Image.Image | None] = {}  # image row -> decoded image, once per micro-batch
-        crops = []
-        for r in micro:
-            (root_, rel, crop), image_row, box = sources[position[int(r)]]
-            if image_row not in decoded:
-                try:
-                    decoded[image_row] = decode_image(read_image_bytes(root_, rel), str(root_ / rel), crop)
-                except BadImageError as e:
-                    decoded[image_row] = None
-                    bad[int(r)] = str(e)
-            if decoded[image_row] is None:
-                bad[int(r)] = bad.get(int(r)) or f"its image {root_ / rel} cannot be decoded"
-                crops.append(_blank(enc))
-            else:
-                crops.append(enc.preprocess(crop_to_box(decoded[image_row], box)))
-        return torch.stack(crops)  # [b, 3, H, W]
-
-    def keep(out: dict[str, torch.Tensor], micro: np.ndarray) -> dict[str, np.ndarray]:
-        picked = [sources[position[int(r)]] for r in micro]
-        return {
-            "embed": out["embed"].float().cpu().numpy(),  # [b, D]
-            "image": np.array([image_row for _, image_row, _ in picked], dtype=np.int64),  # [b]
-            "box": np.stack([box for _, _, box in picked]).astype(np.float32),  # [b, 4]
-        }
-
-    return _encode_pixels(enc, root, "object", rows, load, keep, cfg, progress, "extract object crops")
-
-
-def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, keep, cfg: ExtractConfig, progress: bool, desc: str) -> dict[tuple[str, int], str]:
-    """Encode sorted store rows ``rows`` of ``modality`` in micro-batches of ``batch_size``:
-    ``load(micro, bad)`` gives their [b, 3, H, W] pixels (a blank image for each row it
-    records in ``bad`` with the reason), ``keep(out, micro)`` the arrays to store from the
-    encoder's outputs; each shard batch is written once all its micro-batches ran, with the
-    ``bad`` rows left unflagged. Returns ``{(modality, row): reason}`` of the bad rows."""
-    bar = tqdm(total=len(rows), desc=desc, unit="img", disable=not progress)
-    batches = list(writer.shard_batches(rows, cfg.batch_size))
-    micro_batches = [
-        (i, micro)
-        for i, batch in enumerate(batches)
-        for micro in np.array_split(batch, -(-len(batch) // cfg.batch_size))
-    ]
-    bad: dict[int, str] = {}  # row -> reason, filled by the loader thread
-
-    # decode/preprocess the next micro-batch and write the previous shard batch while the
-    # encoder runs on the current one (a 1-thread loader and a 1-thread ordered writer)
-    with ThreadPoolExecutor(1) as loader, _Writer(root, modality) as sink:
-        pending = loader.submit(load, micro_batches[0][1], bad)
-        parts: list[dict[str, np.ndarray]] = []
-        for j, (i, micro) in enumerate(micro_batches):
-            pixels = pending.result().to(cfg.device)
-            if j + 1 < len(micro_batches):
-                pending = loader.submit(load, micro_batches[j + 1][1], bad)
-            parts.append(keep(enc.encode_images(pixels), micro))
-            bar.update(len(micro))
-            if j + 1 == len(micro_batches) or micro_batches[j + 1][0] != i:
-                done = np.array([int(r) not in bad for r in batches[i]])
-                sink.put(batches[i], {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, done)
-                parts = []
-    bar.close()
-    return {(modality, r): why for r, why in bad.items()}
-
-
-class _Writer:
-    """Writes encoded batches in a background thread, in submission order.
-
-    ``put`` blocks while two writes are pending (bounded memory); leaving the context waits
-    for every write and re-raises the first failure, so a crash never skips a ``done`` flag
-    ordering: each batch's data is written before its flags (`writer.write_rows`).
-    """
-
-    def __init__(self, root, modality: str) -> None:
-        self.root, self.modality = root, modality
-        self.pool = ThreadPoolExecutor(1)
-        self.pending: list = []
-
-    def __enter__(self) -> _Writer:
-        return self
-
-    def put(self, rows: np.ndarray, arrays: dict[str, np.ndarray], done: np.ndarray | None = None) -> None:
-        while self.pending and (len(self.pending) >= 2 or self.pending[0].done()):
-            self.pending.pop(0).result()  # re-raises a failed write
-        self.pending.append(self.pool.submit(writer.write_rows, self.root, self.modality, rows, arrays, done))
-
-    def __exit__(self, *exc) -> None:
-        try:
-            for f in self.pending:
-                f.result()
-        finally:
-            self.pool.shutdown(wait=True)
-
-
-def _load(enc: Encoder, root: Path, rel: str, crop: Any, bad: dict[int, str], row: int) -> torch.Tensor:
-    """One image's pixels; a blank image, with the reason recorded in ``bad[row]``, when it
-    cannot be decoded."""
-    try:
-        return enc.preprocess(decode_image(read_image_bytes(root, rel), str(root / rel), crop))
-    except BadImageError as e:
-        bad[row] = str(e)
-        return _blank(enc)
-
-
-def _blank(enc: Encoder) -> torch.Tensor:
-    """[3, H, W] preprocessed black image: the stand-in encoded for an undecodable one."""
-    size = enc.preprocess_cfg["size"]
-    side = (size, size) if isinstance(size, int) else tuple(size)
-    return enc.preprocess(Image.new("RGB", side[::-1]))

@@ -187,15 +187,33 @@ def retrieval_rows(manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> tupl
     return gallery_rows, index["captions"][:, 0]
 
 
-def gallery_scores(scorer: Scorer, store: FeatureStore, gallery_rows: np.ndarray, query_rows: np.ndarray, batch_size: int) -> np.ndarray:
-    """[n_queries, n_gallery] ``score_matrix`` of every query against the whole gallery."""
+GALLERY_BYTES = 4 << 30  # float32 gallery grids a grid scorer holds at once (ViT-L-14-336: ~900 images)
+
+
+def gallery_block(store: FeatureStore, budget: int = GALLERY_BYTES) -> int:
+    """How many gallery images' float32 grids (early and final) fit in ``budget`` bytes."""
+    d = store.dims
+    return max(1, budget // (4 * 2 * (d.grid[0] * d.grid[1] + 1) * d.d_v))
+
+
+def gallery_scores(scorer: Scorer, store: FeatureStore, gallery_rows: np.ndarray, query_rows: np.ndarray, batch_size: int, budget: int = GALLERY_BYTES) -> np.ndarray:
+    """[n_queries, n_gallery] ``score_matrix`` of every query against the whole gallery.
+
+    A grid scorer reads the gallery in blocks of at most ``budget`` bytes
+    (:func:`gallery_block`) and scores every query batch against each block, so its memory
+    stays bounded on a 5,000-image ViT-L gallery; a pooled scorer's gallery (a few KiB an
+    image) and a gallery that fits (the toy's) are one block. Every score is the same
+    pairwise ``score_matrix`` entry either way.
+    """
     device = module_device(scorer)
-    gallery = to_device(store.images(gallery_rows, grids=scorer.uses_grids), device)
-    blocks = []
-    for start in range(0, len(query_rows), batch_size):
-        texts = to_device(store.texts(query_rows[start : start + batch_size], grids=scorer.uses_grids), device)
-        blocks.append(scorer.score_matrix(gallery, texts).T.double().cpu().numpy())  # [b, n_gallery]
-    return np.concatenate(blocks)
+    block = gallery_block(store, budget) if scorer.uses_grids else max(len(gallery_rows), 1)
+    out = np.empty((len(query_rows), len(gallery_rows)), dtype=np.float64)
+    for g in range(0, len(gallery_rows), block):
+        gallery = to_device(store.images(gallery_rows[g : g + block], grids=scorer.uses_grids), device)
+        for start in range(0, len(query_rows), batch_size):
+            texts = to_device(store.texts(query_rows[start : start + batch_size], grids=scorer.uses_grids), device)
+            out[start : start + batch_size, g : g + block] = scorer.score_matrix(gallery, texts).T.double().cpu().numpy()
+    return out
 
 
 def stable_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:

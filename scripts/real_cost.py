@@ -237,10 +237,12 @@ def sugarcrepe_count(suite: str, pool: str) -> SuiteCount:
 
 
 def documented_count(
-    suite: str, image_root: Path, phrases: tuple[float | None, int], dev: str | None
+    suite: str, image_root: Path, phrases: tuple[float | None, int], dev: str | None, image_share: float = 1.0
 ) -> SuiteCount:
     """A suite's counts without its files: documented sizes and the builders' structure;
-    ``phrases``: :func:`phrases_per_caption`; ``dev``: the split value of a dev selection."""
+    ``phrases``: :func:`phrases_per_caption`; ``dev``: the split value of a dev selection;
+    ``image_share``: the suite's ``manifests.image_share`` (coco-families keeps that share
+    of its images)."""
 
     def pool(folder: str) -> str:
         return os.path.normpath(str(image_root / folder))
@@ -253,12 +255,13 @@ def documented_count(
     if suite in ("sugarcrepe", "sugarcrepe-pp"):
         return sugarcrepe_count(suite, pool(""))
     if suite == "coco-families":
-        images = COCO_2017["train2017"]
+        images = round(COCO_2017["train2017"] * image_share)
         items = 8 * images
         share = split_share(dev) if dev else None
         source = (
             f"upper bounds from its builder (pipeline/benchmarks/coco_families.py) on {COCO_SOURCE}: "
-            f"every train2017 image, at most one item per family (8 families), at most 2 texts per image "
+            + ("every train2017 image" if image_share == 1 else f"the {image_share:.0%} of train2017 images manifests.image_share keeps")
+            + ", at most one item per family (8 families), at most 2 texts per image "
             f"for each caption-derived family (entity, attribute, role-swap), at most "
             f"{family_template_texts():,} distinct texts of the template families over {COCO_CATEGORIES} categories"
             + (f"; dev rows {share:.0%} of the items (the split rule's hash buckets)" if share else "")
@@ -277,7 +280,7 @@ def documented_count(
             dev_items=dev_items,
         )
     if suite == "coco-families-dev":
-        parent = documented_count("coco-families", image_root, phrases, "validation")
+        parent = documented_count("coco-families", image_root, phrases, "validation", image_share)
         share = split_share("validation")
         images = round(parent.images * share)
         source = (
@@ -319,7 +322,7 @@ def count_suites(params: Path) -> list[SuiteCount]:
     """Counts of every suite ``extract`` encodes under ``params``: from its built manifest or
     its official files where present (the suite's own builder), else documented."""
     from pipeline.benchmarks import SUITES
-    from pipeline.benchmarks.base import SuiteSelection
+    from pipeline.benchmarks.base import SuiteSelection, image_share_mask
     from pipeline.config import (
         ExtractConfig,
         ManifestsConfig,
@@ -331,7 +334,8 @@ def count_suites(params: Path) -> list[SuiteCount]:
 
     base = params.parent
     ext = load_config(ExtractConfig, params, "extract")
-    roots = load_config(ManifestsConfig, params, "manifests").roots
+    manifests = load_config(ManifestsConfig, params, "manifests")
+    roots, shares = manifests.roots, manifests.image_share
     dev = {}  # suite -> the split value of a training dev selection
     for v in train_variants(params):
         sel = SuiteSelection.parse(load_train_config(params, v).dev_suite)
@@ -359,6 +363,8 @@ def count_suites(params: Path) -> list[SuiteCount]:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     manifest = SUITES.get(suite).build_manifest(root)
+                if suite in shares:  # as the manifests stage cuts it
+                    manifest = manifest[image_share_mask(manifest, shares[suite])].reset_index(drop=True)
                 out.append(
                     count_manifest(
                         suite,
@@ -371,7 +377,7 @@ def count_suites(params: Path) -> list[SuiteCount]:
                 continue
             except FileNotFoundError:
                 pass  # the folder lacks the suite's files: documented below
-        out.append(documented_count(suite, image_root, phrases, dev.get(suite)))
+        out.append(documented_count(suite, image_root, phrases, dev.get(suite), shares.get(suite, 1.0)))
     return out
 
 
@@ -398,7 +404,8 @@ class TrainPlan:
     steps: int
     batch_size: int
     eval_every: int
-    dev_items: int  # rows of its dev selection
+    dev_items: int  # rows of its dev selection, cut to train.dev_items
+    train_items: int  # rows of its training selection, cut to train.train_items
 
 
 @dataclass(frozen=True)
@@ -565,8 +572,19 @@ def train_plans(params: Path, counts: list[SuiteCount]) -> dict[str, TrainPlan]:
         cfg = load_train_config(params, v)
         dev = by_suite[SuiteSelection.parse(cfg.dev_suite).suite]
         dev_items = dev.items if dev.dev_items is None else dev.dev_items
-        plans[v] = TrainPlan(len(cfg.seeds), cfg.steps, cfg.batch_size, cfg.eval_every, dev_items)
+        train = SuiteSelection.parse(cfg.train_suite)
+        rows = by_suite[train.suite].items if train.suite in by_suite else 0
+        train_items = round(rows * split_share(train.value)) if train.column == "split" else rows
+        plans[v] = TrainPlan(
+            len(cfg.seeds), cfg.steps, cfg.batch_size, cfg.eval_every,
+            _cap(dev_items, cfg.dev_items), _cap(train_items, cfg.train_items),
+        )  # fmt: skip
     return plans
+
+
+def _cap(rows: int, cap: int | None) -> int:
+    """How many of ``rows`` a seeded sample of at most ``cap`` keeps."""
+    return rows if cap is None else min(rows, cap)
 
 
 def score_plan(params: Path, kinds: dict[str, ScorerKind]) -> ScorePlan:
@@ -958,11 +976,12 @@ def figures_from(
     return figures, source
 
 
-def memory_notes(counts: list[SuiteCount], est: dict[str, Any], dims: dict[str, Any]) -> list[str]:
+def memory_notes(counts: list[SuiteCount], est: dict[str, Any], dims: dict[str, Any], plans: dict[str, TrainPlan]) -> list[str]:
     """Disk and memory the run needs, from the cache schema's row sizes."""
     import numpy as np
 
     from pipeline.cache.schema import IMAGE_ARRAYS, TEXT_ARRAYS, resolve_tail
+    from pipeline.scoring import GALLERY_BYTES
 
     def row_bytes(specs, names=None) -> int:
         return sum(int(np.prod(resolve_tail(s, dims), dtype=np.int64)) * np.dtype(s.dtype).itemsize
@@ -978,18 +997,20 @@ def memory_notes(counts: list[SuiteCount], est: dict[str, Any], dims: dict[str, 
         f"{text_b / 1e6:.3f} MB = {(images * image_b + captions * text_b) / gb:,.0f} GB on disk (the "
         f"schema's row sizes, grids uncompressed); this machine has {ram:.0f} GB of memory"
     ]  # fmt: skip
+    text_grid = row_bytes(TEXT_ARRAYS, ("text/tokens",))  # fp16
+    pair_b = grids + 2 * text_grid  # one item's image and its two captions, fp16
+    for v, plan in plans.items():
+        items = plan.train_items + plan.dev_items
+        notes.append(
+            f"train {v}: holds its {plan.train_items:,} training and {plan.dev_items:,} dev items' "
+            f"features in memory (load_pairs, fp16; train.train_items / train.dev_items cap them): "
+            f"at most {items:,} x {pair_b / 1e6:.2f} MB = {items * pair_b / gb:,.1f} GB"
+        )  # fmt: skip
     for c in counts:
-        if c.suite == "coco-families":
-            share = split_share("train") + split_share("validation")
-            notes.append(
-                f"training holds the train and validation rows' grids in memory (load_pairs, fp16): "
-                f"about {share:.0%} of {c.images:,} coco-families images x {grids / 1e6:.2f} MB = "
-                f"{share * c.images * grids / gb:,.0f} GB"
-            )  # fmt: skip
         if c.task == "retrieval" and c.suite != "coco-objects-train":
             notes.append(
-                f"{c.suite}: a grid scorer reads the whole gallery at once (gallery_scores, float32): "
-                f"{c.images:,} images x {2 * grids / 1e6:.2f} MB = {c.images * 2 * grids / gb:,.0f} GB"
+                f"{c.suite}: a grid scorer reads its {c.images:,}-image gallery in blocks of at most "
+                f"{GALLERY_BYTES / gb:.1f} GB of float32 grids (gallery_scores; {2 * grids / 1e6:.2f} MB an image)"
             )  # fmt: skip
     return notes
 
@@ -1031,7 +1052,7 @@ def markdown(
     )
     for v, t in est["train"]["variants"].items():
         p = train[v]
-        what = (f"{p.seeds} seeds × {p.steps} steps × {figures.train[v]['s_per_step']:.2g} s (batch {p.batch_size}), "
+        what = (f"{p.seeds} seeds × {p.steps} steps × {figures.train[v]['s_per_step']:.2g} s (batch {p.batch_size}) on {p.train_items:,} training items, "
                 f"{t['dev_evals_per_seed']} dev evaluations + select on {p.dev_items:,} dev items a seed")  # fmt: skip
         lines.append(f"| train: {v} ({what}) | | | {_h(t['total_s'])} | {NO_GPU} |")
     lines.append(f"| **train total** | | | **{_h(est['train']['seconds'])}** | {NO_GPU} |")
@@ -1089,9 +1110,8 @@ def build_report(measured: dict[str, Any], params: Path) -> dict[str, Any]:
         "training figures use the random-init encoder's features; a solver that iterates to a tolerance "
         "(BindCLIP's Sinkhorn) may take another number of iterations on real features",
         "counts marked ≤ are upper bounds (documented sizes or the builders' structure; extract encodes a "
-        "repeated caption once); coco-families dominates extract and the dev evaluations, and its counts "
-        "stay bounds until its manifest is built",
-        *memory_notes(counts, est, measured["dims"]),
+        "repeated caption once); coco-families' counts stay bounds until its manifest is built",
+        *memory_notes(counts, est, measured["dims"], train),
     ]  # fmt: skip
     rel = params.relative_to(REPO) if params.is_relative_to(REPO) else params
     return {

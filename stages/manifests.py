@@ -4,7 +4,10 @@ I/O and orchestration only: each suite's registered builder
 (:attr:`pipeline.benchmarks.base.Suite.build_manifest`) reads the files under its root and
 the manifest is written as ``<out>/<suite>.parquet`` with the annotation files' hashes in its
 metadata (:func:`pipeline.manifests.write_manifest`), so a changed annotation file gives a
-changed manifest and extract re-indexes it. No image is opened: images are extract's.
+changed manifest and extract re-indexes it. ``image_share`` cuts a suite to the items of a
+hashed share of its images (:func:`pipeline.benchmarks.base.image_share_mask`), so the
+COCO families need not extract all of train2017 to train on a few thousand pairs. No image
+is opened: images are extract's.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 from pathlib import Path
 
 from pipeline.benchmarks import SUITES
+from pipeline.benchmarks.base import image_share_mask
 from pipeline.config import ManifestsConfig
 from pipeline.manifests import source_hashes, write_manifest
 
@@ -29,12 +33,17 @@ def run(cfg: ManifestsConfig) -> dict[str, int]:
     if not cfg.roots:
         raise ValueError("manifests.roots is empty: map each suite to the folder of its official annotation files")
     suites = {name: SUITES.get(name) for name in cfg.roots}  # unknown names fail before any work
+    stray = sorted(set(cfg.image_share) - set(cfg.roots))
+    if stray:
+        raise ValueError(f"manifests.image_share names {', '.join(stray)}, not in manifests.roots: {', '.join(cfg.roots)}")
     counts = {}
     for name, suite in suites.items():
         root = Path(cfg.roots[name])
         if not root.is_dir():
             raise FileNotFoundError(f"manifests.roots.{name}: folder {root} does not exist ({suite.description})")
         df = suite.build_manifest(root)
+        if name in cfg.image_share:
+            df = df[image_share_mask(df, cfg.image_share[name])].reset_index(drop=True)
         write_manifest(df, Path(cfg.out) / f"{name}.parquet", source_hashes(root))
         counts[name] = len(df)
         log.info("%s: %d items -> %s", name, len(df), Path(cfg.out) / f"{name}.parquet")

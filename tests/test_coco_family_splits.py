@@ -4,11 +4,13 @@ training on one split while selecting on the other."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from pipeline.benchmarks.base import SuiteSelection, bucket_split, hash_bucket
 from pipeline.benchmarks.coco_families import FAMILIES, build_families
@@ -168,28 +170,120 @@ def test_the_pair_loader_reads_only_the_selected_split(coco_store):
         load_pairs(coco_store, "coco-families[colour=red]")
 
 
+def _split_cfg(tmp_path, **kw) -> TrainConfig:
+    """Two steps on coco-families[train], selected on coco-families[validation]."""
+    base = dict(train_suite="coco-families[train]", dev_suite="coco-families[validation]", seeds=[0],
+                steps=2, eval_every=1, out=str(tmp_path), threads=1)  # fmt: skip
+    return TrainConfig(**{**base, **kw})
+
+
 def test_the_loop_trains_on_one_split_and_selects_on_the_other(tmp_path, coco_store):
     from pipeline.training.loop import train_variant
 
-    cfg = TrainConfig(
-        variant="bindclip",
-        train_suite="coco-families[train]",
-        dev_suite="coco-families[validation]",
-        seeds=[0],
-        steps=2,
-        batch_size=8,
-        eval_every=1,
-        out=str(tmp_path),
-        threads=1,
-        scorer={"h": 16, "n_iters": 8, "absorb_every": 8},
-        objective={"q0_grid": []},
-    )
+    cfg = _split_cfg(tmp_path, variant="bindclip", batch_size=8,
+                     scorer={"h": 16, "n_iters": 8, "absorb_every": 8}, objective={"q0_grid": []})  # fmt: skip
     summary = train_variant(cfg, coco_store, progress=False)
     assert summary["dev_suite"] == "coco-families[validation]"
     dev = summary["seeds"]["0"]["dev"]  # the official family metric of the validation pairs
     assert set(dev) == {*FAMILIES[:6], "mean"}  # the families the template image yields
     rec = json.loads((tmp_path / "bindclip" / "config.json").read_text())
     assert rec["train"]["train_suite"] == "coco-families[train]"
+
+
+def test_an_image_share_keeps_whole_images_alike_in_both_suites(tmp_path):
+    from pipeline.benchmarks import SUITES
+    from pipeline.benchmarks.base import hash_unit, image_share_mask
+
+    _write_coco(tmp_path)
+    full = build_families(tmp_path)
+    keep = image_share_mask(full, 0.5)
+    kept = _image_ids(full[keep])
+    # ids 4, 6, 7, 11 hash below 0.5 (hash_unit of train2017/<id:012d>.jpg)
+    assert kept == {i for i in IDS if hash_unit(f"train2017/{i:012d}.jpg") < 0.5} == {4, 6, 7, 11}
+    assert not _image_ids(full[~keep]) & kept  # every row of a kept image is kept
+    dev = SUITES.get("coco-families-dev").build_manifest(tmp_path)
+    dev_cut = dev[image_share_mask(dev, 0.5)]
+    cut = full[keep]
+    assert dev_cut["item_id"].tolist() == cut[cut["split"] == "validation"]["item_id"].tolist()
+    assert image_share_mask(full, 1.0).all()
+    with pytest.raises(ValueError, match=r"in \(0, 1\], got 0"):
+        image_share_mask(full, 0)
+    with pytest.raises(ValueError, match="needs an `image` column"):
+        image_share_mask(pd.DataFrame({"x": [1]}), 0.5)
+
+
+def test_the_manifests_stage_cuts_a_suite_to_its_image_share(tmp_path):
+    from pipeline.config import ManifestsConfig
+    from pipeline.manifests import read_manifest
+    from stages import manifests as manifests_stage
+
+    _write_coco(tmp_path)
+    cfg = ManifestsConfig(roots={"coco-families": str(tmp_path), "coco-families-dev": str(tmp_path)},
+                          out=str(tmp_path / "m"), image_share={"coco-families": 0.5, "coco-families-dev": 0.5})  # fmt: skip
+    counts = manifests_stage.run(cfg)
+    m = read_manifest(tmp_path / "m" / "coco-families.parquet")
+    assert _image_ids(m) == {4, 6, 7, 11} and counts["coco-families"] == 6 * 4
+    assert list(m.index) == list(range(len(m)))
+    assert _image_ids(read_manifest(tmp_path / "m" / "coco-families-dev.parquet")) == {4, 11} & VALIDATION
+    bad = ManifestsConfig(roots={"coco-families": str(tmp_path)}, out=str(tmp_path / "m"), image_share={"coco-objects": 0.5})
+    with pytest.raises(ValueError, match="image_share names coco-objects, not in manifests.roots"):
+        manifests_stage.run(bad)
+
+
+def test_a_sample_keeps_a_seeded_subset_of_the_selected_rows(tmp_path):
+    _write_coco(tmp_path)
+    m = build_families(tmp_path)
+    train = SuiteSelection.parse("coco-families[train]")
+    full = train.mask(m)
+    a = train.sampled(5).mask(m)
+    assert a.sum() == 5 and not (a & ~full).any()  # five of the train rows, nothing else
+    assert (a == train.sampled(5, seed=0).mask(m)).all()  # the same seed, the same rows
+    assert any((train.sampled(5, seed=k).mask(m) != a).any() for k in range(1, 4))
+    assert (train.sampled(10_000).mask(m) == full).all()  # a cap above the rows keeps them all
+    assert SuiteSelection.parse(train.sampled(5)) == train.sampled(5)  # a selection parses as itself
+    assert train.sampled(5, seed=3).describe() == "coco-families[train] (a sample of at most 5 rows, seed 3)"
+    assert train.sampled(None).describe() == str(train) == "coco-families[train]"
+    with pytest.raises(ValueError, match="at least one row, got 0"):
+        train.sampled(0)
+
+
+def test_the_pair_loader_reads_only_the_sampled_rows(coco_store, monkeypatch):
+    import pipeline.training.pairs as pairs
+
+    whole = pairs.load_pairs(coco_store, "coco-families[train]")
+    monkeypatch.setattr(pairs, "READ_BLOCK", 3)  # several blocks: the same features
+    blocks = pairs.load_pairs(coco_store, "coco-families[train]")
+    for a, b in ((whole.images, blocks.images), (whole.texts, blocks.texts)):
+        for f in ("embed", "ids"):
+            if hasattr(a, f):
+                assert torch.equal(getattr(a, f), getattr(b, f))
+    assert torch.equal(whole.images.final, blocks.images.final)
+    assert torch.equal(whole.texts.tokens, blocks.texts.tokens)
+
+    sel = SuiteSelection.parse("coco-families[train]").sampled(7, seed=1)
+    part = pairs.load_pairs(coco_store, sel)
+    assert len(part) == 7 and (part.manifest["split"] == "train").all()
+    ids = set(part.manifest["item_id"])
+    assert ids < set(whole.manifest["item_id"])
+    kept = torch.from_numpy(whole.manifest["item_id"].isin(ids).to_numpy().copy())
+    # the same pairs' features as in the whole split, and only their images read
+    assert torch.equal(part.texts.embed[part.pos], whole.texts.embed[whole.pos[kept]])
+    assert len(part.images) == len(set(part.manifest["image"])) <= 7
+
+
+def test_the_loop_trains_and_selects_on_the_samples_and_records_them(tmp_path, coco_store):
+    from pipeline.training.loop import train_variant
+
+    cfg = _split_cfg(tmp_path, variant="global-m", batch_size=4, train_items=10, dev_items=4)
+    summary = train_variant(cfg, coco_store, progress=False)
+    assert summary["train_items"] == {
+        "selection": "coco-families[train] (a sample of at most 10 rows, seed 0)",
+        "items": 10,
+    }
+    assert summary["dev_items"]["items"] == 4
+    uncapped = train_variant(dataclasses.replace(cfg, train_items=None, dev_items=None, out=str(tmp_path / "all")), coco_store, progress=False)
+    assert uncapped["train_items"]["items"] == 6 * len(TRAIN)
+    assert uncapped["dev_items"] == {"selection": "coco-families[validation]", "items": 6 * len(VALIDATION)}
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from pipeline.cache.schema import (
     fingerprint_id,
 )
 from pipeline.config import ExtractConfig, RidgeConfig
-from pipeline.extraction import crop_to_box
+from pipeline.extract_pixels import crop_to_box
 from pipeline.manifests import decode_image
 from pipeline.scorers import create_scorer
 from pipeline.scorers.geometry.objects import check_source, item_objects
@@ -202,11 +202,11 @@ def test_switching_crops_on_adds_them_and_switching_off_keeps_them(suite, tiny_e
 
 
 def test_an_interrupted_crop_extract_resumes(suite, tiny_encoder, tmp_path, monkeypatch, crops_store):
-    import pipeline.extraction as extraction
+    import pipeline.extract_pixels as extract_pixels
 
     cfg = _cfg(suite, tmp_path / "features", crops=True)
     calls = {"n": 0}
-    real = extraction.crop_to_box
+    real = extract_pixels.crop_to_box
 
     def crashing(img, box):
         calls["n"] += 1
@@ -214,14 +214,14 @@ def test_an_interrupted_crop_extract_resumes(suite, tiny_encoder, tmp_path, monk
             raise KeyboardInterrupt("simulated crash")
         return real(img, box)
 
-    monkeypatch.setattr(extraction, "crop_to_box", crashing)
+    monkeypatch.setattr(extract_pixels, "crop_to_box", crashing)
     with pytest.raises(KeyboardInterrupt):
         extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
     store = FeatureStore.open(store_path(cfg))
     assert store.root["object/done"][:].sum() == 64  # the first shard survived whole
     with pytest.raises(StaleCacheError, match="interrupted"):
         store.objects(np.arange(3 * N))
-    monkeypatch.setattr(extraction, "crop_to_box", real)
+    monkeypatch.setattr(extract_pixels, "crop_to_box", real)
     assert extract_stage.run(cfg, progress=False, encoder=tiny_encoder)["objects"]["encoded"] == 3 * N - 64
     store, (_, _, clean) = FeatureStore.open(store_path(cfg)), crops_store
     rows, clean_rows = suite_inputs(store, SUITE)[1]["object_crops"], suite_inputs(clean, SUITE)[1]["object_crops"]

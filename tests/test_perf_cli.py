@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-import pipeline.encoders as encoders
+import pipeline.encoders.provenance as provenance
 from pipeline.manifests import file_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,14 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_weights_hash_is_remembered_by_path_size_and_mtime(tmp_path, monkeypatch):
     weights = tmp_path / "w.bin"
     weights.write_bytes(b"\x01" * 1000)
-    monkeypatch.setattr(encoders, "HASH_CACHE", tmp_path / "cache" / "sha256.json")
+    monkeypatch.setattr(provenance, "HASH_CACHE", tmp_path / "cache" / "sha256.json")
     calls = []
-    monkeypatch.setattr(encoders, "file_sha256", lambda p: calls.append(p) or file_sha256(p))
-    first = encoders.weights_sha256(weights)
-    assert encoders.weights_sha256(weights) == first == file_sha256(weights) and len(calls) == 1
+    monkeypatch.setattr(provenance, "file_sha256", lambda p: calls.append(p) or file_sha256(p))
+    first = provenance.weights_sha256(weights)
+    assert provenance.weights_sha256(weights) == first == file_sha256(weights) and len(calls) == 1
     weights.write_bytes(b"\x02" * 1000)  # rewritten in place: same size, new mtime
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
-    second = encoders.weights_sha256(weights)
+    second = provenance.weights_sha256(weights)
     assert second == file_sha256(weights) != first and len(calls) == 2
 
 

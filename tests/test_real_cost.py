@@ -47,7 +47,7 @@ def _case():
         retrieval_pairs_per_s={"c": 100.0},
         rerank_s_per_query={"k": 0.5},
     )
-    train = {"t": rc.TrainPlan(seeds=2, steps=10, batch_size=8, eval_every=4, dev_items=8)}
+    train = {"t": rc.TrainPlan(seeds=2, steps=10, batch_size=8, eval_every=4, dev_items=8, train_items=16)}
     score = rc.ScorePlan(
         variants=["c", "p", "k"],
         suites=["a", "b", "r"],

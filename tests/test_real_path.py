@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -51,13 +52,15 @@ def _params(real: dict, roots: dict[str, tuple[Path, Path]]) -> dict:
     p = json.loads(json.dumps(real))  # a deep copy
     suites = [s for s in p["extract"]["suites"] if s in roots]
     p["manifests"]["roots"] = {s: str(roots[s][0]) for s in suites}
+    p["manifests"]["image_share"] = {s: 0.6 for s in p["manifests"]["image_share"]}  # 15 of 24 images
     p["extract"].update(
         model="tiny-vit", pretrained="none", device="cpu", batch_size=16, skip_missing=True, suites=suites,
         manifests={s: p["extract"]["manifests"][s] for s in suites},
         image_roots={s: str(roots[s][1]) for s in suites},
     )  # fmt: skip
     for v in p["train"]["variants"]:
-        p["train"][v].update(encoder="tiny-vit", device="cpu", seeds=[0, 1], steps=4, eval_every=2, batch_size=8)
+        p["train"][v].update(encoder="tiny-vit", device="cpu", seeds=[0, 1], steps=4, eval_every=2, batch_size=8,
+                             train_items=16, dev_items=10)  # fmt: skip
         if "warmup" in p["train"][v]:
             p["train"][v]["warmup"] = 1
     p["ridge"]["encoder"] = "tiny-vit"
@@ -124,7 +127,7 @@ def test_missing_images_are_counted_not_dropped(real_run):
     project, params, _ = real_run
     record = json.loads((project / "real" / params["score"]["metrics_out"] / "clip" / "sugarcrepe.json").read_text())
     assert record["n_missing_images"] >= MISSING["sugarcrepe"]
-    manifest_items = len(__import__("pandas").read_parquet(project / "real" / params["extract"]["manifests"]["sugarcrepe"]))
+    manifest_items = len(pd.read_parquet(project / "real" / params["extract"]["manifests"]["sugarcrepe"]))
     assert record["n_items"] + record["n_missing_images"] == manifest_items
 
 
@@ -134,6 +137,13 @@ def test_trained_on_the_image_disjoint_coco_split(real_run):
         record = json.loads((project / "real" / params["train"][variant]["out"] / variant / "config.json").read_text())
         assert record["train"]["train_suite"] == "coco-families[train]"
         assert record["train"]["dev_suite"] == "coco-families[validation]"
+        summary = json.loads((project / "real" / params["train"][variant]["out"] / variant / "summary.json").read_text())
+        assert (summary["train_items"]["items"], summary["dev_items"]["items"]) == (16, 10)  # the seeded samples
+    # the image share keeps 15 of the 24 train2017 images, alike in both suites
+    manifests = {s: pd.read_parquet(project / "real" / params["extract"]["manifests"][s]) for s in ("coco-families", "coco-families-dev")}
+    families, dev = manifests["coco-families"], manifests["coco-families-dev"]
+    assert families["image"].nunique() == 15
+    assert dev["item_id"].tolist() == families[families["split"] == "validation"]["item_id"].tolist()
 
 
 def test_the_report_renders_the_real_suites(real_run):

@@ -338,6 +338,17 @@ def test_performance_lists_every_measurement_by_name(world, tmp_path):
     assert '```json\n{\n "growth_mib": 47.4\n}\n```' in perf
 
 
+def test_performance_shows_a_measurement_table_instead_of_its_json(world, tmp_path):
+    table = "| part | CPU hours |\n|---|---:|\n| extract | 141 |"
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "real-cost.json").write_text(
+        json.dumps({"command": "scripts/real_cost.py", "results": {"table_markdown": table, "counts": [1, 2, 3]}})
+    )
+    perf = render(make_context(world, tmp_path, {"clip": "right"}, results={})).split("## Performance\n\n", 1)[1]
+    assert "**real-cost** (`scripts/real_cost.py`)\n\n" + table in perf
+    assert "`bench/real-cost.json`" in perf and '"counts"' not in perf
+
+
 def test_stage_writes_what_the_sections_left(full_context, monkeypatch):
     from stages import report as stage
 

@@ -112,6 +112,23 @@ def retrieval_case(tiny_store):
     return tiny_store, manifest, index
 
 
+@pytest.mark.parametrize("variant", ["clip", "local-max"])
+def test_gallery_blocks_give_every_pair_its_one_block_score(retrieval_case, variant):
+    from pipeline.scoring import gallery_block, gallery_scores
+
+    store, manifest, index = retrieval_case
+    gallery_rows, query_rows = retrieval_rows(manifest, index)
+    scorer = create_scorer(variant, dims=store.dims, proj=store.projections()).eval()
+    assert gallery_block(store) >= len(gallery_rows)  # the toy's gallery is one block
+    d = store.dims
+    row = 4 * 2 * (d.grid[0] * d.grid[1] + 1) * d.d_v  # float32 early + final grids
+    assert gallery_block(store, budget=5 * row) == gallery_block(store, budget=6 * row - 1) == 5
+    one = gallery_scores(scorer, store, gallery_rows, query_rows, batch_size=6)
+    blocks = gallery_scores(scorer, store, gallery_rows, query_rows, batch_size=6, budget=5 * row)  # grids: 5 + 5 + 2
+    assert one.shape == (len(query_rows), len(gallery_rows))
+    np.testing.assert_allclose(blocks, one, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("batch_size", [4, 12, 256])
 def test_reranker_reorders_the_shortlist_and_keeps_the_rest(retrieval_case, batch_size):
     store, manifest, index = retrieval_case

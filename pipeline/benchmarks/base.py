@@ -27,6 +27,7 @@ for BindCLIP's image-disjoint training and development pairs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -231,21 +232,31 @@ class SuiteSelection:
     ``suite[column=value]``: one string, so a selection goes wherever a suite name goes
     (``train.<variant>.train_suite`` / ``dev_suite``) and the suite's store index and
     manifest stay one per suite. The row filter compares the cell's ``str`` with ``value``.
+
+    ``sample`` keeps a seeded random subset of that many of the selected rows (all of them
+    when there are fewer): the training loop's ``train_items`` / ``dev_items`` caps, which
+    bound a large suite's training memory and dev-evaluation time. The subset depends only
+    on the selected rows and ``sample_seed``, so every training seed sees the same items.
     """
 
     suite: str  # registry key of the suite
     column: str | None = None  # manifest column the rows are selected on; None = every row
     value: str | None = None  # the column value of the selected rows
+    sample: int | None = None  # keep a seeded random sample of this many selected rows; None = all
+    sample_seed: int = 0  # the sample's seed
 
     _PATTERN = re.compile(r"([a-z0-9]+(?:-[a-z0-9]+)*)(?:\[(?:([A-Za-z_]\w*)=)?([^\[\]=]+)\])?")
 
     @classmethod
-    def parse(cls, text: str) -> SuiteSelection:
-        """``suite`` | ``suite[value]`` | ``suite[column=value]`` -> the selection.
+    def parse(cls, text: str | SuiteSelection) -> SuiteSelection:
+        """``suite`` | ``suite[value]`` | ``suite[column=value]`` -> the selection (a
+        selection is returned as it is).
 
         Raises:
             ValueError: naming ``text`` and the accepted forms when it matches none.
         """
+        if isinstance(text, SuiteSelection):
+            return text
         m = cls._PATTERN.fullmatch(str(text).strip())
         if m is None:
             raise ValueError(
@@ -257,6 +268,12 @@ class SuiteSelection:
             return cls(suite)
         return cls(suite, column or SPLIT_COLUMN, value.strip())
 
+    def sampled(self, n: int | None, seed: int = 0) -> SuiteSelection:
+        """This selection cut to a seeded sample of ``n`` rows (``None``: every row)."""
+        if n is not None and n < 1:
+            raise ValueError(f"{self}: a sample needs at least one row, got {n}")
+        return dataclasses.replace(self, sample=n, sample_seed=seed)
+
     def __str__(self) -> str:
         if self.column is None:
             return self.suite
@@ -264,13 +281,29 @@ class SuiteSelection:
             return f"{self.suite}[{self.value}]"
         return f"{self.suite}[{self.column}={self.value}]"
 
+    def describe(self) -> str:
+        """The selection as written, with its sample when it has one."""
+        if self.sample is None:
+            return str(self)
+        return f"{self} (a sample of at most {self.sample:,} rows, seed {self.sample_seed})"
+
     def mask(self, manifest: pd.DataFrame) -> np.ndarray:
-        """[n] bool: the manifest rows the selection keeps (all of them without a column).
+        """[n] bool: the manifest rows the selection keeps (all of them without a column),
+        cut to ``sample`` of them when the selection has a sample.
 
         Raises:
             ValueError: when the manifest has no such column (naming its columns) or no row
                 has the value (naming the values it has).
         """
+        keep = self._filter(manifest)
+        if self.sample is None or keep.sum() <= self.sample:
+            return keep
+        chosen = np.random.default_rng(self.sample_seed).choice(np.flatnonzero(keep), self.sample, replace=False)
+        keep = np.zeros(len(manifest), dtype=bool)
+        keep[chosen] = True
+        return keep
+
+    def _filter(self, manifest: pd.DataFrame) -> np.ndarray:
         if self.column is None:
             return np.ones(len(manifest), dtype=bool)
         if self.column not in manifest:
@@ -291,6 +324,30 @@ class SuiteSelection:
 def hash_bucket(key: str) -> int:
     """Deterministic bucket 0-9 of ``key`` (an image path): ``sha256(key) mod 10``."""
     return int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16) % 10
+
+
+def hash_unit(key: str) -> float:
+    """A deterministic number in [0, 1) for ``key`` (an image path), independent of
+    :func:`hash_bucket`'s split: the top 64 bits of ``sha256("image-share:" + key)``."""
+    return int(hashlib.sha256(f"image-share:{key}".encode()).hexdigest()[:16], 16) / 2**64
+
+
+def image_share_mask(manifest: pd.DataFrame, share: float) -> np.ndarray:
+    """[n] bool: the rows whose ``image`` hashes below ``share`` (:func:`hash_unit`).
+
+    Every row of a kept image is kept, and an image is kept or dropped alike in every
+    suite given the same share: ``coco-families`` cut to a share keeps, in its validation
+    rows, exactly the rows of ``coco-families-dev`` cut to that share. The split (hash
+    buckets) is independent of it, so each split keeps about ``share`` of its images.
+    """
+    if not 0 < share <= 1:
+        raise ValueError(f"an image share must be in (0, 1], got {share}")
+    if share == 1:
+        return np.ones(len(manifest), dtype=bool)
+    if "image" not in manifest:
+        raise ValueError(f"an image share needs an `image` column; columns: {', '.join(map(str, manifest.columns))}")
+    keep = {p: hash_unit(str(p)) < share for p in set(manifest["image"])}
+    return manifest["image"].map(keep).to_numpy(dtype=bool)
 
 
 SPLITS = ("train", "validation", "holdout")  # bucket_split's names, in bucket order

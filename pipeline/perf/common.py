@@ -81,7 +81,7 @@ def extract_cfg(folder: Path, manifest: Path, model: str, batch_size: int):
 def load_pixels(enc, root: Path, names: list[str], crops: list | None = None) -> torch.Tensor:
     """[b, 3, H, W] the images ``names`` under ``root`` read, decoded (cropped) and
     preprocessed by extract's own loader, so a bench pays what extract pays."""
-    from pipeline.extraction import _load
+    from pipeline.extract_pixels import _load
 
     bad: dict[int, str] = {}
     pixels = torch.stack([_load(enc, root, name, crop, bad, i) for i, (name, crop) in enumerate(zip(names, crops or [None] * len(names), strict=True))])

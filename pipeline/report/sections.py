@@ -375,7 +375,9 @@ def encoder_comparison(ctx: ReportContext) -> list[str]:
 
 @section("performance", order=90)
 def performance(ctx: ReportContext) -> list[str]:
-    """The measurement files (:data:`MEASUREMENTS`) by name, each with its command."""
+    """The measurement files (:data:`MEASUREMENTS`) by name, each with its command: its
+    own table where its results carry one (``table_markdown``, e.g. ``scripts/real_cost.py``'s
+    estimate, whose JSON runs to hundreds of lines), else its results as JSON."""
     files = sorted(
         (f for pattern in MEASUREMENTS for f in ctx.out.glob(pattern)), key=lambda f: f.stem
     )
@@ -384,6 +386,10 @@ def performance(ctx: ReportContext) -> list[str]:
     parts = []
     for f in files:
         data = json.loads(f.read_text())
-        body = json.dumps(data.get("results", data), indent=1)
-        parts.append(f"**{f.stem}** (`{data.get('command', '')}`)\n\n```json\n{body}\n```")
+        results = data.get("results", data)
+        if isinstance(results, dict) and isinstance(results.get("table_markdown"), str):
+            body = f"{results['table_markdown']}\n\nEvery figure, count and note: `{f.relative_to(ctx.out)}`."
+        else:
+            body = f"```json\n{json.dumps(results, indent=1)}\n```"
+        parts.append(f"**{f.stem}** (`{data.get('command', '')}`)\n\n{body}")
     return ["## Performance", "\n\n".join(parts)]

@@ -22,6 +22,10 @@ one step's loss and scores the dev suite. The loop owns the rest:
   ``split`` column). The family's ``load`` receives the selection; ``dev_metrics`` and
   ``select`` receive the suite's registry name, whose official metric scores the selected
   rows. Two selections of one suite must name different values of one column;
+* caps: ``train_items`` / ``dev_items`` cut the training / dev selection to a seeded sample
+  (``sample_seed``, the same sample for every seed), so a suite of 100k+ pairs trains in
+  bounded memory and each dev evaluation takes bounded time; ``summary.json`` records the
+  selections and how many items each held;
 * resume: a periodic ``resume.pt`` (tensors and plain containers, loaded with
   ``weights_only=True``) holds model, optimiser, step, both RNG states, the log and the
   best checkpoint so far, so a crashed run resumes to the same weights if its config
@@ -240,6 +244,13 @@ def _check(cfg: TrainConfig) -> None:
         raise ValueError(f"train.warmup must be in [0, steps) = [0, {cfg.steps}), got {cfg.warmup}")
 
 
+def _selections(cfg: TrainConfig) -> tuple[SuiteSelection, SuiteSelection]:
+    """The training and dev selections, each cut to its seeded sample."""
+    train = SuiteSelection.parse(cfg.train_suite).sampled(cfg.train_items, cfg.sample_seed)
+    dev = SuiteSelection.parse(cfg.dev_suite).sampled(cfg.dev_items, cfg.sample_seed)
+    return train, dev
+
+
 def make_trainer(cfg: TrainConfig) -> FamilyTrainer:
     """The variant's training hook, built from its ``objective`` options."""
     from pipeline.scorers import SCORERS
@@ -262,8 +273,9 @@ def train_variant(
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        train = to_device(trainer.load(store, cfg.train_suite, train=True), cfg.device)
-        dev = to_device(trainer.load(store, cfg.dev_suite, train=False), cfg.device)
+        train_sel, dev_sel = _selections(cfg)
+        train = to_device(trainer.load(store, train_sel, train=True), cfg.device)
+        dev = to_device(trainer.load(store, dev_sel, train=False), cfg.device)
         root = Path(cfg.out) / cfg.variant
         records = []
         for seed in cfg.seeds:
@@ -284,6 +296,8 @@ def train_variant(
     summary = {
         "variant": cfg.variant,
         "dev_suite": cfg.dev_suite,
+        "train_items": {"selection": train_sel.describe(), "items": trainer.n_items(train)},
+        "dev_items": {"selection": dev_sel.describe(), "items": trainer.n_items(dev)},
         "scored_seed": cfg.seeds[0],
         "seeds": {
             str(r["seed"]): {"dev": r["dev"], "selected_step": r["selected_step"], "chosen": r["chosen"]}

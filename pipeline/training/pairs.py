@@ -6,8 +6,10 @@
 A pair suite (shapes-train / shapes-dev, the COCO 8-family builder) has one true and one
 hard-negative caption per item, and optionally a counterfactual image for which the
 negative is true, a mirrored image with mirrored captions, and a paraphrase of the true
-caption. Its frozen features are read from the store ONCE (sorted unique rows, one read
-per array) and kept in memory in fp16, so a step is a gather, not a store read.
+caption. Its frozen features are read from the store ONCE (sorted unique rows, in blocks
+converted to fp16 one at a time) and kept in memory in fp16, so a step is a gather, not a
+store read. A seeded sample of the selected rows (``SuiteSelection.sampled``; the training
+loop's ``train_items`` / ``dev_items``) bounds that memory on a large suite.
 
 The suite may be a selection of its rows by a manifest column
 (:class:`~pipeline.benchmarks.base.SuiteSelection`): ``coco-families[train]`` and
@@ -58,6 +60,9 @@ class PairData:
         return len(self.image)
 
 
+READ_BLOCK = 2048  # store rows converted to fp16 at a time (ViT-L-14-336: ~10 GB of float32 image grids)
+
+
 def _half(x: ImageFeatures | TextFeatures):
     cls = type(x)
     return cls(
@@ -77,12 +82,22 @@ def _column(index: dict[str, np.ndarray], name: str, n: int, width: int = 1) -> 
     return rows.reshape(n, -1)
 
 
-def load_pairs(store: FeatureStore, suite: str) -> PairData:
-    """Read every feature of ``suite``'s pairs, one read per array.
+def _read_half(read, rows: np.ndarray):
+    """``read(rows)`` (``store.images`` / ``store.texts``) in fp16, :data:`READ_BLOCK` rows
+    at a time, so the float32 copy the store returns never exceeds one block."""
+    block = READ_BLOCK
+    parts = [_half(read(rows[i : i + block])) for i in range(0, max(len(rows), 1), block)]
+    cls = type(parts[0])
+    return cls(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(cls)})
+
+
+def load_pairs(store: FeatureStore, suite: str | SuiteSelection) -> PairData:
+    """Read every feature of ``suite``'s pairs, in sorted blocks of rows.
 
     ``suite`` is a suite name or a selection of its rows (``coco-families[train]``,
-    ``suite[column=value]``; :class:`~pipeline.benchmarks.base.SuiteSelection`); the
-    manifest of the result holds the selected rows only, renumbered from 0.
+    ``suite[column=value]``, possibly cut to a seeded sample;
+    :class:`~pipeline.benchmarks.base.SuiteSelection`); the manifest of the result holds
+    the selected rows only, renumbered from 0.
 
     Refuses a suite whose index is older than its manifest, one without a ``family``
     column, one with families outside :data:`~pipeline.benchmarks.coco_families.FAMILIES`
@@ -130,8 +145,8 @@ def load_pairs(store: FeatureStore, suite: str) -> PairData:
 
     return PairData(
         manifest=m,
-        images=_half(store.images(img_rows)),  # one read per array, sorted unique rows
-        texts=_half(store.texts(txt_rows)),
+        images=_read_half(store.images, img_rows),  # sorted unique rows
+        texts=_read_half(store.texts, txt_rows),
         image=local(img_cols["image"], img_rows),
         cf=local(img_cols["cf_image"], img_rows),
         flip=local(img_cols["flip_image"], img_rows),

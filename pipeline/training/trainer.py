@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from pipeline.benchmarks.base import SuiteSelection
 from pipeline.cache import FeatureStore
 
 
@@ -23,8 +24,9 @@ class FamilyTrainer:
     :meth:`select` is optional (e.g. BindCLIP chooses its consensus ``q0`` on dev there).
     """
 
-    def load(self, store: FeatureStore, suite: str, train: bool) -> Any:
-        """The suite's data, read once (``train``: the training suite, else the dev suite)."""
+    def load(self, store: FeatureStore, suite: SuiteSelection, train: bool) -> Any:
+        """The selected rows' data, read once (``train``: the training suite, else the dev
+        suite); ``suite`` holds the selection and its sample (``SuiteSelection.mask``)."""
         raise NotImplementedError
 
     def n_items(self, data: Any) -> int:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from pipeline.benchmarks import SUITES
+from pipeline.benchmarks.base import SuiteSelection
 from pipeline.cache import FeatureStore
 from pipeline.scorers.bindclip.model import BindClip
 from pipeline.scorers.bindclip.objectives import (
@@ -116,7 +117,7 @@ def grounding_map(
     return GroundingMap(np.asarray(offsets, dtype=np.int64), torch.tensor(rows, dtype=torch.long), cells)
 
 
-def load_grounded(store: FeatureStore, suite: str, negatives: bool = False) -> BindClipData:
+def load_grounded(store: FeatureStore, suite: str | SuiteSelection, negatives: bool = False) -> BindClipData:
     """A pair suite with the grounding maps of its true captions (and, with ``negatives``,
     of its negatives' words that alone name one object), where the manifest has them."""
     pairs = load_pairs(store, suite)
@@ -161,7 +162,7 @@ class BindClipTrainer(FamilyTrainer):
     def __init__(self, objective: dict[str, Any]) -> None:
         self.cfg = BindClipObjective(**objective)
 
-    def load(self, store: FeatureStore, suite: str, train: bool) -> BindClipData:
+    def load(self, store: FeatureStore, suite: SuiteSelection, train: bool) -> BindClipData:
         if train and self.cfg.weight("grounding") != 0:
             return load_grounded(store, suite, negatives=self.cfg.ground_negatives)
         return BindClipData(load_pairs(store, suite))

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from pipeline.benchmarks import SUITES
+from pipeline.benchmarks.base import SuiteSelection
 from pipeline.cache import FeatureStore
 from pipeline.scorers.base import option_scores
 from pipeline.scorers.flowclip.model import FlowClip
@@ -122,7 +123,7 @@ class FlowClipTrainer(FamilyTrainer):
         self.cfg = FlowClipObjective(**objective)
         self.cimr = cimr
 
-    def load(self, store: FeatureStore, suite: str, train: bool) -> PairData:
+    def load(self, store: FeatureStore, suite: SuiteSelection, train: bool) -> PairData:
         return load_pairs(store, suite)
 
     def n_items(self, data: PairData) -> int:

@@ -10,7 +10,7 @@ geometry-aware rerankers align.
   :func:`pipeline.world.grounding.box_cells` (every patch at least a quarter covered, and
   the one holding the centre). ``crops`` (the paper's): the pooled embedding of the box's
   crop re-encoded by the frozen image tower at extract (``extract.object_crops: true``;
-  :func:`pipeline.extraction.crop_to_box`), unit-normalised: the object seen alone, at the
+  :func:`pipeline.extract_pixels.crop_to_box`), unit-normalised: the object seen alone, at the
   encoder's full resolution, at the cost of one forward pass per object at extract and none
   at scoring. Either way the object's position is its box centre.
 * Query side: one embedding per object phrase (``phrases``, encoded at extract like every

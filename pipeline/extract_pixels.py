@@ -1,0 +1,185 @@
+"""Encoding images and object crops into a feature store: the pixel half of
+:func:`pipeline.extraction.extract`, kept apart from its planning and indexing.
+
+Rows arrive sorted by store row with their sources (an entry of
+:attr:`pipeline.extraction.ExtractPlan.todo`). Each micro-batch of ``batch_size`` images is
+read, decoded (and cropped) and preprocessed in a one-thread loader while the encoder runs on
+the previous one, and each shard batch is written by a one-thread ordered writer, data before
+flags, so decoding, encoding and writing overlap and a crash never leaves a ``done`` flag
+ahead of its data. An image that cannot be decoded is encoded as a blank image and its row
+left unflagged, so it is reported and never read as data. An object crop is cut out of its
+row's image (decoded once per micro-batch), and only its pooled embedding is kept.
+
+Functions:
+    crop_to_box(img, box): the pixels of an image inside a normalised box.
+    _encode_images / _encode_objects(enc, root, rows, sources, cfg, progress): encode and
+        write image / object-crop rows; ``{(modality, row): reason}`` of undecodable ones.
+    _load(enc, root, rel, crop, bad, row): one image's preprocessed pixels (extract's loader,
+        also timed by the benches).
+    _Writer(root, modality): the background ordered writer (captions use it too).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm import tqdm
+
+from pipeline.cache import writer
+from pipeline.config import ExtractConfig
+from pipeline.encoders import Encoder
+from pipeline.manifests import BadImageError, decode_image, read_image_bytes
+
+
+def crop_to_box(img: Image.Image, box: Any) -> Image.Image:
+    """The pixels of ``img`` inside the normalised box ``(x0, y0, x1, y1)``, rounded outwards
+    to whole pixels and at least one pixel wide and high (the box ``(0, 0, 1, 1)`` is the
+    whole image)."""
+    w, h = img.size
+    x0, y0, x1, y1 = (float(v) for v in box)
+    left, top = min(int(np.floor(x0 * w)), w - 1), min(int(np.floor(y0 * h)), h - 1)
+    right, bottom = max(int(np.ceil(x1 * w)), left + 1), max(int(np.ceil(y1 * h)), top + 1)
+    return img.crop((max(left, 0), max(top, 0), min(right, w), min(bottom, h)))
+
+
+def _by_row(rows: np.ndarray, sources: list) -> tuple[np.ndarray, list, dict[int, int]]:
+    """Rows sorted ascending (writes go shard by shard), their sources in the same order,
+    and each row's position in that order."""
+    order = np.argsort(rows)
+    rows = rows[order]
+    return rows, [sources[i] for i in order], {int(r): i for i, r in enumerate(rows)}
+
+
+def _encode_images(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[Path, str, Any]], cfg: ExtractConfig, progress: bool) -> dict[tuple[str, int], str]:
+    if len(rows) == 0:
+        return {}
+    rows, sources, position = _by_row(rows, sources)
+
+    def load(micro: np.ndarray, bad: dict[int, str]) -> torch.Tensor:
+        return torch.stack([_load(enc, *sources[position[int(r)]], bad, int(r)) for r in micro])  # [b, 3, H, W]
+
+    def keep(out: dict[str, torch.Tensor], micro: np.ndarray) -> dict[str, np.ndarray]:
+        return {k: v.float().cpu().numpy() for k, v in out.items()}
+
+    return _encode_pixels(enc, root, "image", rows, load, keep, cfg, progress, "extract images")
+
+
+def _encode_objects(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[tuple[Path, str, Any], int, np.ndarray]], cfg: ExtractConfig, progress: bool) -> dict[tuple[str, int], str]:
+    """Encode object crops ``rows`` (store rows into ``object/*``); ``sources[i]`` is the
+    crop's image (root, path, crop), its image row and its normalised box [4]."""
+    if len(rows) == 0:
+        return {}
+    rows, sources, position = _by_row(rows, sources)
+
+    def load(micro: np.ndarray, bad: dict[int, str]) -> torch.Tensor:
+        decoded: dict[int, Image.Image | None] = {}  # image row -> decoded image, once per micro-batch
+        crops = []
+        for r in micro:
+            (root_, rel, crop), image_row, box = sources[position[int(r)]]
+            if image_row not in decoded:
+                try:
+                    decoded[image_row] = decode_image(read_image_bytes(root_, rel), str(root_ / rel), crop)
+                except BadImageError as e:
+                    decoded[image_row] = None
+                    bad[int(r)] = str(e)
+            if decoded[image_row] is None:
+                bad[int(r)] = bad.get(int(r)) or f"its image {root_ / rel} cannot be decoded"
+                crops.append(_blank(enc))
+            else:
+                crops.append(enc.preprocess(crop_to_box(decoded[image_row], box)))
+        return torch.stack(crops)  # [b, 3, H, W]
+
+    def keep(out: dict[str, torch.Tensor], micro: np.ndarray) -> dict[str, np.ndarray]:
+        picked = [sources[position[int(r)]] for r in micro]
+        return {
+            "embed": out["embed"].float().cpu().numpy(),  # [b, D]
+            "image": np.array([image_row for _, image_row, _ in picked], dtype=np.int64),  # [b]
+            "box": np.stack([box for _, _, box in picked]).astype(np.float32),  # [b, 4]
+        }
+
+    return _encode_pixels(enc, root, "object", rows, load, keep, cfg, progress, "extract object crops")
+
+
+def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, keep, cfg: ExtractConfig, progress: bool, desc: str) -> dict[tuple[str, int], str]:
+    """Encode sorted store rows ``rows`` of ``modality`` in micro-batches of ``batch_size``:
+    ``load(micro, bad)`` gives their [b, 3, H, W] pixels (a blank image for each row it
+    records in ``bad`` with the reason), ``keep(out, micro)`` the arrays to store from the
+    encoder's outputs; each shard batch is written once all its micro-batches ran, with the
+    ``bad`` rows left unflagged. Returns ``{(modality, row): reason}`` of the bad rows."""
+    bar = tqdm(total=len(rows), desc=desc, unit="img", disable=not progress)
+    batches = list(writer.shard_batches(rows, cfg.batch_size))
+    micro_batches = [
+        (i, micro)
+        for i, batch in enumerate(batches)
+        for micro in np.array_split(batch, -(-len(batch) // cfg.batch_size))
+    ]
+    bad: dict[int, str] = {}  # row -> reason, filled by the loader thread
+
+    # decode/preprocess the next micro-batch and write the previous shard batch while the
+    # encoder runs on the current one (a 1-thread loader and a 1-thread ordered writer)
+    with ThreadPoolExecutor(1) as loader, _Writer(root, modality) as sink:
+        pending = loader.submit(load, micro_batches[0][1], bad)
+        parts: list[dict[str, np.ndarray]] = []
+        for j, (i, micro) in enumerate(micro_batches):
+            pixels = pending.result().to(cfg.device)
+            if j + 1 < len(micro_batches):
+                pending = loader.submit(load, micro_batches[j + 1][1], bad)
+            parts.append(keep(enc.encode_images(pixels), micro))
+            bar.update(len(micro))
+            if j + 1 == len(micro_batches) or micro_batches[j + 1][0] != i:
+                done = np.array([int(r) not in bad for r in batches[i]])
+                sink.put(batches[i], {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, done)
+                parts = []
+    bar.close()
+    return {(modality, r): why for r, why in bad.items()}
+
+
+class _Writer:
+    """Writes encoded batches in a background thread, in submission order.
+
+    ``put`` blocks while two writes are pending (bounded memory); leaving the context waits
+    for every write and re-raises the first failure, so a crash never skips a ``done`` flag
+    ordering: each batch's data is written before its flags (`writer.write_rows`).
+    """
+
+    def __init__(self, root, modality: str) -> None:
+        self.root, self.modality = root, modality
+        self.pool = ThreadPoolExecutor(1)
+        self.pending: list = []
+
+    def __enter__(self) -> _Writer:
+        return self
+
+    def put(self, rows: np.ndarray, arrays: dict[str, np.ndarray], done: np.ndarray | None = None) -> None:
+        while self.pending and (len(self.pending) >= 2 or self.pending[0].done()):
+            self.pending.pop(0).result()  # re-raises a failed write
+        self.pending.append(self.pool.submit(writer.write_rows, self.root, self.modality, rows, arrays, done))
+
+    def __exit__(self, *exc) -> None:
+        try:
+            for f in self.pending:
+                f.result()
+        finally:
+            self.pool.shutdown(wait=True)
+
+
+def _load(enc: Encoder, root: Path, rel: str, crop: Any, bad: dict[int, str], row: int) -> torch.Tensor:
+    """One image's pixels; a blank image, with the reason recorded in ``bad[row]``, when it
+    cannot be decoded."""
+    try:
+        return enc.preprocess(decode_image(read_image_bytes(root, rel), str(root / rel), crop))
+    except BadImageError as e:
+        bad[row] = str(e)
+        return _blank(enc)
+
+
+def _blank(enc: Encoder) -> torch.Tensor:
+    """[3, H, W] preprocessed black image: the stand-in encoded for an undecodable one."""
+    size = enc.preprocess_cfg["size"]
+    side = (size, size) if isinstance(size, int) else tuple(size)
+    return enc.preprocess(Image.new("RGB", side[::-1]))
