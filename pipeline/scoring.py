@@ -40,6 +40,7 @@ from pipeline.scorers import Scorer, create_scorer, option_scores
 from pipeline.scorers.base import Reranker
 
 REPLACEMENTS = ("true", "shuffle", "fixed")  # image-replacement modes of `replacement_images`
+READ_CACHE_BYTES = 4 << 30  # store row blocks the score stage keeps across variants (the toy's whole store: ~1.4 GB)
 
 
 def suite_inputs(store: FeatureStore, suite: str, manifest: str | Path | None = None) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:

@@ -39,6 +39,7 @@ from pipeline.manifests import file_sha256, resolve_source
 from pipeline.scorers import SCORERS
 from pipeline.scorers.checkpoints import checkpoint_dir, load_scorer, seed_checkpoints
 from pipeline.scoring import (
+    READ_CACHE_BYTES,
     REPLACEMENTS,
     drop_missing,
     replacement_images,
@@ -110,7 +111,7 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
     unknown = sorted(seed_suites - set(cfg.suites))
     if unknown:
         raise ValueError(f"score.seed_suites {unknown} are not in score.suites")
-    store = open_store(extract)
+    store = open_store(extract).cache_reads(READ_CACHE_BYTES)  # every variant and mode rereads each suite
     runs = [(v, v, None) for v in cfg.variants]  # (name in outputs, registry key, checkpoint)
     for variant in cfg.seed_variants:
         runs += [(f"{variant}@{d.name}", variant, d) for d in seed_checkpoints(variant, cfg.checkpoints)]

@@ -104,3 +104,62 @@ def test_unwritten_rows_are_refused(tmp_path):
     writer.plan_rows(root, "image", _keys(3, 0))  # rows planned, never written
     with pytest.raises(StaleCacheError, match="never written"):
         FeatureStore.open(tmp_path / "s.zarr").images(np.array([0, 2]))
+
+
+@pytest.mark.parametrize("budget", [1 << 30, 300_000])  # everything kept; two grid blocks (evicting)
+def test_cached_reads_equal_written(written, budget):
+    plain, data = written
+    store = FeatureStore.open(plain.path).cache_reads(budget)
+    img, txt = data["image"], data["text"]
+    for _ in range(2):  # the second pass reads from the cache
+        for rows in _row_sets(N_IMAGES, np.random.default_rng(1)):
+            got = store.images(rows)
+            assert torch.equal(got.final, torch.from_numpy(img["final"][rows, 1:].astype(np.float32)))
+            assert torch.equal(got.early, torch.from_numpy(img["early"][rows, 1:].astype(np.float32)))
+            assert torch.equal(got.embed, torch.from_numpy(img["embed"][rows]))
+        for rows in _row_sets(N_TEXTS, np.random.default_rng(2)):
+            got = store.texts(rows)
+            assert torch.equal(got.tokens, torch.from_numpy(txt["tokens"][rows].astype(np.float32)))
+            assert torch.equal(got.mask, torch.from_numpy(txt["mask"][rows]))
+        assert 0 < store._blocks.used <= budget
+    assert np.array_equal(store._gather("image/final", np.array([-1, 0])), img["final"][[-1, 0]])
+    assert store._gather("text/tokens", np.array([], dtype=np.int64)).shape == (0, *txt["tokens"].shape[1:])
+    with pytest.raises(IndexError):
+        store._gather("image/final", np.array([0, N_IMAGES]))
+
+
+def test_block_cache_reads_each_block_once(written, monkeypatch):
+    plain, data = written
+    store = FeatureStore.open(plain.path).cache_reads(1 << 30)
+    spans = []
+    read = FeatureStore._slice
+    monkeypatch.setattr(FeatureStore, "_slice", lambda self, name, arr, a, b: spans.append((name, a, b)) or read(self, name, arr, a, b))
+    rows = np.array([3, SHARD_ROWS + 1, 3, 3 * SHARD_ROWS + 2, 0])  # blocks 0, 1 (one run) and 3
+    store._gather("image/final", rows)
+    assert spans == [("image/final", 0, 2 * SHARD_ROWS), ("image/final", 3 * SHARD_ROWS, N_IMAGES)]
+    assert np.array_equal(store._gather("image/final", rows[::-1]), data["image"]["final"][rows[::-1]])
+    assert len(spans) == 2  # every block was held
+    store._gather("image/final", np.array([2 * SHARD_ROWS]))  # block 2 was never read
+    assert spans[-1] == ("image/final", 2 * SHARD_ROWS, 3 * SHARD_ROWS)
+
+
+def test_block_cache_budget():
+    from pipeline.cache.reader import BlockCache
+
+    cache = BlockCache(100)
+    a, b, c = np.zeros(40, np.uint8), np.ones(40, np.uint8), np.full(40, 2, np.uint8)
+    cache.put(("x", 0), a)
+    cache.put(("x", 1), b)
+    assert cache.get(("x", 0)) is a  # now the most recently used
+    cache.put(("x", 2), c)  # 120 > 100: the least recently used block (1) goes
+    assert cache.get(("x", 1)) is None and cache.get(("x", 0)) is a and cache.get(("x", 2)) is c
+    assert cache.used == 80
+    cache.put(("x", 3), np.zeros(101, np.uint8))  # larger than the whole budget: not kept
+    assert cache.get(("x", 3)) is None and cache.used == 80
+
+
+def test_cache_reads_budget_is_checked(written):
+    store = FeatureStore.open(written[0].path)
+    assert store.cache_reads(0)._blocks is None  # 0 turns it off
+    with pytest.raises(ValueError, match="budget_bytes"):
+        store.cache_reads(-1)

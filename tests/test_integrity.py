@@ -86,10 +86,11 @@ def test_deleted_chunk_file_is_refused_naming_array_rows_and_fix(damaged, array,
     assert f"rows {i * per}-" in msg
 
 
-def test_overwritten_bytes_inside_a_shard_fail_their_checksum(damaged):
+@pytest.mark.parametrize("cache", [0, 1 << 30])  # plain reads; the score stage's block cache
+def test_overwritten_bytes_inside_a_shard_fail_their_checksum(damaged, cache):
     _, store = damaged
     _flip(_file(store, "image/final", 1), at=100)
-    fs = FeatureStore.open(store)  # every file is present: the inventory passes
+    fs = FeatureStore.open(store).cache_reads(cache)  # every file is present: the inventory passes
     with pytest.raises(CorruptStoreError, match=r"image/final rows .*--repair"):
         fs.images(np.arange(64, 128))
     assert any(d.array == "image/final" for d in verify(fs.root))

@@ -16,10 +16,19 @@ ViT-L-14-336 dims. Reads go straight to zarr, without dask. Dask views with one 
 shard were 1.5-2.2x slower than these slices, and its threaded scheduler with 2 workers was
 no faster than 1 worker, so there is no parallel reading to gain. ``scripts/bench_reads.py``
 measures this.
+
+A reader that comes back to the same rows many times (the score stage reads every suite
+once per variant and replacement mode) turns on a block cache with
+:meth:`FeatureStore.cache_reads`: ``_gather`` then reads whole row blocks (one shard, or one
+chunk where an array is unsharded), keeps them as stored (fp16 grids) in a least-recently
+used cache up to a byte budget, and picks the rows from there; the rows it returns are the
+same bytes. Without it (the default) nothing is kept, which suits one-pass readers such as
+training's load.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -47,6 +56,31 @@ def _span(name: str, rows: np.ndarray, error: Exception) -> Damage:
     return Damage(name, int(rows.min()), int(rows.max()) + 1, str(error))
 
 
+class BlockCache:
+    """Least-recently used row blocks of a store's arrays, up to a byte budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.used = budget, 0
+        self.blocks: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> np.ndarray | None:
+        value = self.blocks.get(key)
+        if value is not None:
+            self.blocks.move_to_end(key)
+        return value
+
+    def put(self, key: tuple[str, int], value: np.ndarray) -> None:
+        """Keep ``value``, dropping the least recently used blocks to stay within the budget
+        (a block larger than the whole budget is not kept)."""
+        if value.nbytes > self.budget or key in self.blocks:
+            return
+        while self.used + value.nbytes > self.budget:
+            _, old = self.blocks.popitem(last=False)
+            self.used -= old.nbytes
+        self.blocks[key] = value
+        self.used += value.nbytes
+
+
 class FeatureStore:
     """Read-only view of one encoder's store."""
 
@@ -54,6 +88,15 @@ class FeatureStore:
         self.path = path
         self.root = root
         self._done: dict[str, np.ndarray] = {}  # modality -> [N] bool, read once (read-only)
+        self._blocks: BlockCache | None = None  # see cache_reads
+
+    def cache_reads(self, budget_bytes: int) -> FeatureStore:
+        """Keep up to ``budget_bytes`` of read row blocks in memory (0 turns the cache off);
+        returns the store. For readers that read the same rows again and again."""
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        self._blocks = BlockCache(budget_bytes) if budget_bytes else None
+        return self
 
     @classmethod
     def open(cls, path: str | Path, expect: dict[str, Any] | None = None, storage_options: dict[str, Any] | None = None) -> FeatureStore:
@@ -138,16 +181,44 @@ class FeatureStore:
         uniq, inverse = np.unique(np.where(rows < 0, rows + n, rows), return_inverse=True)
         if len(uniq) == 0:
             return np.empty((0, *arr.shape[1:]), dtype=arr.dtype)
+        if self._blocks is not None:
+            return self._cached_rows(name, arr, uniq)[inverse]
         row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
         max_gap = max(1, GAP_BYTES // max(row_bytes, 1))  # rows
         runs = np.split(uniq, np.flatnonzero(np.diff(uniq) > max_gap) + 1)
-        try:
-            parts = [arr[int(r[0]) : int(r[-1]) + 1][r - r[0]] for r in runs]
-        except Exception as e:  # noqa: BLE001 - a codec failure is damage: name it and the fix
-            raise CorruptStoreError(
-                f"{describe(self.path, [_span(name, uniq, e)])} ({type(e).__name__}: {e})"
-            ) from None
+        parts = [self._slice(name, arr, int(r[0]), int(r[-1]) + 1)[r - r[0]] for r in runs]
         return (parts[0] if len(parts) == 1 else np.concatenate(parts))[inverse]
+
+    def _slice(self, name: str, arr: zarr.Array, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of ``arr``; a codec failure is damage: named, with the fix."""
+        try:
+            return arr[start:stop]
+        except Exception as e:  # noqa: BLE001
+            raise CorruptStoreError(
+                f"{describe(self.path, [_span(name, np.array([start, stop - 1]), e)])} ({type(e).__name__}: {e})"
+            ) from None
+
+    def _cached_rows(self, name: str, arr: zarr.Array, uniq: np.ndarray) -> np.ndarray:
+        """Sorted unique rows ``uniq`` of ``arr`` through the block cache: the blocks not held
+        are read in runs of consecutive blocks, then every row is picked from its block."""
+        size = int((arr.shards or arr.chunks)[0])  # rows per block: one shard (or chunk)
+        n = arr.shape[0]
+        block = uniq // size  # [U] sorted
+        need = np.unique(block)  # [K]
+        got = {int(b): self._blocks.get((name, int(b))) for b in need}
+        missing = np.array([b for b, v in got.items() if v is None], dtype=np.int64)
+        for run in np.split(missing, np.flatnonzero(np.diff(missing) > 1) + 1) if len(missing) else []:
+            data = self._slice(name, arr, int(run[0]) * size, min(int(run[-1] + 1) * size, n))
+            for b in run:
+                got[int(b)] = data[(b - run[0]) * size : (b - run[0] + 1) * size].copy()
+        out = np.empty((len(uniq), *arr.shape[1:]), dtype=arr.dtype)
+        bounds = np.append(np.searchsorted(block, need), len(uniq))  # [K+1] each block's rows in uniq
+        for k, b in enumerate(need):
+            lo, hi = bounds[k], bounds[k + 1]
+            out[lo:hi] = got[int(b)][uniq[lo:hi] - b * size]
+        for b in missing:
+            self._blocks.put((name, int(b)), got[int(b)])
+        return out
 
     def _check_done(self, modality: str, rows: np.ndarray) -> None:
         if modality not in self._done:

@@ -60,7 +60,7 @@ class PairData:
         return len(self.image)
 
 
-READ_BLOCK = 2048  # store rows converted to fp16 at a time (ViT-L-14-336: ~10 GB of float32 image grids)
+READ_BLOCK = 512  # store rows converted to fp16 at a time (ViT-L-14-336: ~2.4 GB of float32 image grids)
 
 
 def _half(x: ImageFeatures | TextFeatures):
