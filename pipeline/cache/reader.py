@@ -19,8 +19,8 @@ measures this.
 
 A reader that comes back to the same rows many times (the score stage reads every suite
 once per variant and replacement mode) turns on a block cache with
-:meth:`FeatureStore.cache_reads`: ``_gather`` then reads whole row blocks (one shard, or one
-chunk where an array is unsharded), keeps them as stored (fp16 grids) in a least-recently
+:meth:`FeatureStore.cache_reads`: ``_gather`` then reads whole row blocks (one chunk: the inner
+chunk of a sharded array, so no read decodes more than the rows' own chunks), keeps them as stored (fp16 grids) in a least-recently
 used cache up to a byte budget, and picks the rows from there; the rows it returns are the
 same bytes. Without it (the default) nothing is kept, which suits one-pass readers such as
 training's load.
@@ -201,7 +201,7 @@ class FeatureStore:
     def _cached_rows(self, name: str, arr: zarr.Array, uniq: np.ndarray) -> np.ndarray:
         """Sorted unique rows ``uniq`` of ``arr`` through the block cache: the blocks not held
         are read in runs of consecutive blocks, then every row is picked from its block."""
-        size = int((arr.shards or arr.chunks)[0])  # rows per block: one shard (or chunk)
+        size = int(arr.chunks[0])  # rows per block: one (inner) chunk, the smallest unit zarr decodes
         n = arr.shape[0]
         block = uniq // size  # [U] sorted
         need = np.unique(block)  # [K]
