@@ -122,6 +122,20 @@ def test_grounding_of_caption_families(manifest):
     assert manifest.loc["negation/1", "ground_words"] == ["car"]  # the absent bus is not grounded
 
 
+def test_grounding_boxes_follow_the_encoders_square_crop(manifest):
+    from pipeline.scorers.bindclip.training import view_grounding
+
+    row = manifest.loc["role-swap/1"]
+    assert list(row["image_size"]) == [100.0, 100.0]
+    fp = {"preprocess": {"resize_mode": "shortest"}}
+    words, boxes = view_grounding([row["ground_positions"]], [row["ground_boxes"]], [row["image_size"]], fp)
+    assert words == [[2, 6]] and np.allclose(boxes[0], row["ground_boxes"])  # square: unchanged
+    # the same boxes on a 200 x 100 image: x in [0.25, 0.75] survives the centre crop, so
+    # the dog at x 0.05-0.25 is cut away and only the car (x 0.6-0.9) stays grounded
+    words, boxes = view_grounding([row["ground_positions"]], [row["ground_boxes"]], [[200.0, 100.0]], fp)
+    assert words == [[6]] and np.allclose(boxes[0], [[(0.6 * 200 - 50) / 100, 0.2, 1.0, 0.5]])
+
+
 def test_columns_split_and_no_counterfactuals(manifest):
     assert set(manifest["family"]) == set(FAMILIES)
     assert (manifest["correct"] == 0).all() and (manifest["category"] == manifest["family"]).all()

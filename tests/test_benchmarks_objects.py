@@ -145,6 +145,7 @@ def test_coco_manifest(coco):
     assert r["object_names"] == ["car", "dog"]  # largest box first; the crowd is skipped
     assert json.loads(r["object_boxes"]) == [[0.75, 0.5, 1.0, 1.0], [0.1, 0.1, 0.4, 0.5]]
     assert r["phrases"] == ["dog", "car"] and json.loads(r["relations"]) == [[0, "next to", 1]]
+    assert list(r["image_size"]) == [200.0, 100.0]  # what maps the boxes onto the encoder's view
     empty = coco.set_index("item_id").loc["3"]
     assert empty["object_names"] == [] and parse_boxes(empty["object_boxes"]).shape == (0, 4)
     _check_metric(coco)
@@ -251,6 +252,7 @@ def test_vg_manifest(vg):
     assert r["phrases"] == ["young man", "horse", "red hat"]  # distinct objects, first mention
     assert json.loads(r["relations"]) == [[0, "riding", 1], [0, "wearing", 2]]
     assert r["object_names"] == ["horse", "man", "tree", "hat"]  # by area, dedup by object_id
+    assert len(r["image_size"]) == 2 and min(r["image_size"]) > 0
     boxes = json.loads(r["object_boxes"])
     assert boxes[:2] == [[0.0, 0.5, 1.0, 1.0], [0.1, 0.1, 0.4, 0.5]]
     assert [r["object_names"][k] for k in r["phrase_objects"]] == ["man", "horse", "hat"]

@@ -101,6 +101,38 @@ def test_the_report_section_shows_every_encoder(compared):
     assert "pipeline compare-encoders" in "\n".join(encoder_comparison(Ctx()))
 
 
+def test_the_pipelines_own_encoder_is_read_from_its_current_scores(compared):
+    """A column that reused the pipeline's scores is recomputed from the scores the report
+    reads, so a later `dvc repro` never leaves a stale copy in the table."""
+    from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
+    from pipeline.report.sections import encoder_comparison
+    from pipeline.report.tasks import SHAPES
+    from stages.report import load_results
+
+    summary = json.loads((compared / "reports/encoders/summary.json").read_text())
+    stale = json.loads(json.dumps(summary))
+    stale["encoders"]["tiny-a"]["reused_pipeline_scores"] = True
+    for record in stale["encoders"]["tiny-a"]["variants"].values():
+        for m in record["means"].values():
+            m.update(value=0.0, lo=0.0, hi=0.0)  # a stale copy: 0.0 [0.0, 0.0]
+    path = compared / "stale.json"
+    path.write_text(json.dumps(stale))
+    score = ScoreConfig(variants=["clip", "global-m"], suites=SUITES[:4],
+                        scores_out=str(compared / "cache/encoders/tiny-a/scores"))  # fmt: skip
+    extract = ExtractConfig(model="tiny-a")
+    results = load_results(score, extract, WorldConfig(out=str(compared / "cache/world")))
+
+    class Ctx:
+        cfg = ReportConfig(encoders=str(path))
+        layout = SHAPES
+
+    Ctx.extract, Ctx.results = extract, results
+    text = "\n".join(encoder_comparison(Ctx()))
+    assert "0.0 [0.0, 0.0]" not in text
+    fresh = summary["encoders"]["tiny-a"]["variants"]["clip"]["means"]["all-task"]
+    assert f"{100 * fresh['value']:.1f} [{100 * fresh['lo']:.1f}, {100 * fresh['hi']:.1f}]" in text
+
+
 def test_one_encoder_is_refused(tmp_path):
     from pipeline.config import (
         CompareConfig,

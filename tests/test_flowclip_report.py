@@ -148,7 +148,8 @@ def context(results: dict, tmp_path, modes=(), store=None, **kw) -> ReportContex
     variants = [
         v for v in dict.fromkeys(v for e in results.values() for v in e["scores"]) if "@" not in v
     ]
-    score = ScoreConfig(variants=variants, suites=list(results), replacements=list(modes))
+    score = ScoreConfig(variants=variants, suites=list(results), replacements=list(modes),
+                        checkpoints=str(tmp_path / "checkpoints"))  # fmt: skip
     cfg = ReportConfig(out=str(tmp_path), bootstrap=200, examples=1)
     extract = ExtractConfig(model="tiny-test", out=str(tmp_path / "no-store"))
     return ReportContext(results, cfg, score, extract, WorldConfig(), tmp_path, store_=store, **kw)
@@ -314,6 +315,34 @@ def test_goals_say_met_or_missed_and_by_how_much():
     )
 
 
+def _summaries(root, steps: dict[str, list[int]]) -> None:
+    """Training summaries with the given selected step per seed."""
+    for v, per_seed in steps.items():
+        (root / v).mkdir(parents=True)
+        seeds = {str(k): {"selected_step": st, "dev": {}, "chosen": {}} for k, st in enumerate(per_seed)}
+        (root / v / "summary.json").write_text(json.dumps({"variant": v, "seeds": seeds}))
+
+
+def test_a_report_of_untrained_variants_says_so(tmp_path, tiny_store):
+    write_scoring_bench(tmp_path)
+    _summaries(tmp_path / "checkpoints", {v: [0, 0, 0] for v in analysis.VARIANTS})
+    ctx = context(full_results(), tmp_path, ("shuffle", "fixed"), store=tiny_store)
+    text = "\n\n".join(SECTIONS.get("flowclip").render(ctx))
+    assert ctx.json_files["flowclip.json"]["selected_steps"]["flowclip"] == {"0": 0, "1": 0, "2": 0}
+    assert "kept the initialisation" in text and "| `flowclip` | 3 | 0: 0, 1: 0, 2: 0 |" in text
+    assert "yes (trivially: untrained)" in text
+    assert "`flowclip` 31.5x" in text  # a speed goal is measured, never "trivially" met
+
+
+def test_a_report_of_trained_variants_does_not_call_its_goals_trivial(tmp_path, tiny_store):
+    write_scoring_bench(tmp_path)
+    _summaries(tmp_path / "checkpoints", {"global-m": [0, 0, 0], "flowclip": [150, 0, 200], "flowclip-cimr": [0, 50, 0]})
+    ctx = context(full_results(), tmp_path, ("shuffle", "fixed"), store=tiny_store)
+    text = "\n\n".join(SECTIONS.get("flowclip").render(ctx))
+    assert "trivially" not in text and "kept the initialisation" not in text
+    assert "| `flowclip` | 3 | 0: 150, 1: 0, 2: 200 |" in text
+
+
 def test_goals_without_their_variants_are_not_scored():
     checks = analysis.goal_checks(results_from({"clip": pattern(0, 0.5)}), ("shuffle",), {})
     assert [c["met"] for c in checks] == [None] * 6  # 4 on scores (one mode), 2 on speed
@@ -379,7 +408,7 @@ def test_the_flowclip_section_renders_every_part_and_its_payload(tmp_path, tiny_
     ]
     assert "| rung | all-task mean | Δ vs previous rung | Δ vs `clip` | binding mean |" in text
     payload = ctx.json_files["flowclip.json"]
-    assert list(payload) == ["tasks", "ladder", "corrections", "seeds", "goals"]
+    assert list(payload) == ["tasks", "ladder", "corrections", "seeds", "selected_steps", "goals"]
     json.dumps(payload)  # JSON-ready
     row = payload["ladder"]["all-task"]["rows"][1]
     assert f"| `global-m` | {100 * row['value']:.1f} [" in text

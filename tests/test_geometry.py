@@ -19,7 +19,12 @@ from pipeline.scorers.geometry.objects import (
     relation_positions,
     structure,
 )
-from pipeline.scorers.geometry.rerankers import matched_cost
+from pipeline.scorers.geometry.rerankers import (
+    UNMATCHED_COST,
+    FGWReranker,
+    matched_cost,
+    rerank_scores,
+)
 from pipeline.scorers.geometry.ridge import fit_ridge, r_squared, training_pairs
 from pipeline.scoring import retrieval_rows, score_retrieval, suite_inputs
 from pipeline.world.grounding import box_cells
@@ -128,6 +133,57 @@ def test_matched_cost_ignores_padding_and_finds_the_planted_matching():
     cols = torch.tensor([[True] * 5 + [False] * 2])
     cost[0, :, 5:] = -10.0  # padded columns would be the cheapest if they were allowed
     torch.testing.assert_close(matched_cost(cost, rows, cols), torch.tensor([0.1], dtype=torch.float64))
+
+
+def _sets(embeds: list[list[list[float]]], pos: list[list[list[float]]]) -> ObjectSets:
+    """Padded object sets from per-set lists of unit 2-D embeddings and positions."""
+    n = max([len(e) for e in embeds] + [1])
+    out = ObjectSets(torch.zeros(len(embeds), n, 2), torch.zeros(len(embeds), n, dtype=torch.bool), torch.zeros(len(embeds), n, 2))
+    for i, (e, p) in enumerate(zip(embeds, pos, strict=True)):
+        if e:
+            out.embed[i, : len(e)], out.mask[i, : len(e)], out.pos[i, : len(e)] = torch.tensor(e), True, torch.tensor(p)
+    return out
+
+
+A, B = [1.0, 0.0], [0.0, 1.0]  # two unit phrase/object embeddings, orthogonal
+
+
+def test_matched_cost_charges_a_phrase_without_an_object_the_worst_cost():
+    # a query of two phrases against: the exact pair, one of the two, and no object at all
+    q = _sets([[A, B]] * 3, [[[0, 0], [1, 0]]] * 3)
+    c = _sets([[A, B], [A], []], [[[0.2, 0.5], [0.8, 0.5]], [[0.2, 0.5]], []])
+    cost = 1.0 - torch.einsum("bnd,bmd->bnm", q.embed, c.embed).double()
+    got = matched_cost(cost, q.mask, c.mask)
+    torch.testing.assert_close(got, torch.tensor([0.0, UNMATCHED_COST / 2, UNMATCHED_COST], dtype=torch.float64))
+    assert got[0] < got[1] < got[2]  # the empty image no longer looks like a perfect match
+
+
+def test_fgw_ranks_a_candidate_without_objects_last_and_does_not_fail():
+    q = _sets([[A, B]] * 3, [[[0, 0], [1, 0]]] * 3)  # "A left of B"
+    c = _sets([[], [A, B], [B, A]], [[], [[0.2, 0.5], [0.8, 0.5]], [[0.2, 0.5], [0.8, 0.5]]])
+    value = FGWReranker().fgw(q, c)
+    assert torch.isinf(value[0]) and torch.isfinite(value[1:]).all()
+    scores = rerank_scores(value, q, (1, 3))
+    assert scores.argmax() == 1 and scores.argmin() == 0  # exact layout first, empty last
+
+
+def test_a_query_without_structure_is_matched_on_features_alone():
+    """One phrase per object and no directional relation: a zero query structure, which with
+    alpha > 0 would penalise the exact image for its objects being spread out."""
+    q = _sets([[A, B]] * 2, [[[0, 0], [0, 0]]] * 2)  # "A and B": both at the origin
+    c = _sets([[A, B], [A]], [[[0.1, 0.5], [0.9, 0.5]], [[0.5, 0.5]]])  # exact pair vs A alone
+    value = FGWReranker(alpha=0.5).fgw(q, c)
+    assert value[0] < value[1]
+    torch.testing.assert_close(value[0], torch.tensor(0.0, dtype=torch.float64))  # features match exactly
+
+
+def test_a_query_without_phrases_keeps_the_shortlist_order():
+    q = _sets([[], [A]], [[], [[0, 0]]])  # query 0 has no phrases, query 1 one
+    cost = torch.tensor([0.0, 0.0, 0.0, 0.5, 0.1, 0.9], dtype=torch.float64)  # [Q * K], K = 3
+    q_pairs = q.index(torch.tensor([0, 0, 0, 1, 1, 1]))
+    scores = rerank_scores(cost, q_pairs, (2, 3))
+    assert scores[0].tolist() == [0.0, -1.0, -2.0]  # untouched order, no ties
+    assert scores[1].argsort(descending=True).tolist() == [1, 0, 2]
 
 
 @pytest.mark.parametrize("name", ["fgw", "hungarian", "fgw-hungarian"])

@@ -72,7 +72,7 @@ def make_results(world: Path, variants: dict[str, str], suites=SUITES_SHOWN) -> 
 
 
 def make_context(world: Path, out: Path, variants: dict[str, str], **kw) -> ReportContext:
-    score = ScoreConfig(variants=list(variants), suites=SUITES_SHOWN)
+    score = ScoreConfig(variants=list(variants), suites=SUITES_SHOWN, checkpoints=str(out / "checkpoints"))
     extract = kw.pop("extract", ExtractConfig(model="tiny-test", out=str(out / "no-store")))
     cfg = ReportConfig(out=str(out), bootstrap=200, examples=2)
     results = kw.pop("results", None) or make_results(world, variants)
@@ -176,7 +176,8 @@ def full_context(world, tmp_path, report_store, bindclip_scorer, flowclip_scorer
     ctx.results["shapes-retrieval"] = retrieval_results(world, GEOMETRY_RUNS)
     variants = [v for v in how if "@" not in v] + list(GEOMETRY_RUNS)
     ctx.score = ScoreConfig(
-        variants=variants, suites=SUITES_SHOWN, replacements=["shuffle", "fixed"]
+        variants=variants, suites=SUITES_SHOWN, replacements=["shuffle", "fixed"],
+        checkpoints=str(tmp_path / "checkpoints"),  # none: the report reads no training summaries
     )
     return ctx
 
@@ -358,7 +359,7 @@ def test_stage_writes_what_the_sections_left(full_context, monkeypatch):
     assert text.count("](figures/") == len(list((out / "figures").glob("*.png"))) == 6  # + examples-shapes-retrieval
     assert (out / "figures" / "flowclip-sensitivity.png").is_file()
     payload = json.loads((out / "flowclip.json").read_text())
-    assert list(payload) == ["tasks", "ladder", "corrections", "seeds", "goals"]
+    assert list(payload) == ["tasks", "ladder", "corrections", "seeds", "selected_steps", "goals"]
     geometry = json.loads((out / "geometry.json").read_text())
     assert list(geometry) == ["metrics", "hard_vs_soft", "goals"]
     assert set(geometry["metrics"]["shapes-retrieval"]) == set(GEOMETRY_RUNS)
@@ -446,7 +447,7 @@ def test_bindclip_robustness_splits_slices_by_their_paired_ci():
 
 
 def test_geometry_goals_read_the_measured_numbers():
-    from pipeline.scorers.geometry.report import goals
+    from pipeline.scorers.geometry.report import _verdict, goals
 
     def v(x):
         return {"value": x}
@@ -455,13 +456,30 @@ def test_geometry_goals_read_the_measured_numbers():
         "shapes-retrieval": {"clip": {"R@1": v(0.1)}, "ridge-fgw": {"R@1": v(0.95)}},
         "shapes-multi": {"clip": {"R@10": v(0.3)}, "fgw": {"R@10": v(0.5)}, "steer-multi": {"R@10": v(0.2)}},
     }
-    soft = {"shapes-multi": {m: {"diff": d} for m, d in (("R@1", 0.02), ("R@5", -0.01), ("R@10", -0.03), ("nDCG@10", -0.01))}}
+    soft = {"shapes-multi": {m: {"diff": d, "lo": d - w, "hi": d + w} for m, d, w in
+                             (("R@1", 0.02, 0.03), ("R@5", -0.01, 0.005), ("R@10", -0.03, 0.01), ("nDCG@10", -0.01, 0.005))}}  # fmt: skip
     bench = {"variants": {"fgw": {"k": 20, "ms_per_query": 12.0}}, "fgw_batched_vs_loop": {"speedup": 25.0}}
     got = {c["goal"]: c for c in goals(numbers, soft, bench)}
     assert got["ridge-fgw R@1 >= 0.90 on shapes-retrieval"]["met"]
     twice = got["shapes-multi: best reranker R@10 >= 2 x clip"]
     assert not twice["met"] and twice["by"] == pytest.approx(-0.1) and twice["variant"] == "fgw"
     assert got["shapes-multi: steer-multi R@10 below clip"]["met"]
-    assert got["shapes-multi: Hungarian wins R@1, FGW wins R@5/R@10/nDCG@10"]["met"]
+    soft_goal = got["shapes-multi: Hungarian wins R@1, FGW wins R@5/R@10/nDCG@10"]
+    assert soft_goal["met"]  # on the point estimates; R@1's CI [-1, +5] points includes 0
+    assert soft_goal["significant"] == {"R@1": False, "R@5": True, "R@10": True, "nDCG@10": True}
+    assert _verdict(soft_goal) == "met on the point estimates (R@1: 95% CI includes 0)"
+    assert _verdict(got["ridge-fgw R@1 >= 0.90 on shapes-retrieval"]) == "met"
     assert not got["reranking at K = 20 <= 10 ms per query"]["met"]
     assert got["FGW batched >= 10x the per-problem POT loop"]["met"]
+
+
+def test_rates_print_in_percent_and_ranks_as_they_are():
+    from pipeline.report.markdown import metric_ci, metric_diff, metric_value
+
+    assert metric_value("R@1", 0.125) == "12.5"
+    assert metric_ci("R@1", 0.125, 0.1, 0.15) == "12.5 [10.0, 15.0]"
+    assert metric_diff("R@1", 0.02, -0.01, 0.05) == "+2.0 [-1.0, +5.0]"
+    assert metric_value("mean-rank", 7.5) == "7.50"  # a rank, never scaled to percent
+    assert metric_ci("mean-rank", 7.5, 6.25, 8.75) == "7.50 [6.25, 8.75]"
+    assert metric_diff("mean-rank", -1.5, -2.25, -0.5) == "-1.50 [-2.25, -0.50]"
+    assert metric_value("mean-rank", float("nan")) == "–"

@@ -51,3 +51,27 @@ def test_word_positions_match_open_clip_tokenizer():
         assert [int(ids[p]) for p in positions] == _tokenizer.encode(cap.split()[word_idx])
 
 
+
+
+def test_view_boxes_follow_open_clips_square_views():
+    from pipeline.world.grounding import view_boxes
+
+    boxes = np.array([[0.0, 0.3, 0.12, 0.7], [0.75, 0.1, 0.85, 0.2], [0.0, 0.0, 1.0, 1.0]])
+    # 640 x 480, shortest side resized, centre square cropped: x in [1/8, 7/8] of the image survives
+    view, seen = view_boxes(boxes, (640, 480), "shortest")
+    np.testing.assert_allclose(view[1], [(0.75 * 640 - 80) / 480, 0.1, (0.85 * 640 - 80) / 480, 0.2])
+    np.testing.assert_allclose(view[2], [0.0, 0.0, 1.0, 1.0])
+    assert seen.tolist() == [False, True, True]  # the first box lies in the cropped-away strip
+    # a portrait image crops y instead
+    view, _ = view_boxes(np.array([[0.2, 0.5, 0.4, 0.75]]), (480, 640), "shortest")
+    np.testing.assert_allclose(view[0], [0.2, (0.5 * 640 - 80) / 480, 0.4, (0.75 * 640 - 80) / 480])
+    # longest side resized, the short side padded equally: y shrinks into [1/8, 7/8]
+    view, seen = view_boxes(boxes[2:], (640, 480), "longest")
+    np.testing.assert_allclose(view[0], [0.0, 0.125, 1.0, 0.875])
+    # squash, a square image and an unknown size leave the boxes alone
+    for size, mode in (((640, 480), "squash"), ((300, 300), "shortest"), (None, "shortest")):
+        view, seen = view_boxes(boxes, size, mode)
+        np.testing.assert_array_equal(view, boxes)
+        assert seen.all()
+    with pytest.raises(ValueError, match="resize_mode"):
+        view_boxes(boxes, (640, 480), "crop")

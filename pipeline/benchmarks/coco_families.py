@@ -31,7 +31,9 @@ Geometric families use only categories with exactly one instance in the image, s
 denotes one box, and give a ``paraphrase`` of the positive ("B to the right of A"). Every row
 carries the shapes-train grounding columns ``ground_words`` / ``ground_boxes`` (normalised
 x0, y0, x1, y1) / ``ground_positions`` (word indices in ``captions[0].split(" ")``) for the
-mentions of single-instance categories in the positive. At most one item per image and
+mentions of single-instance categories in the positive, and ``image_size`` (``[width, height]``
+in pixels), with which training maps those boxes onto the square crop the encoder sees
+(:func:`pipeline.scorers.bindclip.training.view_grounding`). At most one item per image and
 family; choices are deterministic (sha256 of the image path and family), never random.
 
 Split: image-disjoint by ``hash_bucket(image)`` (sha256 mod 10): 0-2 ``train``, 3-4
@@ -354,6 +356,7 @@ def build_families(root: Path, cfg: CocoFamiliesConfig | None = None) -> pd.Data
                     "cf_image": None,
                     "flip_image": None,
                     "flip_captions": None,
+                    "image_size": [w, h],
                     **ground(it["captions"][0], boxes_of),
                 }
             )

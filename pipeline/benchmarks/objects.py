@@ -4,7 +4,9 @@ geometry-aware rerankers (COCO instances + captions, Visual Genome scene graphs)
 Every row is one gallery image and its query (``captions = [query]``, ``correct = 0``,
 ``category = "retrieval"``) plus the object columns of :mod:`pipeline.benchmarks.retrieval`:
 ``object_names`` / ``object_boxes`` (the image's annotated objects, boxes normalised to [0, 1]
-by the image's width and height, y down, clipped) and ``phrases`` / ``relations`` (the
+by the image's width and height, y down, clipped), ``image_size`` (the image's ``[width,
+height]`` in pixels: where the encoder's square crop puts the boxes on its patch grid,
+:func:`pipeline.world.grounding.view_boxes`) and ``phrases`` / ``relations`` (the
 query's object phrases and the relations between them). Metric: ``retrieval_units``
 (R@1, R@5, R@10, nDCG@10, mean-rank) over the gallery of all rows. No image is opened.
 
@@ -84,6 +86,7 @@ def _row(
     boxes: list[list[float]],
     phrases: list[str],
     relations: list[tuple[int, str, int]],
+    size: tuple[float, float],
 ) -> dict:
     """One manifest row with the object columns (boxes and relations as JSON)."""
     return {
@@ -94,6 +97,7 @@ def _row(
         "category": "retrieval",
         "object_names": list(names),
         "object_boxes": json.dumps(boxes),
+        "image_size": [float(size[0]), float(size[1])],
         "phrases": list(phrases),
         "relations": json.dumps([[i, r, j] for i, r, j in relations]),
     }
@@ -159,6 +163,7 @@ def build_coco_objects(root: Path, cfg: CocoObjectsConfig | None = None) -> pd.D
                     [_norm_box(*a["bbox"], width, height) for a in objs],
                     phrases,
                     relations,
+                    (width, height),
                 ),
                 "image_id": image_id,
             }
@@ -290,6 +295,7 @@ def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataF
                     [_norm_box(*_vg_box(objs[oid]), width, height) for oid in kept],
                     phrases,
                     relations,
+                    (width, height),
                 ),
                 "phrase_objects": [kept.index(oid) for oid in ids],
                 "image_id": image_id,

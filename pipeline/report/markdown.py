@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pipeline.benchmarks.retrieval import LOWER_IS_BETTER
+
 
 def pct(x: float | None) -> str:
     """A rate in percent with one decimal ("–" for None, NaN or inf)."""
@@ -19,6 +21,26 @@ def pct_ci(x: float, lo: float, hi: float) -> str:
 def points_ci(diff: float, lo: float, hi: float) -> str:
     """A difference of rates and its CI in signed points: ``+1.2 [-0.4, +2.8]``."""
     return f"{100 * diff:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+
+def metric_value(metric: str, x: float | None) -> str:
+    """A metric's value as the report prints it: a rate in percent, a rank
+    (:data:`~pipeline.benchmarks.retrieval.LOWER_IS_BETTER`) with two decimals."""
+    if metric in LOWER_IS_BETTER:
+        return "–" if x is None or not np.isfinite(x) else f"{x:.2f}"
+    return pct(x)
+
+
+def metric_ci(metric: str, x: float, lo: float, hi: float) -> str:
+    """A metric and its CI in the metric's unit (:func:`metric_value`)."""
+    return f"{metric_value(metric, x)} [{metric_value(metric, lo)}, {metric_value(metric, hi)}]"
+
+
+def metric_diff(metric: str, diff: float, lo: float, hi: float) -> str:
+    """A difference of a metric and its CI: signed points for rates, signed ranks otherwise."""
+    if metric in LOWER_IS_BETTER:
+        return f"{diff:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+    return points_ci(diff, lo, hi)
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:

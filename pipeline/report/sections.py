@@ -36,7 +36,7 @@ from pipeline.config import ReportConfig
 from pipeline.report import ReportContext, section
 from pipeline.report.compare import common_tasks, compare_mean, mean_ci, task_units
 from pipeline.report.figures import examples_figure
-from pipeline.report.markdown import md_table, pct, pct_ci, points_ci
+from pipeline.report.markdown import md_table, metric_ci, metric_diff, pct, pct_ci, points_ci
 from pipeline.report.tasks import (
     ARO_TASKS,
     RETRIEVAL,
@@ -81,14 +81,15 @@ BENCH_ENCODERS = ("toy", "ViT-L-14-336")  # always shown in the head-to-head ("�
 MEASUREMENTS = ("bench/*.json", "probes.json")
 
 
-def metric_cell(u: Units, base: Units | None, cfg: ReportConfig) -> tuple[str, ConfidenceInterval]:
-    """One table cell: the metric in % with its 95% bootstrap CI and, given the baseline's
-    units for the same metric, ``<br>Δ`` against it with a paired-bootstrap CI; and the CI."""
+def metric_cell(metric: str, u: Units, base: Units | None, cfg: ReportConfig) -> tuple[str, ConfidenceInterval]:
+    """One table cell: ``metric`` in its unit (a rate in %, a rank as is) with its 95% bootstrap
+    CI and, given the baseline's units for the same metric, ``<br>Δ`` against it with a
+    paired-bootstrap CI; and the CI."""
     ci = bootstrap_ci(u.values, u.groups, n_resamples=cfg.bootstrap, seed=cfg.seed)
-    cell = pct_ci(ci.estimate, ci.lo, ci.hi)
+    cell = metric_ci(metric, ci.estimate, ci.lo, ci.hi)
     if base is not None:
         d = units_bootstrap(u, base, n_resamples=cfg.bootstrap, seed=cfg.seed)
-        cell += f"<br>Δ {points_ci(d.diff, d.lo, d.hi)}"
+        cell += f"<br>Δ {metric_diff(metric, d.diff, d.lo, d.hi)}"
     return cell, ci
 
 
@@ -108,7 +109,7 @@ def suite_table(
                 cells.append("–")
                 continue
             compared = variant != baseline and baseline in units_by_variant
-            cell, ci = metric_cell(u, units_by_variant[baseline][name] if compared else None, cfg)
+            cell, ci = metric_cell(name, u, units_by_variant[baseline][name] if compared else None, cfg)
             cells.append(cell)
             long_rows.append(
                 {
@@ -255,7 +256,7 @@ def head_to_head(ctx: ReportContext) -> list[str]:
             continue
         base = units.get(BASELINE, {}).get(task)
         cells = [
-            metric_cell(units[v][task], base if v != BASELINE else None, ctx.cfg)[0]
+            metric_cell(task[1], units[v][task], base if v != BASELINE else None, ctx.cfg)[0]
             if task in units[v]
             else "–"
             for v in variants
@@ -342,6 +343,20 @@ def mean_cell(entry: dict | None, diff: bool = False) -> str:
     return pct_ci(entry["value"], entry["lo"], entry["hi"])
 
 
+def current_means(ctx: ReportContext, summary: dict[str, Any]) -> dict[str, dict]:
+    """``variant_means`` of the comparison's variants on its suites, from the scores this
+    report reads (the pipeline's own encoder, whose scores ``dvc repro`` may have redone since
+    ``pipeline compare-encoders`` ran), with the comparison's bootstrap settings."""
+    from pipeline.report.compare import variant_means
+
+    config = summary.get("config", {})
+    results = {s: e for s, e in ctx.results.items() if s in summary.get("suites", ctx.results)}
+    return variant_means(
+        results, summary.get("variants", []), n_resamples=int(config.get("bootstrap", ctx.cfg.bootstrap)),
+        seed=int(config.get("seed", ctx.cfg.seed)),
+    )  # fmt: skip
+
+
 @section("encoder-comparison", order=47)
 def encoder_comparison(ctx: ReportContext) -> list[str]:
     """``pipeline compare-encoders``' summary (``report.encoders``): each variant's all-task
@@ -355,6 +370,9 @@ def encoder_comparison(ctx: ReportContext) -> list[str]:
         encoders = summary["encoders"]
     except (OSError, ValueError, KeyError):
         return ["## Encoder comparison", TEXT("no-encoder-comparison", path=str(path))]
+    for enc, e in encoders.items():  # the pipeline's own scores: read now, never a stale copy
+        if e.get("reused_pipeline_scores") and enc == ctx.extract.model:
+            e["variants"] = current_means(ctx, summary)
     rows = []
     for variant in summary.get("variants", []):
         for name in ("all-task", "binding"):

@@ -7,6 +7,7 @@ an exact referent; scorers read it through the patch grid and the BPE tokens:
   object's box (``by_word=False``: as part of their noun phrase; ``by_word=True``: each
   word alone, which is where a false caption's words point);
 * :func:`word_token_positions`: word indices to BPE token positions;
+* :func:`view_boxes`: boxes on the whole image to boxes on the square view the encoder sees;
 * :func:`box_cells`: boxes to the patches they cover;
 * :func:`visible_cover`: each object's visible part (minus what is drawn over it) per patch.
 """
@@ -55,6 +56,59 @@ def grounding(
             positions.append(k)
     return words, boxes, positions
 
+
+
+RESIZE_MODES = ("shortest", "longest", "squash")  # open_clip's PreprocessCfg.resize_mode
+
+
+def view_boxes(
+    boxes: np.ndarray, size: Sequence[float] | None, resize_mode: str = "shortest"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes normalised to the whole image -> normalised to the square view the patch grid
+    covers, and which boxes keep some area in it.
+
+    open_clip's eval transform makes a non-square image square before the grid sees it, so a
+    box normalised by the image's width and height lies elsewhere on the grid:
+
+    * ``shortest`` (every OpenAI CLIP): the shortest side is resized to the model size and
+      the centre square cropped, so the long side loses ``(L - S) / 2`` pixels at each end;
+      ``u' = (u * L - (L - S) / 2) / S`` along it, clipped to [0, 1];
+    * ``longest``: the longest side is resized and the short side padded equally at both
+      ends; ``u' = (u * S + (L - S) / 2) / L`` along the short side;
+    * ``squash``: both sides resized: the boxes are unchanged.
+
+    A box that the crop cuts away entirely (no area left after clipping) is not visible.
+
+    Args:
+        boxes: [m, 4] ``[x0, y0, x1, y1]`` normalised by the image's width and height.
+        size: the image's ``(width, height)`` in pixels; None = square (boxes unchanged,
+            all visible): the shapes world.
+        resize_mode: the store's ``preprocess.resize_mode``.
+
+    Returns:
+        ([m, 4] float64 boxes in the view, [m] bool visible).
+    """
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    if resize_mode not in RESIZE_MODES:
+        raise ValueError(f"resize_mode must be one of {', '.join(RESIZE_MODES)}, got {resize_mode!r}")
+    if size is None or resize_mode == "squash":
+        return b, np.ones(len(b), dtype=bool)
+    w, h = (float(v) for v in size)
+    if not (w > 0 and h > 0):
+        raise ValueError(f"image size must be positive, got {tuple(size)}")
+    short, long_ = min(w, h), max(w, h)
+    if resize_mode == "shortest":  # the long axis is cropped
+        scale, shift = long_ / short, (long_ - short) / 2 / short
+        axis = 0 if w > h else 1  # 0: x cropped, 1: y cropped
+    else:  # longest: the short axis is padded
+        scale, shift = short / long_, -(long_ - short) / 2 / long_
+        axis = 0 if w < h else 1
+    out = b.copy()
+    if w != h:
+        cols = [axis, axis + 2]
+        out[:, cols] = np.clip(b[:, cols] * scale - shift, 0.0, 1.0)
+    visible = (out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])
+    return out, visible
 
 
 def box_cells(

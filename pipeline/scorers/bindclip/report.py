@@ -421,7 +421,7 @@ def parameters(bench: Path) -> list[str]:
 def goals(ctx: ReportContext) -> list[str]:
     """The issue's goals with measured values and verdicts (the solver-speed goal from
     ``pipeline bench sinkhorn``'s measurement, when it ran)."""
-    checks = analysis.goal_checks(ctx.results)
+    checks = analysis.goal_checks(ctx.results, n_resamples=ctx.cfg.bootstrap, seed=ctx.cfg.seed)
     sinkhorn = ctx.out / "bench" / "sinkhorn.json"
     if sinkhorn.exists():
         checks.append(analysis.sinkhorn_goal(json.loads(sinkhorn.read_text())["results"]))

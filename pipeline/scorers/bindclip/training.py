@@ -16,7 +16,9 @@ of each batch, to bound the step's cost; an objective with weight 0 is not compu
 Grounding reads the manifest's ``ground_positions`` / ``ground_boxes`` (words of the true
 caption that name exactly one object, :func:`pipeline.world.grounding.grounding`) and,
 with ``ground_negatives``, ``neg_ground_*`` (words of the negative that alone name one
-object: on a false caption each word is still pulled to its own referent).
+object: on a false caption each word is still pulled to its own referent). Where the
+manifest records each image's ``image_size`` (COCO families), the boxes are first mapped
+onto the square view the encoder saw (:func:`view_grounding`).
 ``image_per_caption`` adds to the image objective the same logistic loss on each
 caption's own learned part: the pairwise margin only constrains the difference of the
 two captions (e.g. d(left) - d(right)); this constrains each (the sign of d(left)).
@@ -48,7 +50,7 @@ from pipeline.scorers.bindclip.objectives import (
 )
 from pipeline.training.pairs import PairData, load_pairs, pair_decisions
 from pipeline.training.trainer import FamilyTrainer
-from pipeline.world.grounding import box_cells, word_token_positions
+from pipeline.world.grounding import box_cells, view_boxes, word_token_positions
 
 OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase")
 EVAL_BATCH = 256  # dev items per scoring forward pass
@@ -117,6 +119,21 @@ def grounding_map(
     return GroundingMap(np.asarray(offsets, dtype=np.int64), torch.tensor(rows, dtype=torch.long), cells)
 
 
+def view_grounding(positions: list, boxes: list, sizes: list, fingerprint: dict) -> tuple[list, list]:
+    """Each item's grounded words and boxes with the boxes mapped onto the square view of the
+    store's ``preprocess.resize_mode`` (:func:`pipeline.world.grounding.view_boxes`); a word
+    whose object the crop cut away is not grounded."""
+    mode = fingerprint.get("preprocess", {}).get("resize_mode", "shortest")
+    out_pos, out_box = [], []
+    for words, item_boxes, size in zip(positions, boxes, sizes, strict=True):
+        words = list(words if words is not None else [])
+        b = np.asarray(list(item_boxes if item_boxes is not None else []), dtype=np.float64).reshape(-1, 4)
+        view, seen = view_boxes(b, size, mode)
+        out_pos.append([w for w, keep in zip(words, seen, strict=True) if keep])
+        out_box.append(view[seen].tolist())
+    return out_pos, out_box
+
+
 def load_grounded(store: FeatureStore, suite: str | SuiteSelection, negatives: bool = False) -> BindClipData:
     """A pair suite with the grounding maps of its true captions (and, with ``negatives``,
     of its negatives' words that alone name one object), where the manifest has them."""
@@ -129,7 +146,10 @@ def load_grounded(store: FeatureStore, suite: str | SuiteSelection, negatives: b
 
     def caption_map(which: np.ndarray, rows: torch.Tensor, positions: str, boxes: str) -> GroundingMap:
         captions = [c[which[i]] for i, c in enumerate(m["captions"])]
-        return grounding_map(captions, list(m[positions]), list(m[boxes]), pairs.texts.ids[rows], store.dims.grid)
+        words, cells = list(m[positions]), list(m[boxes])
+        if "image_size" in m:  # boxes on the whole image -> on the view the grid covers
+            words, cells = view_grounding(words, cells, list(m["image_size"]), store.fingerprint)
+        return grounding_map(captions, words, cells, pairs.texts.ids[rows], store.dims.grid)
 
     data.pos = caption_map(correct, pairs.pos, "ground_positions", "ground_boxes")
     if negatives and "neg_ground_positions" in m:

@@ -27,8 +27,10 @@ whole centred grid.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -237,6 +239,19 @@ def seed_spread(results: dict[str, Any], variants: list[str] | tuple[str, ...]) 
     return out
 
 
+def selected_steps(checkpoints: Path, variants: list[str] | tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """``{variant: {seed: step}}``: the training step dev selection kept for each seed of each
+    trained variant (its ``summary.json`` under ``checkpoints``; variants without one are
+    left out). Step 0 is the initialisation (M = I, W = 0), which scores exactly as ``clip``."""
+    out: dict[str, dict[str, int]] = {}
+    for v in variants:
+        path = Path(checkpoints) / v / "summary.json"
+        if path.is_file():
+            seeds = json.loads(path.read_text()).get("seeds", {})
+            out[v] = {str(k): int(r["selected_step"]) for k, r in seeds.items()}
+    return out
+
+
 # ---------------------------------------------------------------- the issue's goals
 
 
@@ -364,6 +379,9 @@ def speedup_checks(bench: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         short = {v: x for v, x in speed.items() if x < bound - _AT_BOUND}
         measured = ", ".join(f"`{v}` {x:.1f}x" for v, x in speed.items())
+        pairs = {bench_number(bench, enc, v, "pairs") for v in speed} - {None}
+        if len(pairs) == 1:  # few pairs weigh fixed costs heavily: say how many were timed
+            measured += f" ({int(pairs.pop()):,} pairs each)"
         shortfall = ", ".join(f"`{v}` {bound - x:.1f}x short" for v, x in short.items())
         checks.append(_check(goal, measured, not short, shortfall, encoder=enc, speedups=speed))
     return checks

@@ -37,6 +37,7 @@ def flowclip_section(ctx: ReportContext) -> list[str]:
     steps = analysis.ladder(ctx.results, n, seed)
     fixes = analysis.corrections(ctx.results, variants)
     seeds = analysis.seed_spread(ctx.results, variants)
+    selected = analysis.selected_steps(Path(ctx.score.checkpoints), variants)
     bench = read_bench(ctx.out / SCORING_BENCH)
     checks = analysis.goal_checks(
         ctx.results, replacement_modes(ctx) or ("shuffle", "fixed"), bench, n, seed
@@ -48,6 +49,7 @@ def flowclip_section(ctx: ReportContext) -> list[str]:
         "ladder": steps,
         "corrections": fixes,
         "seeds": seeds,
+        "selected_steps": selected,
         "goals": checks,
     }
     return [
@@ -56,8 +58,8 @@ def flowclip_section(ctx: ReportContext) -> list[str]:
         *ladder_part(steps, n),
         *corrections_part(fixes, variants),
         *sensitivity_part(ctx),
-        *seeds_part(seeds),
-        *goals_part(checks),
+        *seeds_part(seeds, selected),
+        *goals_part(checks, selected),
     ]
 
 
@@ -186,8 +188,14 @@ def sensitivity_figure(maps: list[dict[str, Any]], results: dict[str, Any]):
     return fig
 
 
-def seeds_part(seeds: dict[str, Any]) -> list[str]:
-    """Per variant with per-seed runs: mean ± sd over seeds of each mean and headline task."""
+def untrained(selected: dict[str, dict[str, int]]) -> bool:
+    """Whether dev selection kept the initialisation for every seed of every trained variant."""
+    return bool(selected) and all(step == 0 for seeds in selected.values() for step in seeds.values())
+
+
+def seeds_part(seeds: dict[str, Any], selected: dict[str, dict[str, int]]) -> list[str]:
+    """Per variant with per-seed runs: mean ± sd over seeds of each mean and headline task,
+    and the training step dev selection kept for each seed."""
     if not seeds:
         return []
     columns = list(dict.fromkeys(k for row in seeds.values() for k in row if k != "seeds"))
@@ -198,17 +206,29 @@ def seeds_part(seeds: dict[str, Any]) -> list[str]:
         sd = "–" if x["sd"] is None else f"{100 * x['sd']:.1f}"
         return f"{pct(x['mean'])} ± {sd}"
 
+    def steps(v: str) -> str:
+        return ", ".join(f"{k}: {s}" for k, s in selected.get(v, {}).items()) or "–"
+
     rows = [
-        [f"`{v}`", str(len(row["seeds"])), *(cell(row.get(c)) for c in columns)]
+        [f"`{v}`", str(len(row["seeds"])), steps(v), *(cell(row.get(c)) for c in columns)]
         for v, row in seeds.items()
     ]
-    header = ["variant", "seeds", *(f"{c} mean" if c in MEANS else c for c in columns)]
-    return ["### Training seeds", TEXT("seeds"), md_table(header, rows)]
+    header = ["variant", "seeds", "selected step (seed: step)", *(f"{c} mean" if c in MEANS else c for c in columns)]
+    note = [TEXT("untrained")] if untrained(selected) else []
+    return ["### Training seeds", TEXT("seeds"), *note, md_table(header, rows)]
 
 
-def goals_part(checks: list[dict[str, Any]]) -> list[str]:
-    """The issue's goals: measured, met (yes / **no** / – when not measured), shortfall."""
-    verdict = {True: "yes", False: "**no**", None: "–"}
-    rows = [[c["goal"], c["measured"], verdict[c["met"]], c["shortfall"] or "–"] for c in checks]
+def _verdict(check: dict[str, Any], trivial: bool) -> str:
+    """yes / **no** / – ; a met goal of the trained variants (not a speed goal, which is
+    measured on the scorer, trained or not) reads "trivially" when none was trained."""
+    if check["met"] and trivial and "encoder" not in check:
+        return "yes (trivially: untrained)"
+    return {True: "yes", False: "**no**", None: "–"}[check["met"]]
+
+
+def goals_part(checks: list[dict[str, Any]], selected: dict[str, dict[str, int]]) -> list[str]:
+    """The issue's goals: measured, met, shortfall (:func:`_verdict`)."""
+    trivial = untrained(selected)
+    rows = [[c["goal"], c["measured"], _verdict(c, trivial), c["shortfall"] or "–"] for c in checks]
     table = md_table(["goal", "measured", "met", "short of the goal by"], rows)
     return ["### The issue's goals, as measured", TEXT("goals"), table]

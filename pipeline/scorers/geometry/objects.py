@@ -12,7 +12,11 @@ geometry-aware rerankers align.
   crop re-encoded by the frozen image tower at extract (``extract.object_crops: true``;
   :func:`pipeline.extract_pixels.crop_to_box`), unit-normalised: the object seen alone, at the
   encoder's full resolution, at the cost of one forward pass per object at extract and none
-  at scoring. Either way the object's position is its box centre.
+  at scoring. Either way the object's position is its box centre. Box means read the grid
+  through the boxes as the encoder saw the image: a manifest with an ``image_size`` column
+  (the real loaders) has its boxes mapped onto the square view of the store's
+  ``preprocess.resize_mode`` (:func:`pipeline.world.grounding.view_boxes`: OpenAI CLIP crops
+  the centre square), and an object the crop cut away is left out of the image's set.
 * Query side: one embedding per object phrase (``phrases``, encoded at extract like every
   caption): its pooled text embedding, unit-normalised. Positions come from the relation
   structure (``relations``): :func:`relation_positions` lays the phrases out on a grid so
@@ -40,7 +44,7 @@ import torch.nn.functional as F
 
 from pipeline.benchmarks.retrieval import parse_boxes, parse_relations
 from pipeline.cache import CacheError, FeatureStore, StaleCacheError
-from pipeline.world.grounding import box_cells
+from pipeline.world.grounding import box_cells, view_boxes
 
 STRUCTURES = ("offset", "distance")
 # Where an image object's embedding comes from: "box-mean" the mean of the cached grid inside
@@ -250,6 +254,10 @@ def item_objects(store: FeatureStore, manifest: pd.DataFrame, index: dict[str, n
     image_rows = index["image"].reshape(len(manifest), -1)[rows, 0]  # [G]
     if objects == "crops":
         return crop_objects(store, crop_rows(store, index, len(manifest), suite)[rows], boxes, image_rows)
+    if "image_size" in manifest:  # boxes on the whole image -> on the view the grid covers
+        mode = store.fingerprint.get("preprocess", {}).get("resize_mode", "shortest")
+        views = [view_boxes(b, manifest["image_size"].iloc[r], mode) for b, r in zip(boxes, rows, strict=True)]
+        boxes = [b[seen] for b, seen in views]
     return image_objects(store, image_rows, boxes, layer)
 
 

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from pipeline.benchmarks import SUITES
-from pipeline.benchmarks.retrieval import LOWER_IS_BETTER, RETRIEVAL_METRICS
+from pipeline.benchmarks.retrieval import RETRIEVAL_METRICS
 from pipeline.report import ReportContext, section
 from pipeline.report.compare import task_units
-from pipeline.report.markdown import md_table, pct
+from pipeline.report.markdown import md_table, metric_ci, metric_diff, metric_value
 from pipeline.report.sections import read_bench
 from pipeline.report.templates import Templates
 from pipeline.stats import bootstrap_ci, units_bootstrap
@@ -31,16 +31,6 @@ STEERING = ("steer", "steer-multi")
 VARIANTS = (*RERANKERS, *STEERING)
 RERANK_BENCH = "bench/rerank.json"  # `pipeline bench rerank`
 PICTURED = ("shapes-multi", "ridge-fgw")  # the suite and variant of the matching picture
-
-
-def _fmt(metric: str, x: float) -> str:
-    return f"{x:.2f}" if metric in LOWER_IS_BETTER else pct(x)
-
-
-def _diff(metric: str, d: float, lo: float, hi: float) -> str:
-    if metric in LOWER_IS_BETTER:
-        return f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]"
-    return f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 
 
 def retrieval_suites(ctx: ReportContext) -> list[str]:
@@ -69,11 +59,11 @@ def metric_rows(
                 cells.append("–")
                 continue
             ci = bootstrap_ci(u.values, n_resamples=ctx.cfg.bootstrap, seed=ctx.cfg.seed)
-            cell = f"{_fmt(t[1], ci.estimate)} [{_fmt(t[1], ci.lo)}, {_fmt(t[1], ci.hi)}]"
+            cell = metric_ci(t[1], ci.estimate, ci.lo, ci.hi)
             entry = {"value": ci.estimate, "lo": ci.lo, "hi": ci.hi}
             if v != BASELINE and t in base:
                 r = units_bootstrap(u, base[t], n_resamples=ctx.cfg.bootstrap, seed=ctx.cfg.seed)
-                cell += f"<br>Δ {_diff(t[1], r.diff, r.lo, r.hi)}"
+                cell += f"<br>Δ {metric_diff(t[1], r.diff, r.lo, r.hi)}"
                 entry.update(diff=r.diff, diff_lo=r.lo, diff_hi=r.hi, p=r.p)
             cells.append(cell)
             numbers[v][t[1]] = entry
@@ -158,6 +148,11 @@ def goals(
                     "goal": f"{suite}: Hungarian wins R@1, FGW wins R@5/R@10/nDCG@10",
                     "met": found,
                     "values": {m: s[m]["diff"] for m in ("R@1", "R@5", "R@10", "nDCG@10")},
+                    # the paired 95% CI lies on the goal's side of 0
+                    "significant": {
+                        m: bool(s[m]["lo"] > 0) if m == "R@1" else bool(s[m]["hi"] < 0)
+                        for m in ("R@1", "R@5", "R@10", "nDCG@10")
+                    },
                 }
             )
     ms = [
@@ -203,9 +198,9 @@ def geometry_section(ctx: ReportContext) -> list[str]:
         [
             s,
             m,
-            pct(d["hungarian"]) if m not in LOWER_IS_BETTER else f"{d['hungarian']:.2f}",
-            pct(d["fgw"]) if m not in LOWER_IS_BETTER else f"{d['fgw']:.2f}",
-            _diff(m, d["diff"], d["lo"], d["hi"]),
+            metric_value(m, d["hungarian"]),
+            metric_value(m, d["fgw"]),
+            metric_diff(m, d["diff"], d["lo"], d["hi"]),
             f"{d['p']:.3f}",
         ]
         for s, x in soft.items()
@@ -214,7 +209,7 @@ def geometry_section(ctx: ReportContext) -> list[str]:
     ]
     parts.append(md_table(["suite", "metric", "hungarian", "fgw", "Δ hungarian − fgw", "p"], rows))
     rows = [
-        [s, f"`{v}`", m, _diff(m, e["diff"], e["diff_lo"], e["diff_hi"])]
+        [s, f"`{v}`", m, metric_diff(m, e["diff"], e["diff_lo"], e["diff_hi"])]
         for s, by in numbers.items()
         for v in STEERING
         if v in by
@@ -229,9 +224,18 @@ def geometry_section(ctx: ReportContext) -> list[str]:
     parts += matching_part(ctx)
     checks = goals(numbers, soft, bench)
     ctx.json_files["geometry.json"] = {"metrics": numbers, "hard_vs_soft": soft, "goals": checks}
-    rows = [[c["goal"], "met" if c["met"] else "**missed**", _goal_value(c)] for c in checks]
+    rows = [[c["goal"], _verdict(c), _goal_value(c)] for c in checks]
     parts += ["### Goals as measured", md_table(["goal", "verdict", "measured"], rows)]
     return parts
+
+
+def _verdict(c: dict[str, Any]) -> str:
+    """met / **missed**; a comparison met on its point estimates whose CIs do not all
+    exclude 0 says which do not."""
+    if not c["met"]:
+        return "**missed**"
+    weak = [m for m, ok in c.get("significant", {}).items() if not ok]
+    return f"met on the point estimates ({', '.join(weak)}: 95% CI includes 0)" if weak else "met"
 
 
 def _goal_value(c: dict[str, Any]) -> str:

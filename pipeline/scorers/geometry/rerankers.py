@@ -8,9 +8,12 @@ objects :math:`O = (o_j)` at their box centres (:mod:`pipeline.scorers.geometry.
 * ``fgw``: :math:`-\mathrm{FGW}_\alpha(M, C^P, C^O)` with feature cost
   :math:`M_{ij} = 1 - \cos(p_i, o_j)`, the structures :math:`C^P, C^O` of ``structure``
   (signed offsets by default) and uniform weights on both sets; ``alpha`` weighs the
-  structure term, as in POT.
-* ``hungarian``: minus the mean feature cost of the best one-to-one matching of phrases to
-  objects (``scipy.optimize.linear_sum_assignment``); blind to the structure.
+  structure term, as in POT (0 for a query without directional relations, whose structure
+  is all zero: ``GeometryReranker._solve``).
+* ``hungarian``: minus the mean feature cost, over the query's phrases, of the best
+  one-to-one matching of phrases to objects (``scipy.optimize.linear_sum_assignment``), a
+  phrase left without an object costing the most a match can (:func:`matched_cost`); blind
+  to the structure.
 * ``fgw-hungarian``: the ``fgw`` order, except that among its ``top`` best candidates the
   one with the best Hungarian matching goes first (the paper's "Hungarian on the FGW
   shortlist": hard assignment for rank 1, the soft order for the rest).
@@ -23,6 +26,9 @@ objects :math:`O = (o_j)` at their box centres (:mod:`pipeline.scorers.geometry.
 Every reranker's image objects are box means of the cached grid by default (``objects:
 box-mean``) or the crops re-encoded at extract (``objects: crops``, which needs
 ``extract.object_crops: true``): :data:`pipeline.scorers.geometry.objects.OBJECT_SOURCES`.
+
+A candidate without objects ranks below every candidate with some; a query without phrases
+keeps the shortlist's order (:func:`rerank_scores`).
 
 Only the shortlist reaches the solvers (:class:`pipeline.scorers.base.Reranker`): ``Q·k``
 small problems per suite, solved batched.
@@ -52,19 +58,34 @@ from pipeline.scorers.geometry.objects import (
 )
 
 PAD_COST = 1e6  # cost of matching a phrase to a padded object (never chosen while a real one is free)
+UNMATCHED_COST = 2.0  # a phrase left without an object costs the most a match can: 1 - cos = 2
 
 
 def matched_cost(cost: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """[B] mean cost of the optimal one-to-one matching of the valid rows to the valid
-    columns of each ``cost`` [B, n, m] (``rows`` [B, n], ``cols`` [B, m] validity), over
-    the ``min(n_b, m_b)`` matched pairs."""
+    """[B] mean over each problem's valid rows of its cost in the optimal one-to-one
+    matching of the valid rows to the valid columns of ``cost`` [B, n, m] (``rows`` [B, n],
+    ``cols`` [B, m] validity); a row left unmatched (fewer columns than rows, or none)
+    costs :data:`UNMATCHED_COST`, so an image that lacks some of the query's objects never
+    matches better for it; 0 for a problem without rows."""
     padded = torch.where(rows[:, :, None] & cols[:, None, :], cost, PAD_COST)
     match, _ = hungarian(padded)  # [B, n] column of each row (-1 unmatched)
     match = torch.from_numpy(match)
     ok = rows & (match >= 0)
     ok &= cols.gather(1, match.clamp_min(0))  # a real row matched to a real column
     picked = cost.gather(2, match.clamp_min(0)[:, :, None])[..., 0]  # [B, n]
-    return torch.where(ok, picked, 0.0).sum(1) / ok.sum(1).clamp_min(1)
+    per_row = torch.where(ok, picked, torch.as_tensor(UNMATCHED_COST, dtype=cost.dtype))
+    return torch.where(rows, per_row, 0.0).sum(1) / rows.sum(1).clamp_min(1)
+
+
+def rerank_scores(cost: torch.Tensor, queries: ObjectSets, shape: tuple[int, int]) -> torch.Tensor:
+    """[Q, K] rerank scores from the [Q * K] costs of the aligned pairs: minus the cost (an
+    infinite cost, a candidate without objects, ranks below every finite one), except that
+    a query without phrases, or whose candidates all have infinite cost, keeps the
+    shortlist's order: its costs say nothing, and ties would rank its target last."""
+    score = -cost.reshape(shape)
+    blind = ~queries.mask.any(1).reshape(shape)[:, 0] | ~torch.isfinite(score).any(1)  # [Q]
+    keep = -torch.arange(shape[1], dtype=score.dtype).expand(shape)  # the shortlist order
+    return torch.where(blind[:, None], keep, score)
 
 
 class GeometryReranker(Reranker):
@@ -115,15 +136,33 @@ class GeometryReranker(Reranker):
         return q, c
 
     def _solve(self, q: ObjectSets, c: ObjectSets) -> tuple[torch.Tensor, torch.Tensor]:
-        M = feature_cost(q, c).double()
-        p = q.mask.double() / q.mask.sum(1, keepdim=True).clamp_min(1)
-        w = c.mask.double() / c.mask.sum(1, keepdim=True).clamp_min(1)
-        return fused_gromov_wasserstein_batched(
-            M, structure(q, self.structure).double(), structure(c, self.structure).double(), p, w, alpha=self.alpha
-        )
+        """FGW values [B] and plans [B, n, m] of the aligned pairs (uniform weights on the
+        real objects). A pair whose query has no phrases or whose candidate has no objects is
+        not a transport problem: value inf, plan 0. A query whose structure is all zero (one
+        phrase, or phrases joined by no directional relation) says nothing about layout, and
+        comparing that with the image's structure would only penalise images whose objects
+        are spread out, so its pairs are solved with ``alpha = 0``."""
+        B, n, m = len(q), q.embed.shape[1], c.embed.shape[1]
+        value = torch.full((B,), float("inf"), dtype=torch.float64)
+        plan = torch.zeros(B, n, m, dtype=torch.float64)
+        Cq, Cc = structure(q, self.structure).double(), structure(c, self.structure).double()
+        solvable = q.mask.any(1) & c.mask.any(1)  # [B]
+        flat = Cq.flatten(1).abs().amax(1) == 0  # [B] the query has no structure
+        for alpha, group in ((self.alpha, solvable & ~flat), (0.0, solvable & flat)):
+            idx = torch.nonzero(group)[:, 0]
+            if len(idx) == 0:
+                continue
+            qi, ci = q.index(idx), c.index(idx)
+            p = qi.mask.double() / qi.mask.sum(1, keepdim=True)
+            w = ci.mask.double() / ci.mask.sum(1, keepdim=True)
+            value[idx], plan[idx] = fused_gromov_wasserstein_batched(
+                feature_cost(qi, ci).double(), Cq[idx], Cc[idx], p, w, alpha=alpha
+            )
+        return value, plan
 
     def fgw(self, q: ObjectSets, c: ObjectSets) -> torch.Tensor:
-        """[B] FGW value of each aligned pair (uniform weights on the real objects)."""
+        """[B] FGW value of each aligned pair (uniform weights on the real objects; inf where
+        the query has no phrases or the candidate no objects)."""
         return self._solve(q, c)[0]
 
     def plans(self, q: ObjectSets, c: ObjectSets) -> torch.Tensor:
@@ -131,7 +170,7 @@ class GeometryReranker(Reranker):
         return self._solve(q, c)[1]
 
     def hungarian(self, q: ObjectSets, c: ObjectSets) -> torch.Tensor:
-        """[B] mean matched feature cost of each aligned pair."""
+        """[B] mean matched feature cost of each aligned pair (:func:`matched_cost`)."""
         return matched_cost(feature_cost(q, c).double(), q.mask, c.mask)
 
 
@@ -140,7 +179,7 @@ class FGWReranker(GeometryReranker):
 
     def rerank(self, query: TextFeatures, candidates: ImageFeatures, shortlist: torch.Tensor, gallery=None, queries=None) -> torch.Tensor:
         q, c = self.pairs(shortlist, gallery, queries)
-        return -self.fgw(q, c).reshape(shortlist.shape)
+        return rerank_scores(self.fgw(q, c), q, shortlist.shape)
 
 
 class HungarianReranker(GeometryReranker):
@@ -148,7 +187,7 @@ class HungarianReranker(GeometryReranker):
 
     def rerank(self, query: TextFeatures, candidates: ImageFeatures, shortlist: torch.Tensor, gallery=None, queries=None) -> torch.Tensor:
         q, c = self.pairs(shortlist, gallery, queries)
-        return -self.hungarian(q, c).reshape(shortlist.shape)
+        return rerank_scores(self.hungarian(q, c), q, shortlist.shape)
 
 
 class FGWHungarianReranker(GeometryReranker):
@@ -156,8 +195,8 @@ class FGWHungarianReranker(GeometryReranker):
 
     def rerank(self, query: TextFeatures, candidates: ImageFeatures, shortlist: torch.Tensor, gallery=None, queries=None) -> torch.Tensor:
         q, c = self.pairs(shortlist, gallery, queries)
-        score = -self.fgw(q, c).reshape(shortlist.shape)  # [Q, K]
-        match = -self.hungarian(q, c).reshape(shortlist.shape)
+        score = rerank_scores(self.fgw(q, c), q, shortlist.shape)  # [Q, K]
+        match = rerank_scores(self.hungarian(q, c), q, shortlist.shape)
         top = min(self.top, shortlist.shape[1])
         best = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :top]  # [Q, top]
         pick = best.gather(1, match.gather(1, best).argmax(1, keepdim=True))  # [Q, 1]
