@@ -460,17 +460,22 @@ def bench_sinkhorn(
 
 
 @app.command("probes")
-def probes_command(
-    params: Annotated[Path, typer.Option(help="params.yaml (its extract section names the store)")] = Path("params.yaml"),
-) -> None:
+def probes_command(params: Params = None) -> None:
     """Linear probes of the cached features (colour, front/behind, the text's colour) ->
     reports/probes.json: what the features hold, the ceiling of what a scorer can read."""
     from pipeline.cache import open_store
     from pipeline.config import ExtractConfig, load_config
     from pipeline.scorers.bindclip.probes import probes
 
-    store = open_store(load_config(ExtractConfig, params, "extract"))
-    _write_bench("probes", f"pipeline probes --params {params}", probes(store), folder="reports")
+    try:
+        store = open_store(load_config(ExtractConfig, params, "extract"))
+        missing = [s for s in ("shapes-train", "shapes-aro", "shapes-sugarcrepe") if s not in store.suites()]
+        if missing:
+            raise ValueError(f"the probes read the shapes world's {', '.join(missing)}, which {store.path} lacks; run `pipeline extract`")
+        result = probes(store)
+    except USER_ERRORS as e:
+        _fail(e)
+    _write_bench("probes", f"pipeline probes --params {params}", result, folder="reports")
 
 
 if __name__ == "__main__":  # pragma: no cover

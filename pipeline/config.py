@@ -7,8 +7,10 @@ it was made from (``asdict(cfg)``).
 Loading validates with pydantic in strict mode against the dataclasses' annotations, so
 ``batch_size: eight``, ``batch_size: 0``, ``skip_missing: 'no'`` (a string, not a YAML
 boolean), ``suites: sugarcrepe`` (a string where a list is expected), an unknown key, a
-section written as a list, malformed YAML and a missing ``--params`` file are each refused
-with one line naming the file, the key, the value given and what is expected
+section written as a list, malformed YAML, a key written twice in one mapping (YAML would
+keep the last silently), a misspelled section name (which would otherwise run the defaults),
+an infinite or NaN number where a finite one is needed and a missing ``--params`` file are
+each refused with one line naming the file, the key, the value given and what is expected
 (:class:`ParamsError`), before any stage runs.
 """
 
@@ -23,9 +25,7 @@ import yaml
 from pydantic import (
     ConfigDict,
     Field,
-    NonNegativeFloat,
     NonNegativeInt,
-    PositiveFloat,
     PositiveInt,
     TypeAdapter,
     ValidationError,
@@ -34,11 +34,34 @@ from pydantic import (
 
 C = TypeVar("C")
 STRICT = ConfigDict(strict=True, extra="forbid")  # no coercion ('no' -> True, 'abc' -> list), no unknown keys
+PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # a learning rate, a temperature
+NonNegativeFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]  # a weight decay, a penalty
+BatchSize = Annotated[int, Field(gt=0, le=1 << 20)]  # items per batch: positive, and an array size numpy can hold
+# The sections a params file may have: one per stage and command (a misspelled one is refused).
+SECTIONS = ("world", "toyclip", "extract", "manifests", "train", "ridge", "score", "report", "compare")
 
 
 class ParamsError(ValueError):
     """A params file or override the stage configs refuse: one line naming the file, the key,
     the value and what is expected."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice in one mapping (YAML itself keeps the
+    last). Keys brought in by a merge (``<<: *anchor``) may be overridden, as YAML means."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is written twice (first at line {seen[key] + 1})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
 
 SHAPES_SUITES = (
     "shapes-whatsup",
@@ -78,15 +101,15 @@ class ToyClipConfig:
     model: str = "toy-vit"  # open_clip config shipped in pipeline/encoders/configs/
     out: str = "cache/toyclip"  # checkpoint folder (model.safetensors, config.json, log)
     steps: NonNegativeInt = 1000  # optimisation steps (the first colourless_steps on the colourless pool)
-    batch_size: PositiveInt = 128  # contrastive batch (in-batch negatives only)
-    lr: PositiveFloat = 2e-3  # AdamW peak learning rate (cosine decay to 0, linear warm-up)
+    batch_size: BatchSize = 128  # contrastive batch (in-batch negatives only)
+    lr: PositiveFinite = 2e-3  # AdamW peak learning rate (cosine decay to 0, linear warm-up)
     warmup: NonNegativeInt = 100  # warm-up steps
-    weight_decay: NonNegativeFloat = 0.1  # AdamW weight decay (matrices only)
+    weight_decay: NonNegativeFinite = 0.1  # AdamW weight decay (matrices only)
     pool_size: PositiveInt = 8000  # pre-rendered training scenes (train hash buckets only)
     colourless_steps: NonNegativeInt = 400  # first steps on the colourless pool (all objects white, shapes
     #   named bare: pipeline.world.colourless_training_batch), then the full mixture
-    logit_scale_init: PositiveFloat = 14.3  # initial CLIP temperature exp(t) (CLIP: 1/0.07); learnt
-    text_position_std: NonNegativeFloat = 0.002  # frozen text positional embedding N(0, std): 0 = exact
+    logit_scale_init: PositiveFinite = 14.3  # initial CLIP temperature exp(t) (CLIP: 1/0.07); learnt
+    text_position_std: NonNegativeFinite = 0.002  # frozen text positional embedding N(0, std): 0 = exact
     #   bag of words (swap captions tie), 0.01 = open_clip's init (not frozen there)
     train_token_embedding: bool = False  # False: 49k-row token embedding frozen at its init;
     #   True: trained with SparseAdam on the rows each batch uses
@@ -110,13 +133,24 @@ class ExtractConfig:
     image_roots: dict[str, str] = field(default_factory=dict)  # suite -> image root override
     out: str = "cache/features"  # store folder: <out>/<encoder>.zarr (or an fsspec URL: s3://, gs://, memory://, file://)
     storage_options: dict[str, Any] = field(default_factory=dict)  # fsspec options of a remote store (credentials, endpoint)
-    batch_size: PositiveInt = 64  # images/captions per forward pass
+    batch_size: BatchSize = 64  # images/captions per forward pass
     threads: PositiveInt = 2  # torch intra-op threads
     device: str = "cpu"  # torch device
     skip_missing: bool = False  # score without items whose image is missing (counted, reported)
     skip_bad_images: bool = False  # score without items whose image is corrupt, undecodable or over the decompression-bomb limit (counted, reported)
     replace_mismatch: bool = False  # replace (not refuse) a store written by another encoder/schema
     object_crops: bool = False  # also re-encode every object_boxes crop (object/* arrays; the geometry rerankers' objects: crops)
+
+    def __post_init__(self) -> None:
+        """Refuse a suite name under ``manifests`` / ``image_roots`` that no suite has: a typo
+        there would silently fall back to the default manifest or image folder."""
+        from pipeline.benchmarks import SUITES
+
+        known = set(SUITES.names())
+        for key in ("manifests", "image_roots"):
+            unknown = sorted(set(getattr(self, key)) - known)
+            if unknown:
+                raise ValueError(f"{key} names unknown suite(s) {', '.join(unknown)} (see `pipeline suites`)")
 
 
 @with_config(STRICT)
@@ -127,7 +161,7 @@ class ScoreConfig:
     variants: list[str] = field(default_factory=lambda: ["clip"])  # scorer registry keys
     suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES[:4]))  # suites to score
     encoder: str = "toy"  # which store under extract.out
-    batch_size: PositiveInt = 256  # items per scoring batch
+    batch_size: BatchSize = 256  # items per scoring batch
     seed_variants: list[str] = field(default_factory=list)  # trained variants also scored per training seed (<variant>@seed<k>)
     seed_suites: list[str] = field(default_factory=list)  # suites the per-seed runs score ([] = every entry of `suites`)
     checkpoints: str = "cache/checkpoints"  # trained scorers: <checkpoints>/<variant>/
@@ -164,11 +198,11 @@ class TrainConfig:
     sample_seed: int = 0  # seed of both samples, the same for every training seed
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one model per seed; the first is the one scored as `variant`
     steps: NonNegativeInt = 300  # optimisation steps (BindCLIP paper: 3 epochs x 100 steps)
-    batch_size: PositiveInt = 64  # items per step (BindCLIP paper: 64)
-    lr: PositiveFloat = 1e-4  # AdamW peak learning rate on the scorer's parameters (BindCLIP paper: 1e-4)
+    batch_size: BatchSize = 64  # items per step (BindCLIP paper: 64)
+    lr: PositiveFinite = 1e-4  # AdamW peak learning rate on the scorer's parameters (BindCLIP paper: 1e-4)
     lr_schedule: Literal["constant", "cosine"] = "constant"  # "constant" (lr throughout) or "cosine": linear warm-up over `warmup` steps, cosine decay to 0 at `steps`
     warmup: NonNegativeInt = 0  # warm-up steps of the cosine schedule
-    weight_decay: NonNegativeFloat = 1e-3  # AdamW weight decay (BindCLIP paper: 1e-3)
+    weight_decay: NonNegativeFinite = 1e-3  # AdamW weight decay (BindCLIP paper: 1e-3)
     eval_every: PositiveInt = 50  # dev evaluation / checkpoint-selection period in steps
     scorer: dict = field(default_factory=dict)  # kwargs of the scorer factory (e.g. BindClipConfig fields)
     objective: dict = field(default_factory=dict)  # options of the family's training hook (e.g. BindClipObjective fields)
@@ -194,7 +228,7 @@ class RidgeConfig:
 
     encoder: str = "toy"  # which store under extract.out
     suite: str = "shapes-train"  # training pairs: every annotated object (object_names, object_boxes)
-    lam: NonNegativeFloat = 1.0  # ridge penalty on the map (intercept unpenalised)
+    lam: NonNegativeFinite = 1.0  # ridge penalty on the map (intercept unpenalised)
     objects: Literal["box-mean", "crops"] = "box-mean"  # object embeddings the map targets: box-mean (grid chosen on held-out images) or crops (extract.object_crops)
     out: str = "cache/checkpoints"  # <out>/ridge-fgw/{model.safetensors, config.json}
 
@@ -260,7 +294,7 @@ def read_params(params: str | Path | None) -> dict[str, Any]:
     if not path.is_file():
         raise ParamsError(f"{path}: no such params file (pass an existing --params, or run where params.yaml is)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except UnicodeDecodeError as e:
         raise ParamsError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except yaml.YAMLError as e:
@@ -272,6 +306,9 @@ def read_params(params: str | Path | None) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ParamsError(f"{path}: the top level must be a mapping of sections (world:, extract:, ...), got a {type(data).__name__}")
+    unknown = [k for k in data if k not in SECTIONS]
+    if unknown:
+        raise ParamsError(f"{path}: unknown section {', '.join(map(str, unknown))} (valid: {', '.join(SECTIONS)})")
     return data
 
 
@@ -303,6 +340,8 @@ def _build(cls: type[C], values: dict[str, Any], section: str, params: str | Pat
 def _describe(err: dict[str, Any], cls: type, section: str) -> str:
     """One pydantic error as ``section.key = value: expected ...``."""
     key = ".".join([section, *(str(p) for p in err["loc"])])
+    if err["type"] == "value_error":  # a check of the config's own (__post_init__): its message
+        return f"{key}: {err['msg'].removeprefix('Value error, ')}"
     if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         valid = ", ".join(f.name for f in cls.__dataclass_fields__.values())
         return f"unknown key {key} (valid: {valid})"

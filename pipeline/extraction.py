@@ -148,6 +148,7 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
         suite = SUITES.get(src.suite)
         df = read_manifest(src.manifest)
         check_unique_ids(df, f"{src.suite} manifest {src.manifest}")
+        suite.check_manifest(df, f"{src.suite} manifest {src.manifest}")
         columns: dict[str, tuple[str, list[list[str]]]] = {}
         crops = df["crop_box"].tolist() if "crop_box" in df else [None] * len(df)
         for col in suite.image_columns:

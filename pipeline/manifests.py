@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,12 +142,17 @@ def cells(values: Iterable[Any]) -> list[list[Any]]:
 
 
 def safe_image_path(root: Path, rel: str) -> Path:
-    """``root / rel``, refusing paths that escape ``root`` (absolute or ``..``)."""
+    """``root / rel``, refusing paths that escape ``root`` (absolute or ``..``).
+
+    The test is on the path as written (normalised, symlinks not followed): a manifest cannot
+    climb out of the root, while a symlink the user put inside it (a mounted COCO folder)
+    is theirs to follow."""
     rel_path = Path(rel)
-    full = (root / rel_path).resolve()
-    if rel_path.is_absolute() or not full.is_relative_to(root.resolve()):
+    root_norm = os.path.normpath(os.path.abspath(root))
+    full = os.path.normpath(os.path.join(root_norm, rel_path))
+    if rel_path.is_absolute() or os.path.commonpath([root_norm, full]) != root_norm:
         raise ValueError(f"image path {rel!r} escapes the image root {root}")
-    return full
+    return Path(full)
 
 
 def read_image_bytes(root: Path, rel: str) -> bytes:
@@ -157,17 +163,24 @@ def read_image_bytes(root: Path, rel: str) -> bytes:
     return path.read_bytes()
 
 
+MAX_ASPECT = 100  # longest side / shortest side of an image extract accepts
+
+
 def decode_image(data: bytes, name: str, crop_box: Any = None) -> Image.Image:
     """Decode image bytes to RGB (cropped to ``crop_box`` if given).
 
-    16-bit and 32-bit integer greyscale (``I;16*``, ``I``) is scaled to 8 bits by its
-    mode's range (PIL's own conversion clips it, so a 16-bit PNG would turn white); every
-    other mode goes through ``convert("RGB")`` as open_clip's transform does (palette and
-    CMYK converted, alpha dropped).
+    16-bit integer greyscale (``I;16*``) is scaled to 8 bits by its range (PIL's own
+    conversion clips it, so a 16-bit PNG would turn white); 32-bit integer greyscale (``I``,
+    e.g. a TIFF) by the range its values fit, 8, 16 or 32 bits, since 16-bit data is often
+    stored in it; every other mode goes through ``convert("RGB")`` as open_clip's transform
+    does (palette and CMYK converted, alpha dropped). A float image (``F``) has no range to
+    scale by and is refused, as is an image more than :data:`MAX_ASPECT` times longer than
+    wide (a thin strip passes the pixel limit but explodes when resized).
 
     Raises:
-        BadImageError: the bytes are not a decodable image, or it has more pixels than PIL's
-            ``MAX_IMAGE_PIXELS`` (a decompression bomb); the message names ``name``.
+        BadImageError: the bytes are not a decodable image, it has more pixels than PIL's
+            ``MAX_IMAGE_PIXELS`` (a decompression bomb), it is a float image or a thin strip;
+            the message names ``name``.
     """
     import warnings
 
@@ -183,10 +196,25 @@ def decode_image(data: bytes, name: str, crop_box: Any = None) -> Image.Image:
         ) from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise BadImageError(f"corrupt or unreadable image: {name} ({e})") from None
+    if img.mode == "F":
+        raise BadImageError(
+            f"{name}: a floating-point image (mode F) has no defined 8-bit range; convert it "
+            f"to 8 or 16 bits, or skip it (extract.skip_bad_images: true)"
+        )
+    w, h = img.size
+    if max(w, h) > MAX_ASPECT * min(w, h):  # resized to the model's side, it would hold ~aspect x side^2 pixels
+        raise BadImageError(
+            f"{name}: {w}x{h} pixels, an aspect ratio over {MAX_ASPECT}:1, which resizing to the "
+            f"model's input would blow up; crop it or skip it (extract.skip_bad_images: true)"
+        )
     if img.mode.startswith("I;16") or img.mode == "I":
-        top = 65535.0 if img.mode.startswith("I;16") else 4294967295.0
-        grey = np.asarray(img, dtype=np.float64) * (255.0 / top)
-        img = Image.fromarray(np.clip(np.rint(grey), 0, 255).astype(np.uint8), mode="L")
+        grey = np.asarray(img, dtype=np.float64)
+        if img.mode.startswith("I;16"):
+            top = 65535.0
+        else:  # a 32-bit container: the largest value says which depth it holds
+            peak = float(grey.max(initial=0.0))
+            top = 255.0 if peak <= 255 else 65535.0 if peak <= 65535 else 4294967295.0
+        img = Image.fromarray(np.clip(np.rint(grey * (255.0 / top)), 0, 255).astype(np.uint8), mode="L")
     img = img.convert("RGB")
     if crop_box is not None and len(crop_box):
         img = img.crop(tuple(float(v) for v in crop_box))

@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import Suite, gallery_images
 from pipeline.cache import FeatureStore, StaleCacheError
 from pipeline.features import module_device, to_device
@@ -64,7 +65,9 @@ def suite_inputs(store: FeatureStore, suite: str, manifest: str | Path | None = 
             f"with this configuration"
         )
     store.suite_index(suite, manifest_sha256=sha)
-    return read_manifest(manifest_path), index
+    df = read_manifest(manifest_path)
+    SUITES.get(suite).check_manifest(df, f"{suite} manifest {manifest_path}")
+    return df, index
 
 
 def skip_reasons(manifest: pd.DataFrame, index: dict[str, np.ndarray], attrs: dict[str, Any], image_columns: tuple[str, ...]) -> dict[str, int]:

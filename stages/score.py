@@ -33,7 +33,7 @@ import pandas as pd
 
 from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import Suite
-from pipeline.cache import open_store
+from pipeline.cache import StaleCacheError, open_store
 from pipeline.config import ExtractConfig, ScoreConfig
 from pipeline.manifests import file_sha256, resolve_source
 from pipeline.scorers import SCORERS
@@ -97,6 +97,8 @@ def write_metrics(cfg: ScoreConfig, record: dict[str, Any]) -> dict[str, Any]:
 def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list[dict[str, Any]]:
     """Score every (variant, suite) of ``cfg`` and write scores + metrics; with
     ``cfg.replacements``, every (variant, choice suite) again per replacement mode."""
+    if not cfg.variants or not cfg.suites:
+        raise ValueError("score.variants and score.suites must each name at least one entry; nothing to score")
     for variant in cfg.variants:
         SCORERS.get(variant)
     for mode in cfg.replacements:
@@ -129,9 +131,10 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
         for suite in suites:
             if ckpt is not None and suite.name not in seed_suites:
                 continue
-            configured = resolve_source(suite.name, extract.world, extract.manifests, extract.image_roots).manifest
-            manifest, index = suite_inputs(store, suite.name, configured)
+            source = resolve_source(suite.name, extract.world, extract.manifests, extract.image_roots)
+            manifest, index = suite_inputs(store, suite.name, source.manifest)
             attrs = store.suite_attrs(suite.name)
+            check_image_root(store, suite.name, attrs, source.image_root)
             skipped = skip_reasons(manifest, index, attrs, suite.image_columns)
             truncation = {k: attrs[k] for k in ("n_truncated", "n_truncation_ties") if k in attrs}
             manifest, index, n_missing = drop_missing(manifest, index)
@@ -157,9 +160,26 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
                 desc = f"{name}@{mode} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc, images=images, reference=suite.pairwise_reference)
                 records.append(write_outputs(cfg, suite, f"{name}@{mode}", extract.model, manifest, scores, skipped, extra, truncation))
+        if ckpt is None and len(records) == first:  # never silent: say what it can score
+            can = "retrieval suites only" if not scorer.scores_choices else "choice suites only"
+            raise ValueError(
+                f"{variant} scores {can}, and score.suites ({', '.join(cfg.suites)}) has none; "
+                f"add one or drop {variant} from score.variants"
+            )
         if ckpt is None:
             scored[variant] = records[first:]
     return records
+
+
+def check_image_root(store, suite: str, attrs: dict[str, Any], configured: Path) -> None:
+    """Refuse to score a suite whose store rows were encoded from another image folder than
+    the one configured (``extract.image_roots``): the scores would be of those images."""
+    recorded = attrs.get("image_root")
+    if recorded is not None and Path(recorded).resolve() != Path(configured).resolve():
+        raise StaleCacheError(
+            f"{suite}: {store.path} was extracted from the images under {recorded}, but the "
+            f"configuration names {configured}; rerun `pipeline extract` with this configuration"
+        )
 
 
 def same_weights(a: Path, b: Path) -> bool:

@@ -211,12 +211,13 @@ def tiny_store(tmp_path_factory, tiny_encoder):
 
 
 def extract_config_of(store, **kw):
-    """The ExtractConfig whose manifests are the ones ``store`` indexed (the score stage reads
-    the configured manifests and refuses others)."""
+    """The ExtractConfig whose manifests and image roots are the ones ``store`` indexed (the
+    score stage reads the configured ones and refuses others)."""
     from pipeline.config import ExtractConfig
 
     manifests = {s: store.suite_attrs(s)["manifest"] for s in store.suites()}
-    return ExtractConfig(model="tiny-test", manifests=manifests, **kw)
+    roots = {s: store.suite_attrs(s)["image_root"] for s in store.suites()}
+    return ExtractConfig(model="tiny-test", manifests=manifests, image_roots=roots, **kw)
 
 
 @pytest.fixture

@@ -167,6 +167,38 @@ def test_bad_params_value_is_named(tmp_path, text, needles):
     refused(cli("extract", "--params", params, "--quiet"), str(params), *needles)
 
 
+@pytest.mark.parametrize(
+    "text,needles",
+    [
+        ("extract:\n  model: tiny-vit\n  batch_size: 8\n  batch_size: 9\n", ["key 'batch_size' is written twice", "line 4"]),
+        ("extrct:\n  model: tiny-vit\n", ["unknown section extrct", "valid: world"]),
+        ("extract:\n  model: tiny-vit\n  manifests: {sugarcrep: m.parquet}\n", ["extract: manifests names unknown suite(s) sugarcrep", "pipeline suites"]),
+        ("extract:\n  model: tiny-vit\n  image_roots: {sugarcrep: images}\n", ["image_roots names unknown suite(s) sugarcrep"]),
+        ("extract:\n  model: tiny-vit\n  batch_size: 99999999999999999999\n", ["extract.batch_size", "expected less than or equal to 1048576"]),
+    ],
+    ids=["duplicate-key", "misspelled-section", "unknown-manifest-suite", "unknown-image-root-suite", "huge-batch"],
+)
+def test_params_that_would_silently_run_something_else_are_refused(tmp_path, text, needles):
+    params = tmp_path / "params.yaml"
+    params.write_text(text)
+    refused(cli("extract", "--params", params, "--quiet"), str(params), *needles)
+
+
+def test_a_yaml_merge_may_override_what_it_brings(tmp_path):
+    from pipeline.config import load_train_config
+
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  a: &base {steps: 3, lr: 0.1}\n  bindclip:\n    <<: *base\n    lr: 0.2\n")
+    cfg = load_train_config(params, "bindclip")
+    assert (cfg.steps, cfg.lr) == (3, 0.2)
+
+
+def test_infinite_learning_rate_is_refused(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  variants: [global-m]\n  global-m:\n    lr: .inf\n")
+    refused(cli("train", "--params", params, "--variant", "global-m", "--quiet"), "train.global-m.lr = inf", "expected a finite number")
+
+
 def test_negative_batch_size_on_the_command_line(good):
     _, params = good
     refused(cli("extract", "--params", params, "--batch-size", "-3", "--quiet"), "the command line: extract.batch_size = -3", "expected greater than 0")
@@ -268,6 +300,35 @@ def test_duplicated_item_id_in_a_manifest_given_to_extract(tmp_path, images):
     refused(cli("extract", "--params", params, "--quiet"), str(manifest), "1 item_id(s) appear more than once (it2)", "each item must be listed once")
 
 
+@pytest.mark.parametrize(
+    "edit,needles",
+    [
+        ({"captions": "a red circle and a blue square"}, ["item it0: captions must be a list"]),
+        ({"captions": ["a red circle"]}, ["item it3: captions must hold at least two options"]),
+        ({"correct": -1}, ["item it3: correct must index its captions"]),
+        ({"correct": 5}, ["item it3: correct must index its captions"]),
+        ({"image": None}, ["item it3: image must be a non-empty path"]),
+    ],
+    ids=["captions-string", "one-caption", "correct-negative", "correct-too-large", "null-image"],
+)
+def test_a_manifest_the_suite_cannot_score_is_refused_at_extract(tmp_path, images, edit, needles):
+    folder, names = images
+    rows = [item(i, n) for i, n in enumerate(names)]
+    rows[3].update(edit)
+    if isinstance(edit.get("captions"), str):  # Parquet keeps a column one type: every row a string
+        for r in rows:
+            r["captions"] = r["captions"] if isinstance(r["captions"], str) else " / ".join(r["captions"])
+    manifest = write_manifest(tmp_path / "m.parquet", rows)
+    params = write_params(tmp_path, manifest, folder)
+    refused(cli("extract", "--params", params, "--quiet"), str(manifest), *needles)
+
+
+def test_a_manifest_without_a_column_names_it(tmp_path, images):
+    folder, names = images
+    manifest = write_manifest(tmp_path / "m.parquet", [{k: v for k, v in item(i, n).items() if k != "correct"} for i, n in enumerate(names)])
+    refused(cli("extract", "--params", write_params(tmp_path, manifest, folder), "--quiet"), "no column correct", "needs item_id, image, captions")
+
+
 # ---------------------------------------------------------------- images at extract
 
 
@@ -339,6 +400,12 @@ def _grey16() -> tuple[Image.Image, np.ndarray]:
     return Image.fromarray(raw), np.repeat(expected[..., None], 3, axis=2)
 
 
+def _grey32() -> tuple[Image.Image, np.ndarray]:
+    """16-bit values in a 32-bit integer TIFF (mode I), as scanners and microscopes write them."""
+    img, expected = _grey16()
+    return Image.fromarray(np.asarray(img).astype(np.int32), mode="I"), expected
+
+
 def _palette() -> tuple[Image.Image, np.ndarray]:
     colours = np.array([[200, 30, 40], [10, 160, 90], [250, 250, 0], [5, 5, 120]], dtype=np.uint8)
     idx = (np.arange(28)[:, None] // 7 + np.arange(28)[None, :] // 14) % 4
@@ -366,6 +433,7 @@ def _rgba() -> tuple[Image.Image, np.ndarray]:
 
 MODES = {  # name -> (file name, image in the odd mode, the RGB it must decode to, PIL format)
     "grey16": ("grey16.png", _grey16, "PNG"),
+    "grey32": ("grey32.tif", _grey32, "TIFF"),
     "palette": ("palette.png", _palette, "PNG"),
     "cmyk": ("cmyk.jpg", _cmyk, "JPEG"),
     "rgba": ("rgba.png", _rgba, "PNG"),
@@ -413,6 +481,21 @@ def test_image_mode_is_decoded_to_the_right_rgb(decoded, mode):
     np.testing.assert_allclose(features, reference, atol=1e-5)  # extract saw exactly that RGB
 
 
+def test_a_float_image_is_refused_naming_the_file():
+    from pipeline.manifests import BadImageError
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((28, 28), 0.5, dtype=np.float32), mode="F").save(buf, "TIFF")
+    with pytest.raises(BadImageError, match=r"f\.tif: a floating-point image \(mode F\)"):
+        decode_image(buf.getvalue(), "f.tif")
+
+
+def test_a_thin_strip_is_refused_before_resizing_blows_it_up(tmp_path, images):
+    strip = png_bytes(Image.fromarray(np.zeros((1, 30_000), dtype=np.uint8)))  # 196 bytes, 30k pixels
+    params = with_image(tmp_path, images, "strip.png", strip)
+    refused(cli("extract", "--params", params, "--quiet"), "strip.png: 30000x1 pixels, an aspect ratio over 100:1", "extract.skip_bad_images: true")
+
+
 # ---------------------------------------------------------------- captions over the context
 
 
@@ -455,6 +538,50 @@ def test_score_with_another_manifest_than_the_store_was_extracted_from(good, ima
     other = write_manifest(tmp_path / "other.parquet", [item(i, n) for i, n in enumerate(names[:6])])
     edited(params, "extract", manifests={SUITE: str(other)})
     refused(cli("score", "--params", params, "--quiet"), f"configured manifest {other}", f"extracted from ({manifest}", "rerun `pipeline extract`")
+
+
+def test_score_with_another_image_folder_than_the_store_was_extracted_from(good, images, tmp_path):
+    _, params = good
+    ok(cli("extract", "--params", params, "--quiet"))
+    other = tmp_path / "elsewhere"
+    shutil.copytree(images[0], other)
+    edited(params, "extract", image_roots={SUITE: str(other)})
+    refused(cli("score", "--params", params, "--quiet"), f"extracted from the images under {images[0]}", str(other), "rerun `pipeline extract`")
+
+
+def test_a_variant_that_can_score_none_of_the_suites_is_refused(good):
+    _, params = good
+    ok(cli("extract", "--params", params, "--quiet"))
+    edited(params, "score", variants=["fgw"])
+    refused(cli("score", "--params", params, "--quiet"), "fgw scores retrieval suites only", "score.suites (shapes-sugarcrepe) has none")
+
+
+def test_an_option_the_scorer_does_not_take_is_refused(good):
+    _, params = good
+    ok(cli("extract", "--params", params, "--quiet"))
+    edited(params, "score", options={"clip": {"foo": 1}})
+    refused(cli("score", "--params", params, "--quiet"), "score.options.clip", "foo")
+
+
+def test_nothing_to_score_is_refused(good):
+    _, params = good
+    refused(cli("score", "--params", edited(params, "score", variants=[]), "--quiet"), "score.variants and score.suites must each name at least one entry")
+
+
+def test_probes_without_the_shapes_suites_name_what_is_missing(good):
+    _, params = good
+    ok(cli("extract", "--params", params, "--quiet"))
+    refused(cli("probes", "--params", params), "shapes-train, shapes-aro", "run `pipeline extract`")
+
+
+def test_a_symlinked_image_folder_inside_the_root_is_followed(tmp_path, images):
+    folder, names = images
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "val").symlink_to(folder, target_is_directory=True)  # a mounted image folder
+    manifest = write_manifest(tmp_path / "m.parquet", [item(i, f"val/{n}") for i, n in enumerate(names)])
+    m = extract_and_score(write_params(tmp_path, manifest, root))
+    assert m["n_items"] == 8 and m["n_skipped"] == 0
 
 
 # ---------------------------------------------------------------- bad items = clean items + reported skips

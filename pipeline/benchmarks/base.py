@@ -104,6 +104,40 @@ class Suite:
     extra: dict = field(default_factory=dict)
     pairwise_reference: int | None = None
 
+    def check_manifest(self, manifest: pd.DataFrame, where: str) -> None:
+        """Refuse a manifest this suite cannot score correctly, naming ``where`` (the file),
+        the column and the first bad item: a missing column; an ``image`` that is not a
+        non-empty path (a null would be counted as a missing image); ``captions`` not a list
+        of at least two options for a choice item (a bare string or one caption would count
+        as right by construction) or not one query for a retrieval row; a ``correct`` that is
+        not an integer index into its row's captions (-1 would silently pick the last)."""
+        need = ["item_id", "image", "captions", "category"] + (["correct"] if self.task == "choice" else [])
+        absent = [c for c in need if c not in manifest]
+        if absent:
+            raise ValueError(f"{where}: no column {', '.join(absent)} (a {self.name} manifest needs {', '.join(need)})")
+        ids = manifest["item_id"].astype(str).to_numpy()
+
+        def bad(mask: np.ndarray, what: str) -> None:
+            if mask.any():
+                k = int(np.flatnonzero(mask)[0])
+                raise ValueError(f"{where}: item {ids[k]}: {what} ({int(mask.sum())} item(s) in all)")
+
+        image = manifest["image"].to_numpy(dtype=object)
+        bad(np.array([not (isinstance(v, str) and v.strip()) for v in image], dtype=bool), "image must be a non-empty path")
+        caps = manifest["captions"].to_numpy(dtype=object)
+        is_list = np.array([isinstance(c, list | tuple | np.ndarray) for c in caps], dtype=bool)
+        bad(~is_list, "captions must be a list of caption strings")
+        n = np.array([len(c) for c in caps], dtype=np.int64)
+        if self.task == "retrieval":
+            bad(n != 1, "captions must hold exactly one query")
+            return
+        bad(n < 2, "captions must hold at least two options")
+        correct = manifest["correct"].to_numpy(dtype=object)
+        integral = np.array([isinstance(c, int | np.integer) and not isinstance(c, bool) for c in correct], dtype=bool)
+        bad(~integral, "correct must be an integer index into captions")
+        index = correct.astype(np.int64)
+        bad((index < 0) | (index >= n), "correct must index its captions (0 .. n_captions - 1)")
+
     def metrics(self, manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, float]:
         """The official metrics ``{name: value}`` (accuracies in [0, 1])."""
         units = self.units(manifest, scores)

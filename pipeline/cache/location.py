@@ -20,6 +20,8 @@ from typing import Any
 
 import zarr
 
+from pipeline.cache.schema import CacheError
+
 
 def is_url(path: str | Path) -> bool:
     """Whether ``path`` is an fsspec URL (``scheme://...``) rather than a local path."""
@@ -49,8 +51,8 @@ class StoreLocation:
 
         try:
             return fsspec.core.url_to_fs(str(self.path), **self._options())
-        except ImportError as e:
-            raise ImportError(
+        except ImportError as e:  # a protocol whose fsspec package is not installed: the user's to add
+            raise CacheError(
                 f"{self.path}: {e}; install the remote-store extra: pip install -e '.[remote]'"
             ) from None
 

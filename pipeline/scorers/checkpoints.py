@@ -39,7 +39,10 @@ def load_scorer(
     training time (``config.json`` ``scorer_kwargs``, e.g. q0, which win). A checkpoint
     that records the store it was fitted on (``store_fingerprint``) is refused for another."""
     options = dict(options or {})
-    scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **options)
+    try:
+        scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **options)
+    except TypeError as e:  # an option its factory does not take: the user's typo, named
+        raise ValueError(f"score.options.{variant} = {options}: {e}") from None
     if not scorer.trainable:
         return scorer.eval()
     from safetensors.torch import load_file

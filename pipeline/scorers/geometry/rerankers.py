@@ -108,6 +108,8 @@ class GeometryReranker(Reranker):
         super().__init__()
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+        if int(k) < 1 or int(top) < 1:
+            raise ValueError(f"k and top must be >= 1, got k={k}, top={top}")
         if structure not in ("offset", "distance"):
             raise ValueError(f"structure must be 'offset' or 'distance', got {structure!r}")
         if layer not in OBJECT_LAYERS:
@@ -219,8 +221,15 @@ class RidgeFGWReranker(FGWReranker):
         return ObjectSets(torch.where(phrases.mask[..., None], mapped, 0.0), phrases.mask, phrases.pos)
 
 
+RERANK_OPTIONS = ("k", "alpha", "structure", "base", "top", "layer", "objects")
+
+
 def _options(kwargs: dict) -> dict:
-    return {k: kwargs[k] for k in ("k", "alpha", "structure", "base", "top", "layer", "objects") if k in kwargs}
+    """The rerankers' factory options; an unknown one (a typo in ``score.options``) is refused."""
+    unknown = sorted(set(kwargs) - set(RERANK_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown reranker options {unknown}; valid: {list(RERANK_OPTIONS)}")
+    return dict(kwargs)
 
 
 @SCORERS.register("fgw")

@@ -18,6 +18,7 @@ to a shortlist longer than any gallery.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import numpy as np
@@ -39,6 +40,8 @@ class Steer(Reranker):
 
     def __init__(self, beta: float = 0.5, multi: bool = False, k: int = WHOLE_GALLERY, base: str = "clip") -> None:
         super().__init__()
+        if not math.isfinite(float(beta)) or int(k) < 1:
+            raise ValueError(f"steering needs a finite beta and k >= 1, got beta={beta}, k={k}")
         self.beta, self.multi, self.k, self.base = float(beta), bool(multi), int(k), base
         self._directions: torch.Tensor | None = None
 
@@ -66,13 +69,21 @@ class Steer(Reranker):
         return torch.einsum("qd,qkd->qk", q, img)
 
 
+def _steer_options(kwargs: dict) -> dict:
+    """The steering factories' options; an unknown one (a typo in ``score.options``) is refused."""
+    unknown = sorted(set(kwargs) - {"beta", "k", "base"})
+    if unknown:
+        raise TypeError(f"unknown steering options {unknown}; valid: ['beta', 'k', 'base']")
+    return dict(kwargs)
+
+
 @SCORERS.register("steer")
 def steer(dims: FeatureDims, proj: Projections, **kwargs) -> Steer:
     """CLIP retrieval with the query steered along its first concept direction."""
-    return Steer(**{k: kwargs[k] for k in ("beta", "k", "base") if k in kwargs})
+    return Steer(**_steer_options(kwargs))
 
 
 @SCORERS.register("steer-multi")
 def steer_multi(dims: FeatureDims, proj: Projections, **kwargs) -> Steer:
     """CLIP retrieval with every concept direction of the query summed into one (naive)."""
-    return Steer(multi=True, **{k: kwargs[k] for k in ("beta", "k", "base") if k in kwargs})
+    return Steer(multi=True, **_steer_options(kwargs))
