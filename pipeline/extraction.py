@@ -108,9 +108,12 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
     """Open (or create) the store, write the projections, read every suite's manifest, and
     give every unique image, caption and object crop a store row.
 
-    The store's chunk inventory is checked (:func:`pipeline.cache.integrity.inventory`);
+    The row arrays' chunk inventory is checked (:func:`pipeline.cache.integrity.row_inventory`);
     with ``repair`` every chunk is decoded too, and the rows of each damaged file are cleared
-    (flags unset, keys restored from the suite indexes) so that they are encoded again.
+    (flags unset, keys restored from the suite indexes) so that they are encoded again. The
+    projections and the indexes of the suites extracted are not checked: this extract rewrites
+    them whole (the projections here, the indexes in :func:`finish`), which is what makes them
+    whole again after the reader refused them.
 
     Raises:
         FileNotFoundError: images are missing and ``cfg.skip_missing`` is False (nothing is
@@ -132,7 +135,7 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
         },
     )
 
-    damage = integrity.verify(root, progress) if repair else integrity.inventory(root)
+    damage = integrity.verify(root, progress) if repair else integrity.row_inventory(root)
     if damage and not repair:
         raise integrity.CorruptStoreError(integrity.describe(store_path(cfg), damage))
     lost_keys = writer.clear_damage(root, damage)  # modality -> rows whose keys were lost
@@ -385,7 +388,10 @@ def _truncation(enc: Encoder, suite_cells: list, captions: dict[str, str]) -> di
 def _restore_keys(root: zarr.Group, suite_cells: list, lost: dict[str, np.ndarray]) -> None:
     """Write back the content keys of rows whose key chunk was damaged, from the suite indexes
     of the suites being extracted (the store's index gives each item's rows, the manifest
-    each item's keys); a row no current suite names keeps a zero key and is never matched."""
+    each item's keys); a row no current suite names keeps a zero key and is never matched.
+    A damaged index is not used: its missing chunks would read as row 0 and give that row
+    another row's key."""
+    damaged = {d.array for d in integrity.whole_inventory(root)}
     for modality, rows in lost.items():
         wanted = set(rows.tolist())
         keys: dict[int, str] = {}
@@ -394,9 +400,13 @@ def _restore_keys(root: zarr.Group, suite_cells: list, lost: dict[str, np.ndarra
             if name not in root or root[name].attrs.get("manifest_sha256") != sha:
                 continue
             for col, (m, keyed) in columns.items():
-                if m != modality or col not in root[name]:
+                if m != modality or col not in root[name] or f"{name}/{col}" in damaged:
                     continue
-                index = root[name][col][...]  # [n_items, K]
+                try:
+                    index = root[name][col][...]  # [n_items, K]
+                except Exception as e:  # noqa: BLE001 - a checksum failure: rewritten by finish
+                    log.warning("%s/%s: not used to restore keys (%s: %s)", name, col, type(e).__name__, e)
+                    continue
                 for item_rows, ks in zip(index, keyed, strict=False):
                     keys.update({int(r): k for r, k in zip(item_rows, ks, strict=False) if k is not None and int(r) in wanted})
         if keys:

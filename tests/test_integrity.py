@@ -105,6 +105,69 @@ def test_truncated_chunk_is_named_not_a_blosc_error(damaged):
         fs.texts(np.arange(5), grids=False)
 
 
+SUITE = "suites/shapes-sugarcrepe"
+
+
+@pytest.mark.parametrize(
+    "array,chunk",
+    [(f"{SUITE}/image", "c/0/0"), (f"{SUITE}/captions", "c/0/0"), ("params/text_projection", "c/0/0"), ("params/logit_scale", "c")],
+)
+def test_deleted_index_or_projection_chunk_is_refused_and_a_plain_extract_rewrites_it(damaged, reference, tiny_encoder, array, chunk):
+    cfg, store = damaged
+    (store / array / chunk).unlink()  # zarr would read it as zeros: every item at row 0, zero projections
+    with pytest.raises(CorruptStoreError) as e:
+        FeatureStore.open(store)
+    msg = str(e.value)
+    fix = "pipeline extract --suite shapes-sugarcrepe" if array.startswith("suites/") else "rerun `pipeline extract`"
+    assert f"{array} " in msg and "missing chunk file" in msg and str(store) in msg and fix in msg and "--repair" not in msg
+    summary = extract(cfg, progress=False, encoder=tiny_encoder)  # the fix the message names
+    assert summary["images"]["encoded"] == 0 and summary["captions"]["encoded"] == 0
+    FeatureStore.open(store)
+    assert_same_store(store, reference)
+
+
+@pytest.mark.parametrize("array", [f"{SUITE}/image", f"{SUITE}/captions", "params/visual_proj", "params/logit_scale"])
+def test_flipped_byte_in_an_index_or_projection_is_named_with_its_fix(damaged, array):
+    _, store = damaged
+    _flip(store / array / ("c" if array.endswith("logit_scale") else "c/0/0"), at=1 if array.endswith("logit_scale") else 20)
+    fs = FeatureStore.open(store)  # every file is present: the inventory passes
+    with pytest.raises(CorruptStoreError) as e:
+        fs.suite_index("shapes-sugarcrepe") if array.startswith("suites/") else fs.projections()
+    msg = str(e.value)
+    assert f"{array} " in msg and "checksum/decode failure" in msg and str(store) in msg and "rerun `pipeline extract" in msg
+
+
+@pytest.mark.parametrize(
+    "damage,named,fix",
+    [
+        (f"{SUITE}/image/zarr.json", f"{SUITE}/image ", "/suites/shapes-sugarcrepe and rerun `pipeline extract --suite"),
+        (f"{SUITE}/zarr.json", f"{SUITE} ", "/suites/shapes-sugarcrepe and rerun `pipeline extract --suite"),
+        ("params/text_projection/zarr.json", "params/text_projection ", "/params and rerun `pipeline extract`"),
+        ("text/done/zarr.json", "text/done ", "delete it and rerun `pipeline extract`"),
+        ("zarr.json", "root metadata (zarr.json)", "delete the store and rerun `pipeline extract`"),
+    ],
+)
+@pytest.mark.parametrize("how", ["deleted", "emptied"])
+def test_lost_or_broken_metadata_is_refused_at_open_naming_the_array(damaged, damage, named, fix, how):
+    _, store = damaged
+    if how == "deleted" and damage != "zarr.json":  # without its root zarr.json there is no store: CacheError
+        (store / damage).unlink()
+    else:
+        (store / damage).write_text("")
+    with pytest.raises(CorruptStoreError) as e:
+        FeatureStore.open(store)
+    msg = str(e.value)
+    assert named in msg and str(store) in msg and fix in msg
+
+
+def test_clean_store_opens_with_its_indexes_and_projections(reference):
+    fs = FeatureStore.open(reference)
+    assert inventory(fs.root) == []
+    index = fs.suite_index("shapes-sugarcrepe")
+    assert set(index) == {"image", "captions"} and index["image"].min() >= 0
+    assert fs.projections().text_projection.abs().sum() > 0
+
+
 def test_repair_reencodes_exactly_the_damaged_rows(damaged, reference, tiny_encoder):
     cfg, store = damaged
     _file(store, "image/embed", 1).unlink()  # rows 256-299

@@ -1,19 +1,28 @@
-"""Integrity of a feature store: missing chunk files, checksum failures, arrays that do not
-match the store's dims.
+"""Integrity of a feature store: missing chunk files, checksum failures, unreadable metadata,
+arrays that do not match the store's dims.
 
-    damage = inventory(root)          # at every open: chunk files the done flags require
-    damage = verify(root)             # `pipeline extract --repair`: also decodes every chunk
+    damage = inventory(root)          # at every open: chunk files the done flags, the suite
+                                      # indexes and the projections require
+    damage = row_inventory(root)      # at every extract: the row arrays' part of it
+    damage = verify(root)             # `pipeline extract --repair`: also decodes every row chunk
     check_shapes(root)                # the arrays' shapes and dtypes against attrs["dims"]
 
 Zarr reads a chunk file that does not exist as the fill value, so a deleted file of
-``image/embed`` would score as zeros. Every array is written with ``write_empty_chunks``, so
-each written chunk has a file, and ``done`` flags are set only after a row's data is written:
-a row flagged done whose chunk (or shard) file is absent in any array of its modality is
-damaged. Keys are written when rows are planned, so every key chunk up to the committed row
-count (the modality's ``rows`` attribute) must exist. Every chunk carries a ``crc32c`` checksum (the shard indexes carry one too), so bytes
-overwritten or cut off inside a file fail to decode; :func:`verify` decodes every chunk to
-find them. A :class:`Damage` names the array and the rows the damaged file holds, and
-:class:`CorruptStoreError` turns a list of them into one message with the fix.
+``image/embed`` would score as zeros, and a deleted file of a suite index would point every
+item at row 0. Every array is written with ``write_empty_chunks``, so each written chunk has a
+file. The row arrays (``image/*``, ``text/*``, ``object/*``) are written a batch at a time and
+their ``done`` flags only after a row's data: a row flagged done whose chunk (or shard) file
+is absent in any array of its modality is damaged. Keys are written when rows are planned, so
+every key chunk up to the committed row count (the modality's ``rows`` attribute) must exist.
+The suite indexes (``suites/<suite>/<column>``, every column its ``kinds`` attribute names) and
+the projections (``params/*``) are written whole, so every chunk of their chunk grid must
+exist and their metadata must read. Every chunk carries a ``crc32c`` checksum (the shard
+indexes carry one too), so bytes overwritten or cut off inside a file fail to decode;
+:func:`verify` decodes every row chunk to find them, and the reader names a failure of the
+others when it reads them. A :class:`Damage` names the array and the rows the damaged file
+holds, and :func:`describe` turns a list of them into one message with each array's fix: the
+row arrays are re-encoded by ``pipeline extract --repair``, the projections are rewritten by
+every ``pipeline extract`` and a suite's index by every extract of that suite.
 """
 
 from __future__ import annotations
@@ -27,12 +36,15 @@ from zarr.core.sync import sync
 
 from pipeline.cache.schema import (
     ARRAYS,
+    PARAMS,
     SCHEMA_VERSION,
     CacheError,
     resolve_tail,
 )
 
 REPAIR = "pipeline extract --repair"  # re-encodes exactly the damaged rows
+MISSING = "missing"  # Damage.problem of an absent chunk file
+METADATA = "metadata: "  # Damage.problem prefix of an array whose zarr.json is absent or unreadable
 
 
 class CorruptStoreError(CacheError):
@@ -41,25 +53,58 @@ class CorruptStoreError(CacheError):
 
 @dataclass(frozen=True)
 class Damage:
-    """One damaged chunk file: the array, the rows ``[lo, hi)`` it holds, and what is wrong."""
+    """One damaged chunk file or array: the array, the rows ``[lo, hi)`` it holds, and what
+    is wrong (:data:`MISSING`, :data:`METADATA` and the error, or the decoding error)."""
 
     array: str
     lo: int
     hi: int
-    problem: str  # "missing" or the decoding error
+    problem: str
 
 
-def describe(path: Any, damage: list[Damage], fix: str = REPAIR) -> str:
-    """One line naming the store, each damaged array with its rows, and the repair command."""
+def fix(path: Any, array: str, problem: str = MISSING) -> str:
+    """The command that makes ``array`` (or group) of the store at ``path`` whole again.
+
+    The row arrays are re-encoded row by row (``pipeline extract --repair``). The projections
+    are rewritten by every extract, and a suite's index by every extract of that suite, even
+    when all its rows are done; an unreadable ``zarr.json`` of a suite group or of ``params``
+    stops that rewrite, so a metadata problem is fixed by deleting the group first.
+    """
+    group, *rest = array.split("/")
+    metadata = problem.startswith(METADATA)
+    if group == "suites" and not rest:
+        return f"delete {path}/suites and rerun `pipeline extract` to rewrite the indexes"
+    if group == "suites":
+        again = f"`pipeline extract --suite {rest[0]}` to rewrite its index"
+        return f"delete {path}/suites/{rest[0]} and rerun {again}" if metadata else f"rerun {again}"
+    if group == "params":
+        again = "`pipeline extract` to rewrite the projections"
+        return f"delete {path}/params and rerun {again}" if metadata else f"rerun {again}"
+    if metadata:
+        return "delete the store and rerun `pipeline extract`"  # a row array cannot be recreated in place
+    return f"run `{REPAIR}` to re-encode those rows"
+
+
+def describe(path: Any, damage: list[Damage]) -> str:
+    """One line naming the store, each damaged array with its rows, and each fix."""
     by_array: dict[str, list[Damage]] = {}
     for d in damage:
         by_array.setdefault(d.array, []).append(d)
-    parts = []
+    parts, fixes = [], {}
     for name, ds in by_array.items():
+        kinds = sorted({_kind(d.problem) for d in ds})
         spans = ", ".join(f"{d.lo}-{d.hi - 1}" for d in ds[:4]) + (" ..." if len(ds) > 4 else "")
-        kinds = sorted({"missing chunk file" if d.problem == "missing" else "checksum/decode failure" for d in ds})
-        parts.append(f"{name} rows {spans} ({', '.join(kinds)})")
-    return f"{path} is damaged: {'; '.join(parts)}; run `{fix}` to re-encode those rows"
+        rows = "" if name.startswith("params") or ds[0].problem.startswith(METADATA) else f" rows {spans}"
+        parts.append(f"{name}{rows} ({', '.join(kinds)})")
+        fixes.setdefault(fix(path, name, ds[0].problem), None)
+    return f"{path} is damaged: {'; '.join(parts)}; {'; '.join(fixes)}"
+
+
+def _kind(problem: str) -> str:
+    """What a :attr:`Damage.problem` is, in the words of the message."""
+    if problem == MISSING:
+        return "missing chunk file"
+    return "missing or unreadable metadata (zarr.json)" if problem.startswith(METADATA) else "checksum/decode failure"
 
 
 def file_rows(arr: zarr.Array) -> int:
@@ -67,45 +112,164 @@ def file_rows(arr: zarr.Array) -> int:
     return int((arr.shards or arr.chunks)[0]) if arr.ndim else 1
 
 
-def _stored_files(root: zarr.Group, name: str) -> set[int]:
-    """Row indices of the chunk files of array ``name`` present in the store."""
-    prefix = f"{root.path + '/' if root.path else ''}{name}/c/"
+def file_key(arr: zarr.Array, coords: tuple[int, ...]) -> str:
+    """Store key of the chunk (or shard) file at grid position ``coords`` of ``arr`` (``c`` for
+    a 0-d array), as the array's chunk key encoding writes it."""
+    prefix = f"{arr.path}/" if arr.path else ""
+    return prefix + arr.metadata.chunk_key_encoding.encode_chunk_key(tuple(int(c) for c in coords))
+
+
+def row_file_key(arr: zarr.Array, i: int) -> str:
+    """Store key of the file holding row block ``i`` of a row array (one file spans every
+    trailing dim)."""
+    return file_key(arr, (i, *[0] * (arr.ndim - 1)))
+
+
+def _stored_keys(arr: zarr.Array) -> set[str]:
+    """Store keys under ``arr`` (its chunk files and its zarr.json), listed once."""
+    prefix = f"{arr.path}/" if arr.path else ""
 
     async def listing() -> list[str]:
-        return [k async for k in root.store.list_prefix(prefix)]
+        return [k async for k in arr.store.list_prefix(prefix)]
 
-    first = (k[len(prefix):].split("/")[0] for k in sync(listing()))
-    return {int(f) for f in first if f.isdigit()}  # a killed write's `*.partial` file is no chunk
+    return set(sync(listing()))  # a killed write's `*.partial` file matches no chunk key
 
 
-def inventory(root: zarr.Group) -> list[Damage]:
-    """Chunk files the store's keys and done flags require but that are absent (no data is
-    decoded: this lists file names only)."""
+def _flags(name: str, arr: zarr.Array, n: int, damage: list[Damage]) -> np.ndarray:
+    """The first ``n`` done flags of ``arr`` (array ``name``); a chunk that fails to decode
+    is recorded in ``damage`` and its rows count as not done (``--repair`` rewrites it and
+    re-encodes them)."""
+    try:
+        return arr[:n].astype(bool)
+    except Exception:  # noqa: BLE001 - find the failing chunk(s) below
+        pass
+    flags = np.zeros(n, dtype=bool)
+    step = int(arr.chunks[0])
+    for lo in range(0, n, step):
+        try:
+            flags[lo : lo + step] = arr[lo : min(lo + step, n)]
+        except Exception as e:  # noqa: BLE001
+            damage.append(Damage(name, lo, min(lo + step, arr.shape[0]), f"{type(e).__name__}: {e}"))
+    return flags
+
+
+def row_inventory(root: zarr.Group) -> list[Damage]:
+    """Chunk files of the row arrays that the store's keys and done flags require but that
+    are absent (no data but the done flags is decoded: this lists file names only)."""
     damage: list[Damage] = []
     for modality, specs in ARRAYS.items():
         if f"{modality}/done" not in root:
             continue
         n = int(root[modality].attrs.get("rows", 0))  # committed rows (a longer tail is an interrupted plan)
-        done = root[f"{modality}/done"][:n].astype(bool)
+        done = _flags(f"{modality}/done", root[f"{modality}/done"], n, damage)
         for spec in specs:
-            arr = root[spec.name]
-            per = file_rows(arr)
-            present = _stored_files(root, spec.name)
             if spec.name.endswith("/done"):
                 continue  # a lost flag chunk reads as "not done": the rows are re-encoded
+            arr = root[spec.name]
+            per = file_rows(arr)
+            present = _stored_keys(arr)
             needed = range(-(-n // per)) if spec.name.endswith("/key") else np.unique(np.flatnonzero(done) // per)
             for i in needed:
-                if int(i) not in present:
-                    damage.append(Damage(spec.name, int(i) * per, min((int(i) + 1) * per, n), "missing"))
+                if row_file_key(arr, int(i)) not in present:
+                    damage.append(Damage(spec.name, int(i) * per, min((int(i) + 1) * per, n), MISSING))
     return damage
 
 
+def _children(root: zarr.Group, path: str) -> list[str]:
+    """Names of the nodes under ``path`` as the store lists them (a node whose zarr.json is
+    lost or unreadable is still listed, so it can be named; zarr's own listing skips or
+    fails on it)."""
+    prefix = f"{root.path}/{path}/" if root.path else f"{path}/"
+
+    async def listing() -> list[str]:
+        return [k async for k in root.store.list_dir(prefix)]
+
+    return sorted(k for k in sync(listing()) if k != "zarr.json")
+
+
+def _metadata(name: str, error: Exception) -> Damage:
+    """The damage of a node whose zarr.json is absent or does not parse."""
+    return Damage(name, 0, 0, f"{METADATA}{type(error).__name__}: {error}")
+
+
+def suite_columns(root: zarr.Group, suite: str) -> list[str]:
+    """Columns of a suite's index: the column arrays its group holds and those its ``kinds``
+    attribute names (a column whose files are all gone is still named by ``kinds``)."""
+    kinds = root[f"suites/{suite}"].attrs.get("kinds", {})
+    return list(dict.fromkeys([*_children(root, f"suites/{suite}"), *kinds]))
+
+
+def whole_arrays(root: zarr.Group) -> tuple[dict[str, zarr.Array], list[Damage]]:
+    """The arrays written whole by name (every ``params/*`` array and every column of every
+    suite index), and the damage of the groups and arrays whose metadata is absent or
+    unreadable. A store with nothing under ``params`` or ``suites`` (the writer's own tests
+    write none; an extract writes the projections first) has nothing of that group to check:
+    :meth:`pipeline.cache.FeatureStore.projections` names the lack when it is read."""
+    names: list[str] = []
+    damage: list[Damage] = []
+    for group in ("params", "suites"):
+        if not _children(root, group):
+            continue
+        try:
+            if not isinstance(root[group], zarr.Group):
+                raise TypeError(f"{group} is an array, not a group")
+        except KeyError:
+            damage.append(_metadata(group, KeyError(f"{group}/zarr.json is absent")))
+        except Exception as e:  # noqa: BLE001 - a zarr.json that does not parse
+            damage.append(_metadata(group, e))
+        if group == "params":
+            names += [f"params/{p}" for p in PARAMS]
+    for suite in _children(root, "suites"):
+        try:
+            names += [f"suites/{suite}/{c}" for c in suite_columns(root, suite)]
+        except Exception as e:  # noqa: BLE001
+            damage.append(_metadata(f"suites/{suite}", e))
+    arrays = {}
+    for name in names:
+        try:
+            arrays[name] = open_array(root, name)
+        except Exception as e:  # noqa: BLE001
+            damage.append(_metadata(name, e))
+    return arrays, damage
+
+
+def open_array(root: zarr.Group, name: str) -> zarr.Array:
+    """The array ``name`` of ``root``; a missing or unreadable zarr.json, or a group where an
+    array belongs, raises (zarr reports these as KeyError, JSON or type errors)."""
+    arr = root[name]
+    if not isinstance(arr, zarr.Array):
+        raise TypeError(f"{name} is a group, not an array")
+    return arr
+
+
+def whole_inventory(root: zarr.Group) -> list[Damage]:
+    """Chunk files absent from the arrays written whole (:func:`whole_arrays`): every chunk
+    of their chunk grid must exist (only metadata is read and file names listed)."""
+    arrays, damage = whole_arrays(root)
+    for name, arr in arrays.items():
+        present = _stored_keys(arr)
+        grid = arr.shards or arr.chunks
+        per = file_rows(arr)
+        for coords in np.ndindex(*(-(-s // c) for s, c in zip(arr.shape, grid, strict=True))):
+            if file_key(arr, coords) not in present:
+                lo = coords[0] * per if coords else 0
+                damage.append(Damage(name, lo, min(lo + per, arr.shape[0]) if coords else 1, MISSING))
+    return damage
+
+
+def inventory(root: zarr.Group) -> list[Damage]:
+    """Every chunk file and array metadata the store requires but lacks: the row arrays'
+    (:func:`row_inventory`), the suite indexes' and the projections' (:func:`whole_inventory`)."""
+    return row_inventory(root) + whole_inventory(root)
+
+
 def verify(root: zarr.Group, progress: bool = False) -> list[Damage]:
-    """:func:`inventory` plus every chunk decoded (checksums checked), chunk by chunk, so a
-    damaged file is pinned to the rows of its inner chunk."""
+    """:func:`row_inventory` plus every row chunk decoded (checksums checked), chunk by chunk,
+    so a damaged file is pinned to the rows of its inner chunk. The projections and suite
+    indexes are not decoded: the extract that repairs rewrites them whole."""
     from tqdm import tqdm
 
-    damage = inventory(root)
+    damage = row_inventory(root)
     missing = {(d.array, d.lo) for d in damage}
     names = [spec.name for specs in ARRAYS.values() for spec in specs if spec.name in root]
     for name in tqdm(names, desc="verify store", unit="array", disable=not progress):
@@ -124,18 +288,24 @@ def verify(root: zarr.Group, progress: bool = False) -> list[Damage]:
 
 def check_shapes(root: zarr.Group, path: Any) -> None:
     """Refuse a store whose arrays' trailing shapes or dtypes differ from what its recorded
-    dims and this schema give, or whose arrays of one modality differ in row count."""
+    dims and this schema give, whose arrays of one modality differ in row count, or whose
+    row arrays' metadata is absent or unreadable. The image and text arrays are in every
+    store; the object arrays are checked once the ``object`` group exists."""
     dims = root.attrs.get("dims") or {}
     problems = []
     for modality, specs in ARRAYS.items():
-        if f"{modality}/done" not in root:
+        if modality == "object" and "object" not in root:
             continue
         counts = {}
         for spec in specs:
-            if spec.name not in root:
+            try:
+                arr = open_array(root, spec.name)
+            except KeyError:
                 problems.append(f"{spec.name} is absent")
                 continue
-            arr = root[spec.name]
+            except Exception as e:  # noqa: BLE001 - a zarr.json that does not parse
+                problems.append(f"{spec.name} has unreadable metadata ({type(e).__name__}: {e})")
+                continue
             counts[spec.name] = arr.shape[0]
             try:
                 want = resolve_tail(spec, dims)

@@ -37,7 +37,16 @@ import numpy as np
 import torch
 import zarr
 
-from pipeline.cache.integrity import CorruptStoreError, Damage, check_shapes, describe, inventory
+from pipeline.cache.integrity import (
+    METADATA,
+    CorruptStoreError,
+    Damage,
+    check_shapes,
+    describe,
+    inventory,
+    open_array,
+    suite_columns,
+)
 from pipeline.cache.location import StoreLocation
 from pipeline.cache.schema import (
     SCHEMA_VERSION,
@@ -49,11 +58,6 @@ from pipeline.cache.schema import (
 from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
 
 GAP_BYTES = 1 << 20  # a gap between wanted rows up to this size is read through, not skipped
-
-
-def _span(name: str, rows: np.ndarray, error: Exception) -> Damage:
-    """The damage a failed read of ``rows`` of ``name`` reports (the rows it asked for)."""
-    return Damage(name, int(rows.min()), int(rows.max()) + 1, str(error))
 
 
 class BlockCache:
@@ -112,24 +116,38 @@ class FeatureStore:
             CacheError: no store at ``path``.
             StaleCacheError: written by another schema version.
             ForeignCacheError: written by another encoder/weights/preprocessing.
-            CorruptStoreError: chunk files missing, arrays contradicting the dims, or attributes
-                edited (:mod:`pipeline.cache.integrity`).
+            CorruptStoreError: chunk files missing (of the row arrays, the suite indexes or
+                the projections), metadata unreadable, arrays contradicting the dims, or
+                attributes edited (:mod:`pipeline.cache.integrity`).
         """
         loc = StoreLocation.of(path, storage_options)
         path = loc.path
         if not loc.exists():
             raise CacheError(f"no feature store at {path}; run `pipeline extract` first")
-        root = loc.open("r")
-        version = root.attrs.get("schema_version")
+        try:
+            root = loc.open("r")
+            attrs = dict(root.attrs)
+        except Exception as e:  # noqa: BLE001 - an empty or hand-edited zarr.json: any parse error
+            raise CorruptStoreError(
+                f"{path}: its root metadata (zarr.json) is unreadable ({type(e).__name__}: {e}); it "
+                f"holds the fingerprint and dims, so delete the store and rerun `pipeline extract`"
+            ) from None
+        version = attrs.get("schema_version")
+        if version is None:
+            raise CorruptStoreError(
+                f"{path}: its root metadata (zarr.json) records no schema_version: it is empty or "
+                f"was edited, and it holds the fingerprint and dims, so delete the store and rerun "
+                f"`pipeline extract`"
+            )
         if version != SCHEMA_VERSION:
             raise StaleCacheError(
                 f"{path} has cache schema v{version}, this code reads v{SCHEMA_VERSION}; "
                 f"rerun `pipeline extract`"
             )
-        have = dict(root.attrs.get("fingerprint", {}))
-        if root.attrs.get("fingerprint_id") != fingerprint_id(have):
+        have = dict(attrs.get("fingerprint", {}))
+        if attrs.get("fingerprint_id") != fingerprint_id(have):
             raise CorruptStoreError(
-                f"{path}: its fingerprint_id {root.attrs.get('fingerprint_id')} is not the hash of its "
+                f"{path}: its fingerprint_id {attrs.get('fingerprint_id')} is not the hash of its "
                 f"recorded fingerprint ({fingerprint_id(have)}): its attributes were edited; delete it "
                 f"and rerun `pipeline extract`"
             )
@@ -162,17 +180,39 @@ class FeatureStore:
         )
 
     def projections(self) -> Projections:
-        p = self.root["params"]
         return Projections(
-            visual_proj=torch.from_numpy(p["visual_proj"][...]),
-            text_projection=torch.from_numpy(p["text_projection"][...]),
-            logit_scale=torch.tensor(float(p["logit_scale"][...])),
+            visual_proj=torch.from_numpy(self._whole("params/visual_proj")),
+            text_projection=torch.from_numpy(self._whole("params/text_projection")),
+            logit_scale=torch.tensor(float(self._whole("params/logit_scale"))),
         )
+
+    def _refuse(self, name: str, lo: int, hi: int, error: Exception, metadata: bool = False) -> CorruptStoreError:
+        """The error a failed read of rows ``[lo, hi)`` of ``name`` raises: the store, the
+        array, its rows and its fix (:func:`pipeline.cache.integrity.describe`), then the
+        codec's or zarr's own words."""
+        problem = f"{METADATA if metadata else ''}{type(error).__name__}: {error}"
+        return CorruptStoreError(f"{describe(self.path, [Damage(name, lo, hi, problem)])} ({type(error).__name__}: {error})")
+
+    def _array(self, name: str) -> zarr.Array:
+        """The array ``name``; a lost or unreadable zarr.json is damage, named with its fix."""
+        try:
+            return open_array(self.root, name)
+        except Exception as e:  # noqa: BLE001
+            raise self._refuse(name, 0, 0, e, metadata=True) from None
+
+    def _whole(self, name: str) -> np.ndarray:
+        """All of array ``name`` (a suite index, a projection, a done flag array); a codec
+        failure is damage, named with its fix."""
+        arr = self._array(name)
+        try:
+            return arr[...]
+        except Exception as e:  # noqa: BLE001
+            raise self._refuse(name, 0, arr.shape[0] if arr.ndim else 1, e) from None
 
     def _gather(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Rows of one array, in the given order (duplicates allowed; negative rows count
         from the end, as in zarr)."""
-        arr = self.root[name]
+        arr = self._array(name)
         n = arr.shape[0]
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size and (rows.min() < -n or rows.max() >= n):
@@ -194,9 +234,7 @@ class FeatureStore:
         try:
             return arr[start:stop]
         except Exception as e:  # noqa: BLE001
-            raise CorruptStoreError(
-                f"{describe(self.path, [_span(name, np.array([start, stop - 1]), e)])} ({type(e).__name__}: {e})"
-            ) from None
+            raise self._refuse(name, start, stop, e) from None
 
     def _cached_rows(self, name: str, arr: zarr.Array, uniq: np.ndarray) -> np.ndarray:
         """Sorted unique rows ``uniq`` of ``arr`` through the block cache: the blocks not held
@@ -222,7 +260,7 @@ class FeatureStore:
 
     def _check_done(self, modality: str, rows: np.ndarray) -> None:
         if modality not in self._done:
-            self._done[modality] = self.root[f"{modality}/done"][:].astype(bool)
+            self._done[modality] = self._whole(f"{modality}/done").astype(bool)
         done = self._done[modality][np.asarray(rows, dtype=np.int64)]
         if not done.all():
             raise StaleCacheError(
@@ -299,7 +337,8 @@ class FeatureStore:
         return sorted(self.root["suites"].group_keys()) if "suites" in self.root else []
 
     def suite_index(self, suite: str, manifest_sha256: str | None = None) -> dict[str, np.ndarray]:
-        """``{column: rows}`` of ``suite``; with a manifest hash, refuse a stale index."""
+        """``{column: rows}`` of ``suite``; with a manifest hash, refuse a stale index. A column
+        whose chunk fails its checksum, or whose metadata is lost, is refused naming the fix."""
         if suite not in self.suites():
             raise CacheError(
                 f"suite {suite!r} is not in {self.path} (has: {', '.join(self.suites()) or 'none'}); "
@@ -312,7 +351,7 @@ class FeatureStore:
                 f"the manifest of {suite} changed since it was extracted into {self.path}; "
                 f"rerun `pipeline extract`"
             )
-        return {name: group[name][...] for name in group.array_keys()}
+        return {name: self._whole(f"suites/{suite}/{name}") for name in suite_columns(self.root, suite)}
 
     def suite_attrs(self, suite: str) -> dict[str, Any]:
         return dict(self.root[f"suites/{suite}"].attrs)

@@ -50,7 +50,11 @@ Rows are content-addressed: each image and caption is encoded once across suites
 rerun with a new suite appends only what is new. ``done`` flags make an interrupted extract
 resumable (LocalStore writes each shard file atomically, so no chunk is left half-written).
 Every chunk ends in a ``crc32c`` checksum and every written chunk has a file, so damaged bytes
-and deleted files are found (:mod:`pipeline.cache.integrity`) rather than read as zeros.
+and deleted files are found (:mod:`pipeline.cache.integrity`) rather than read as zeros: every
+open lists the files the row arrays' done flags require and every chunk file of the suite
+indexes and the projections (a lost index chunk would point every item at row 0, a lost
+projection chunk would score with zeros), and a chunk that fails its checksum is named when
+it is read.
 """
 
 from __future__ import annotations
@@ -104,6 +108,7 @@ OBJECT_ARRAYS = (
     ArraySpec("object/box", EMBED_DTYPE, ("box",), False, "normalised (x0, y0, x1, y1)"),
     ArraySpec("object/embed", EMBED_DTYPE, ("D",), False, "pooled embedding of the re-encoded crop"),
 )
+PARAMS = ("visual_proj", "text_projection", "logit_scale")  # params/<name>: the frozen projections
 ARRAYS = {"image": IMAGE_ARRAYS, "text": TEXT_ARRAYS, "object": OBJECT_ARRAYS}  # modality -> arrays
 # Fingerprint keys that say what else a store holds, not which encoder wrote it: present only
 # when true, and only ever added to a store (a writer without the option keeps them).

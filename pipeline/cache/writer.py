@@ -273,7 +273,7 @@ def clear_damage(root: zarr.Group, damage: list) -> dict[str, np.ndarray]:
     """
     from zarr.core.sync import sync
 
-    from pipeline.cache.integrity import file_rows
+    from pipeline.cache.integrity import file_rows, row_file_key
 
     lost: dict[str, list[np.ndarray]] = {}
     for d in damage:
@@ -282,8 +282,7 @@ def clear_damage(root: zarr.Group, damage: list) -> dict[str, np.ndarray]:
         per = file_rows(arr)
         for i in range(d.lo // per, (d.hi - 1) // per + 1):
             lo, hi = i * per, min((i + 1) * per, arr.shape[0])
-            key = "/".join([f"{d.array}/c", str(i), *["0"] * (arr.ndim - 1)])
-            sync(root.store.delete(key))
+            sync(root.store.delete(row_file_key(arr, i)))
             arr[lo:hi] = np.zeros((hi - lo, *arr.shape[1:]), dtype=arr.dtype)
             root[f"{modality}/done"][lo:hi] = False
             if d.array.endswith("/key"):
