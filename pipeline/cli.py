@@ -51,6 +51,42 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(code=1)
 
 
+def _check_device(device: str) -> None:
+    """Refuse a torch device this machine does not have before any store is opened or
+    model built (``--device cuda`` on a host without a CUDA driver), naming what torch says."""
+    import torch
+
+    try:
+        torch.empty(0, device=torch.device(device))
+    except (RuntimeError, AssertionError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"device {device!r} is not usable here ({reason}); pass --device cpu or set the params file's device") from None
+
+
+def _narrowed(cfg, variants: list[str] | None, suites: list[str] | None):
+    """``cfg`` with its per-seed and replacement lists cut down to the ``--variant`` /
+    ``--suite`` given on the command line: those lists name the params file's whole set, and
+    a narrowed call scores (and refuses) only what it was asked for."""
+    from dataclasses import replace
+
+    changes: dict = {}
+    seed_variants = list(cfg.seed_variants)
+    if variants:
+        seed_variants = [v for v in seed_variants if v in cfg.variants]
+        if cfg.replacement_variants:
+            kept = [v for v in cfg.replacement_variants if v in cfg.variants]
+            changes["replacement_variants"] = kept
+            if not kept:
+                changes["replacements"] = []  # [] would mean every variant
+    if suites and cfg.seed_suites:
+        kept = [s for s in cfg.seed_suites if s in cfg.suites]
+        changes["seed_suites"] = kept
+        if not kept:
+            seed_variants = []  # [] would mean every suite
+    changes["seed_variants"] = seed_variants
+    return replace(cfg, **changes)
+
+
 def _echo_json(obj) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
 
@@ -127,6 +163,7 @@ def extract(
             {"model": model, "pretrained": pretrained, "init_seed": init_seed, "suites": suite, "out": out,
              "batch_size": batch_size, "device": device},  # fmt: skip
         )
+        _check_device(cfg.device)
         if scheduler:
             from pipeline.distributed import extract_distributed
 
@@ -152,7 +189,8 @@ def score(
     from stages import score as stage
 
     try:
-        cfg = load_config(ScoreConfig, params, "score", {"variants": variant, "suites": suite, "encoder": model, "device": device})
+        cfg = _narrowed(load_config(ScoreConfig, params, "score", {"variants": variant, "suites": suite, "encoder": model, "device": device}), variant, suite)
+        _check_device(cfg.device)
         ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
         records = _score_on(cfg, ext, scheduler, not quiet) if scheduler else stage.run(cfg, ext, progress=not quiet)
         for rec in records:
@@ -209,6 +247,7 @@ def train(
             raise ValueError(f"{params} lists no train.variants; pass --variant")
         for name in variants:
             cfg = load_train_config(params, name, {"steps": steps, "seeds": seed, "device": device})
+            _check_device(cfg.device)
             ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
             _echo_json(stage.run(cfg, ext, progress=not quiet))
     except USER_ERRORS as e:

@@ -568,6 +568,33 @@ def test_nothing_to_score_is_refused(good):
     refused(cli("score", "--params", edited(params, "score", variants=[]), "--quiet"), "score.variants and score.suites must each name at least one entry")
 
 
+def test_a_device_name_torch_does_not_know_is_refused_before_any_work(good, tmp_path):
+    _, params = good
+    refused(cli("extract", "--params", params, "--device", "gpu", "--quiet"), "device 'gpu' is not usable here", "--device cpu")
+    assert not (tmp_path / "features").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this host has CUDA")
+def test_cuda_on_a_host_without_it_is_refused_naming_the_fix(good):
+    _, params = good
+    ok(cli("extract", "--params", params, "--quiet"))
+    refused(cli("score", "--params", params, "--device", "cuda", "--quiet"), "device 'cuda' is not usable here", "--device cpu")
+
+
+def test_a_narrowed_score_call_scores_only_what_it_names(good, tmp_path):
+    """``--variant`` narrows the params' per-seed and replacement lists too: scoring only
+    ``clip`` from a params file whose replacements name another variant runs, and writes
+    ``clip`` alone."""
+    _, params = good
+    ok(cli("extract", "--params", params, "--quiet"))
+    edited(params, "score", variants=["clip", "local-max"], replacements=["shuffle"], replacement_variants=["local-max"],
+           seed_variants=["local-max"])  # fmt: skip
+    ok(cli("score", "--params", params, "--variant", "clip", "--quiet"))
+    assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == ["clip"]
+    ok(cli("score", "--params", params, "--variant", "local-max", "--quiet"))
+    assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == ["clip", "local-max", "local-max@shuffle"]
+
+
 def test_probes_without_the_shapes_suites_name_what_is_missing(good):
     _, params = good
     ok(cli("extract", "--params", params, "--quiet"))
