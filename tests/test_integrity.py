@@ -145,6 +145,8 @@ def test_flipped_byte_in_an_index_or_projection_is_named_with_its_fix(damaged, a
         ("params/text_projection/zarr.json", "params/text_projection ", "/params and rerun `pipeline extract`"),
         ("text/done/zarr.json", "text/done ", "delete it and rerun `pipeline extract`"),
         ("zarr.json", "root metadata (zarr.json)", "delete the store and rerun `pipeline extract`"),
+        ("image/zarr.json", "its image group (image/zarr.json)", "delete the store and rerun `pipeline extract`"),
+        ("text/zarr.json", "its text group (text/zarr.json)", "delete the store and rerun `pipeline extract`"),
     ],
 )
 @pytest.mark.parametrize("how", ["deleted", "emptied"])
@@ -158,6 +160,17 @@ def test_lost_or_broken_metadata_is_refused_at_open_naming_the_array(damaged, da
         FeatureStore.open(store)
     msg = str(e.value)
     assert named in msg and str(store) in msg and fix in msg
+
+
+@pytest.mark.parametrize("damage,named", [("zarr.json", "root metadata (zarr.json) is unreadable"), ("image/zarr.json", "its image group (image/zarr.json) is unreadable")])
+def test_extract_into_a_store_with_broken_metadata_names_it(damaged, tiny_encoder, damage, named):
+    """Extract refuses a root or group zarr.json that does not parse with the reader's own
+    message (not a bare JSON error), before it plans or writes a row."""
+    cfg, store = damaged
+    (store / damage).write_text('{"zarr_format": 3, "node_t')
+    with pytest.raises(CorruptStoreError) as e:
+        extract(cfg, progress=False, encoder=tiny_encoder)
+    assert named in str(e.value) and str(store) in str(e.value) and "delete the store and rerun `pipeline extract`" in str(e.value)
 
 
 def test_clean_store_opens_with_its_indexes_and_projections(reference):

@@ -6,6 +6,7 @@ arrays that do not match the store's dims.
     damage = row_inventory(root)      # at every extract: the row arrays' part of it
     damage = verify(root)             # `pipeline extract --repair`: also decodes every row chunk
     check_shapes(root)                # the arrays' shapes and dtypes against attrs["dims"]
+    root, attrs = open_root(loc, "r")  # refuses a root or group zarr.json that does not parse
 
 Zarr reads a chunk file that does not exist as the fill value, so a deleted file of
 ``image/embed`` would score as zeros, and a deleted file of a suite index would point every
@@ -231,6 +232,43 @@ def whole_arrays(root: zarr.Group) -> tuple[dict[str, zarr.Array], list[Damage]]
         except Exception as e:  # noqa: BLE001
             damage.append(_metadata(name, e))
     return arrays, damage
+
+
+def open_root(loc: Any, mode: str) -> tuple[zarr.Group, dict[str, Any]]:
+    """The store's root group at ``loc`` (a :class:`pipeline.cache.location.StoreLocation`)
+    and its attributes, and each modality group's metadata read once, so that a hand-edited
+    or truncated ``zarr.json`` is refused here, naming the file, rather than surfacing as a
+    JSON error in the middle of a read or an extract.
+
+    Raises:
+        CorruptStoreError: the root's or a modality group's metadata does not parse. The
+            root holds the fingerprint and dims and each group its committed row count, so
+            the fix is a fresh extract.
+    """
+    try:
+        root = loc.open(mode)
+        attrs = dict(root.attrs)
+    except Exception as e:  # noqa: BLE001 - an empty or hand-edited zarr.json: any parse error
+        raise CorruptStoreError(
+            f"{loc.path}: its root metadata (zarr.json) is unreadable ({type(e).__name__}: {e}); it "
+            f"holds the fingerprint and dims, so delete the store and rerun `pipeline extract`"
+        ) from None
+    crops = bool(dict(attrs.get("fingerprint") or {}).get("object_crops"))
+    for modality in ARRAYS:
+        if modality == "object" and not crops:
+            continue  # the object group exists only in stores extracted with crops
+        try:
+            root[modality].attrs.get("rows")
+            continue
+        except KeyError:
+            problem = "is missing"
+        except Exception as e:  # noqa: BLE001
+            problem = f"is unreadable ({type(e).__name__}: {e})"
+        raise CorruptStoreError(
+            f"{loc.path}: the metadata of its {modality} group ({modality}/zarr.json) {problem}; it "
+            f"records the committed rows, so delete the store and rerun `pipeline extract`"
+        )
+    return root, attrs
 
 
 def open_array(root: zarr.Group, name: str) -> zarr.Array:

@@ -45,6 +45,7 @@ from pipeline.cache.integrity import (
     describe,
     inventory,
     open_array,
+    open_root,
     suite_columns,
 )
 from pipeline.cache.location import StoreLocation
@@ -124,14 +125,7 @@ class FeatureStore:
         path = loc.path
         if not loc.exists():
             raise CacheError(f"no feature store at {path}; run `pipeline extract` first")
-        try:
-            root = loc.open("r")
-            attrs = dict(root.attrs)
-        except Exception as e:  # noqa: BLE001 - an empty or hand-edited zarr.json: any parse error
-            raise CorruptStoreError(
-                f"{path}: its root metadata (zarr.json) is unreadable ({type(e).__name__}: {e}); it "
-                f"holds the fingerprint and dims, so delete the store and rerun `pipeline extract`"
-            ) from None
+        root, attrs = open_root(loc, "r")
         version = attrs.get("schema_version")
         if version is None:
             raise CorruptStoreError(

@@ -18,6 +18,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, BloscShuffle, Crc32cCodec
 
+from pipeline.cache.integrity import open_root
 from pipeline.cache.location import StoreLocation
 from pipeline.cache.schema import (
     ARRAYS,
@@ -80,13 +81,13 @@ def open_for_writing(
     loc = StoreLocation.of(path, storage_options)
     fid = fingerprint_id(fingerprint)
     if loc.exists() and replace_mismatch:
-        attrs = loc.open("r").attrs
+        _, attrs = open_root(loc, "r")
         same_encoder = encoder_id(attrs.get("fingerprint", {})) == encoder_id(fingerprint)
         if attrs.get("schema_version") != SCHEMA_VERSION or not same_encoder:
             log.warning("replacing %s: it was written by another encoder or schema", path)
             loc.remove()
     if loc.exists():
-        root = loc.open("r+")
+        root, _ = open_root(loc, "r+")
         version = root.attrs.get("schema_version")
         if version != SCHEMA_VERSION:
             raise StaleCacheError(
