@@ -24,7 +24,7 @@ from pipeline.benchmarks.sugarcrepe import CATEGORIES
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
 from pipeline.report import SECTIONS, ReportContext
 from pipeline.report.tasks import ALL_TASKS, BINDING_TASKS, MEANS
-from pipeline.scorers.flowclip import analysis
+from pipeline.scorers.flowclip import analysis, goals, sensitivity
 
 N = 10  # items per SugarCrepe category, ARO category, dev family; queries of retrieval
 KEYS = 5  # What'sUp object pairs (4 arrangements each: 20 items)
@@ -290,7 +290,7 @@ def goal_results() -> dict:
 def test_goals_say_met_or_missed_and_by_how_much():
     bench = {"toy": {"variants": {"global-m": {"speedup": 400.0}, "flowclip": {"speedup": 25.0},
                                   "flowclip-cimr": {"speedup": 18.5}}}}  # fmt: skip
-    checks = analysis.goal_checks(goal_results(), ("shuffle", "fixed"), bench, n_resamples=200)
+    checks = goals.goal_checks(goal_results(), ("shuffle", "fixed"), bench, n_resamples=200)
     by = {c["goal"]: c for c in checks}
     assert len(checks) == 7
     allt = by["`global-m` >= `clip` on the all-task mean"]
@@ -344,7 +344,7 @@ def test_a_report_of_trained_variants_does_not_call_its_goals_trivial(tmp_path, 
 
 
 def test_goals_without_their_variants_are_not_scored():
-    checks = analysis.goal_checks(results_from({"clip": pattern(0, 0.5)}), ("shuffle",), {})
+    checks = goals.goal_checks(results_from({"clip": pattern(0, 0.5)}), ("shuffle",), {})
     assert [c["met"] for c in checks] == [None] * 6  # 4 on scores (one mode), 2 on speed
     assert all(c["measured"].startswith("not") for c in checks)
 
@@ -518,7 +518,7 @@ def test_patch_changes_sum_to_the_directional_derivative(tiny_store, perturbed_f
     """Σ_p ∂m/∂g_p · (g_p − ḡ) equals the central finite difference of the margin along the
     centred grid, item by item; each item's map does not depend on its batch neighbours."""
     image, gold, foil = dev_items(tiny_store)
-    delta, m = analysis.patch_sensitivity(perturbed_flowclip, image, gold, foil)
+    delta, m = sensitivity.patch_sensitivity(perturbed_flowclip, image, gold, foil)
     R = tiny_store.dims.n_patches
     assert delta.shape == (4, R) and torch.allclose(
         m.double(), margin(perturbed_flowclip, image, gold, foil, image.final)
@@ -532,7 +532,7 @@ def test_patch_changes_sum_to_the_directional_derivative(tiny_store, perturbed_f
     ) / (2 * eps)
     assert fd.abs().min() > 1e-4  # a non-trivial case
     np.testing.assert_allclose(delta.sum(1).double().numpy(), fd.numpy(), rtol=2e-2, atol=1e-6)
-    one, _ = analysis.patch_sensitivity(perturbed_flowclip, image.index(torch.tensor([2])),
+    one, _ = sensitivity.patch_sensitivity(perturbed_flowclip, image.index(torch.tensor([2])),
                                         gold.index(torch.tensor([2])), foil.index(torch.tensor([2])))  # fmt: skip
     torch.testing.assert_close(one[0], delta[2], rtol=1e-4, atol=1e-7)
 
@@ -543,11 +543,11 @@ def test_uncentred_changes_vanish_and_an_untrained_icer_has_none(tiny_store, per
     from pipeline.scorers import create_scorer
 
     image, gold, foil = dev_items(tiny_store)
-    centred, _ = analysis.patch_sensitivity(perturbed_flowclip, image, gold, foil)
-    plain, _ = analysis.patch_sensitivity(perturbed_flowclip, image, gold, foil, centre=False)
+    centred, _ = sensitivity.patch_sensitivity(perturbed_flowclip, image, gold, foil)
+    plain, _ = sensitivity.patch_sensitivity(perturbed_flowclip, image, gold, foil, centre=False)
     assert plain.abs().max() < 1e-4 * centred.abs().max()
     fresh = create_scorer("flowclip", dims=tiny_store.dims, proj=tiny_store.projections()).eval()
-    zero, _ = analysis.patch_sensitivity(fresh, image, gold, foil)
+    zero, _ = sensitivity.patch_sensitivity(fresh, image, gold, foil)
     assert zero.abs().max() == 0.0
 
 
@@ -555,7 +555,7 @@ def test_sensitivity_items_are_chosen_deterministically():
     """The first two swap-att items, the first swap-obj and the first What'sUp item; the
     foil of a What'sUp item is flowclip's best-scoring wrong option."""
     results = results_from({"flowclip": {s: np.zeros(len(m), bool) for s, m in MANIFESTS.items()}})
-    items = analysis.sensitivity_items(results)
+    items = sensitivity.sensitivity_items(results)
     swap_att, swap_obj = (
         rows_of("shapes-sugarcrepe", "swap-att"),
         rows_of("shapes-sugarcrepe", "swap-obj"),
@@ -566,4 +566,4 @@ def test_sensitivity_items_are_chosen_deterministically():
         ("shapes-sugarcrepe", swap_obj[0], 0, 1),
         ("shapes-whatsup", 0, 0, 1),  # wrong: option 1 scored highest
     ]
-    assert analysis.sensitivity_items(results, "global-m") == []
+    assert sensitivity.sensitivity_items(results, "global-m") == []

@@ -227,13 +227,13 @@ def test_bindclip_section_leaves_its_diagnostics_payload(full_context):
 def test_the_flowclip_section_draws_the_patch_sensitivity(full_context):
     """The pictured items (two swap-att, one swap-obj, one What'sUp-style) on the store, each
     map's total equal to its per-patch changes summed."""
-    from pipeline.scorers.flowclip import analysis
+    from pipeline.scorers.flowclip import sensitivity
 
     blocks = SECTIONS.get("flowclip").render(full_context)
     assert "![patch sensitivity](figures/flowclip-sensitivity.png)" in blocks
-    items = analysis.sensitivity_items(full_context.results)
+    items = sensitivity.sensitivity_items(full_context.results)
     assert [s for s, *_ in items] == ["shapes-sugarcrepe"] * 3 + ["shapes-whatsup"]
-    maps = analysis.patch_maps(
+    maps = sensitivity.patch_maps(
         full_context.scorer("flowclip"), full_context.store, full_context.results, items
     )
     assert [(m["suite"], m["item"]) for m in maps] == [(s, i) for s, i, *_ in items]

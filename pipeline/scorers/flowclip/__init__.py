@@ -1,8 +1,10 @@
 """Flow-CLIP (methods.md §2): GCC + ICER over a frozen CLIP, trained with HNB (and CIMR).
 
 One package holds the family: :mod:`.model` (the scorer and its variants ``global-m``,
-``flowclip``, ``flowclip-cimr``), :mod:`.objectives` (HNB and CIMR) and :mod:`.training`
-(its hook into the one training loop). The three variants have different objectives, so
+``flowclip``, ``flowclip-cimr``), :mod:`.objectives` (HNB and CIMR), :mod:`.training` (its
+hook into the one training loop), and its report section (:mod:`.report`) with what it
+renders: :mod:`.analysis` (ladder, corrections, seed spread), :mod:`.goals` and
+:mod:`.sensitivity` (the patch-sensitivity pictures). The three variants have different objectives, so
 each is trained separately and owns its checkpoint (``<checkpoints>/<variant>/``).
 """
 

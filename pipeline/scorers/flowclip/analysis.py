@@ -1,5 +1,5 @@
 """Flow-CLIP's analyses (seed ``flowclip.txt`` §4.3-4.7): pure functions of cached scores,
-and one of a trained scorer on cached features; its report section renders them.
+its report section renders them.
 
 * :func:`ladder`: the ablation ladder ``clip`` → ``global-m`` → ``flowclip`` →
   ``flowclip-cimr`` on the all-task mean (:data:`~pipeline.report.tasks.ALL_TASKS`, the
@@ -11,18 +11,10 @@ and one of a trained scorer on cached features; its report section renders them.
   makes, per slice (:data:`CORRECTION_TASKS`), with an exact McNemar p (seed §4.7: "28
   repairs and no correct-to-incorrect reversals").
 * :func:`seed_spread`: mean ± sd over the training seeds (``<variant>@seed<k>``).
-* :func:`goal_checks`: the issue's goals, each with the measured value, a verdict and by
-  how much it is missed; nothing is asserted, everything is reported.
-* :func:`patch_sensitivity` / :func:`patch_maps`: the first-order change of the gold-minus-foil
-  margin per patch of the final grid (seed §4.7, "first-order changes in gold–foil evidence
-  increments along centered patch-feature directions").
+* :func:`selected_steps`: the training step dev selection kept for each seed.
 
-Why centred directions: ICER reads a patch only through its unit key ``v_p =
-normalise(P_v^T g_p)``, which does not change when ``g_p`` is scaled, so ``∂m/∂g_p · g_p = 0``
-exactly for every patch. Along the centred direction ``g_p − ḡ`` (``ḡ`` the mean valid
-patch) the change is what moving a patch toward or away from the image's average does to
-the margin; the per-patch changes sum to the margin's directional derivative along the
-whole centred grid.
+The issue's goals are :mod:`pipeline.scorers.flowclip.goals`'s; the patch-sensitivity
+pictures :mod:`pipeline.scorers.flowclip.sensitivity`'s.
 """
 
 from __future__ import annotations
@@ -34,16 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
-import torch
 
-from pipeline.features import ImageFeatures, TextFeatures
 from pipeline.report.compare import common_tasks, compare_mean, mean_ci, task_units
-from pipeline.report.sections import bench_number
 from pipeline.report.tasks import (
-    ALL_TASKS,
     ARO_TASKS,
-    BINDING_TASKS,
     DEV_TASKS,
     SUGARCREPE_TASKS,
     WHATSUP,
@@ -66,15 +52,6 @@ SEED_TASKS: tuple[Task, ...] = (  # headline tasks shown per training seed
     ("shapes-whatsup", "individual"),
     ("shapes-retrieval", "R@1"),
 )
-# Patch-sensitivity pictures: (suite, category or None for any) of the items drawn, in order.
-SENSITIVITY_ITEMS = (
-    ("shapes-sugarcrepe", "swap-att"),
-    ("shapes-sugarcrepe", "swap-att"),
-    ("shapes-sugarcrepe", "swap-obj"),
-    ("shapes-whatsup", None),
-)
-SPEEDUP_GOALS = {"toy": 20.0, "ViT-L-14-336": 100.0}  # scoring from the cache vs re-encoding
-_AT_BOUND = 1e-9  # accuracies are ratios of counts: a value exactly at a goal's bound meets it
 
 
 def task_label(task: Task) -> str:
@@ -250,258 +227,3 @@ def selected_steps(checkpoints: Path, variants: list[str] | tuple[str, ...]) -> 
             seeds = json.loads(path.read_text()).get("seeds", {})
             out[v] = {str(k): int(r["selected_step"]) for k, r in seeds.items()}
     return out
-
-
-# ---------------------------------------------------------------- the issue's goals
-
-
-def _check(
-    goal: str, measured: str, met: bool | None, shortfall: str = "", **numbers
-) -> dict[str, Any]:
-    """One goal row: ``met`` None when it could not be measured."""
-    return {
-        "goal": goal,
-        "measured": measured,
-        "met": met,
-        "shortfall": "" if met else shortfall,
-        **numbers,
-    }
-
-
-def _points(c) -> str:
-    return f"{100 * c.diff:+.1f} [{100 * c.lo:+.1f}, {100 * c.hi:+.1f}] points"
-
-
-def goal_checks(
-    results: dict[str, Any],
-    modes: list[str] | tuple[str, ...] = ("shuffle", "fixed"),
-    bench: dict[str, Any] | None = None,
-    n_resamples: int = 10_000,
-    seed: int = 0,
-) -> list[dict[str, Any]]:
-    """The Flow-CLIP issue's goals (bounds inclusive), each with ``measured`` (values and a
-    paired-bootstrap CI of the compared difference), ``met`` (None: not measured, e.g. a
-    variant not scored), ``shortfall`` (by how much an unmet goal is missed, in its own
-    terms) and the numbers behind it (``value``, ``base``, ``diff``, ``lo``, ``hi``).
-
-    Goals: ``global-m`` >= ``clip`` on the all-task mean; ``flowclip`` >= ``global-m`` + 3
-    points on the binding mean; under each of ``modes``, ``flowclip-cimr``'s ARO-style mean
-    >= 10 points below ``flowclip``'s; with the own image, ``flowclip-cimr``'s ARO-style
-    mean within 2 points of ``flowclip``'s; and scoring from the cache >= 20x (toy) and
-    >= 100x (ViT-L-14-336) faster than re-encoding for every Flow-CLIP variant in ``bench``
-    (``pipeline bench scoring``'s ``results``).
-    """
-    eps = _AT_BOUND
-    checks = []
-    layout = layout_for(results)
-
-    def comparison(roles, variant: str, base: str, name: str):
-        """The paired comparison on the world's tasks of ``roles`` both have (None without
-        any), and a note naming how many of them that is when some are missing."""
-        tasks = layout.tasks(roles)
-        present = common_tasks(results, tasks, [variant, base])
-        c = (
-            compare_mean(results, present, variant, base, n_resamples, seed, name)
-            if present
-            else None
-        )
-        note = f" (over {len(present)} of {len(tasks)} tasks)" if len(present) < len(tasks) else ""
-        return c, note
-
-    def numbers(c) -> dict[str, float]:
-        return {"value": c.value, "base": c.base, "diff": c.diff, "lo": c.lo, "hi": c.hi}
-
-    goal = "`global-m` >= `clip` on the all-task mean"
-    c, note = comparison(ALL_TASKS, "global-m", BASELINE, "all-task")
-    if c is None:
-        checks.append(_check(goal, "not scored", None))
-    else:
-        met = c.diff >= -eps
-        measured = f"{100 * c.value:.1f} vs {100 * c.base:.1f}: {_points(c)}{note}"
-        checks.append(_check(goal, measured, met, f"{-100 * c.diff:.1f} points", **numbers(c)))
-
-    goal = "`flowclip` >= `global-m` + 3 points on the binding mean"
-    c, note = comparison(BINDING_TASKS, "flowclip", "global-m", "binding")
-    if c is None:
-        checks.append(_check(goal, "not scored", None))
-    else:
-        met = c.diff >= 0.03 - eps
-        measured = f"{100 * c.value:.1f} vs {100 * c.base:.1f}: {_points(c)}{note}"
-        checks.append(
-            _check(goal, measured, met, f"{100 * (0.03 - c.diff):.1f} points", **numbers(c))
-        )
-
-    for mode in modes:
-        goal = f"under {mode}, `flowclip-cimr`'s ARO-style mean >= 10 points below `flowclip`'s"
-        c, note = comparison(ARO_TASKS, f"flowclip@{mode}", f"flowclip-cimr@{mode}", "aro")
-        if c is None:
-            checks.append(_check(goal, "not scored", None, mode=mode))
-            continue
-        met = c.diff >= 0.10 - eps
-        measured = (
-            f"`flowclip` {100 * c.value:.1f}, `flowclip-cimr` {100 * c.base:.1f}: "
-            f"`flowclip` − `flowclip-cimr` = {_points(c)}{note}"
-        )
-        checks.append(
-            _check(
-                goal, measured, met, f"{100 * (0.10 - c.diff):.1f} points", mode=mode, **numbers(c)
-            )
-        )
-
-    goal = "own image: `flowclip-cimr`'s ARO-style mean within 2 points of `flowclip`'s"
-    c, note = comparison(ARO_TASKS, "flowclip-cimr", "flowclip", "aro")
-    if c is None:
-        checks.append(_check(goal, "not scored", None))
-    else:
-        met = abs(c.diff) <= 0.02 + eps
-        measured = f"{100 * c.value:.1f} vs {100 * c.base:.1f}: {_points(c)}{note}"
-        checks.append(
-            _check(goal, measured, met, f"{100 * (abs(c.diff) - 0.02):.1f} points", **numbers(c))
-        )
-
-    checks += speedup_checks(bench or {})
-    return checks
-
-
-def speedup_checks(bench: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per encoder of :data:`SPEEDUP_GOALS`: every Flow-CLIP variant's speedup of scoring
-    from the cache over re-encoding in ``bench`` (``pipeline bench scoring``'s results)
-    against the goal; met only when every variant measured meets it."""
-    checks = []
-    for enc, bound in SPEEDUP_GOALS.items():
-        goal = f"scoring from the cache >= {bound:.0f}x faster than re-encoding ({enc})"
-        measured_by = {v: bench_number(bench, enc, v, "speedup") for v in VARIANTS}
-        speed = {v: float(x) for v, x in measured_by.items() if x is not None}
-        if not speed:
-            checks.append(
-                _check(goal, "not measured (`pipeline bench scoring`)", None, encoder=enc)
-            )
-            continue
-        short = {v: x for v, x in speed.items() if x < bound - _AT_BOUND}
-        measured = ", ".join(f"`{v}` {x:.1f}x" for v, x in speed.items())
-        pairs = {bench_number(bench, enc, v, "pairs") for v in speed} - {None}
-        if len(pairs) == 1:  # few pairs weigh fixed costs heavily: say how many were timed
-            measured += f" ({int(pairs.pop()):,} pairs each)"
-        shortfall = ", ".join(f"`{v}` {bound - x:.1f}x short" for v, x in short.items())
-        checks.append(_check(goal, measured, not short, shortfall, encoder=enc, speedups=speed))
-    return checks
-
-
-# ---------------------------------------------------------------- patch sensitivity
-
-
-def patch_sensitivity(
-    scorer, image: ImageFeatures, gold: TextFeatures, foil: TextFeatures, centre: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """First-order change of the margin ``m = s(I, gold) − s(I, foil)`` per final-grid patch.
-
-    ``Δ_p = ∂m/∂g_p · δ_p`` with ``δ_p = g_p − ḡ`` (``centre``; ``ḡ`` the mean valid patch
-    of the image) or ``δ_p = g_p``, for the final-layer grid ``g`` (after ``ln_post``, CLS
-    excluded). ``Σ_p Δ_p`` is the directional derivative ``d/dt m(g + t δ)`` at ``t = 0``.
-    Without centring every ``Δ_p`` is 0 for Flow-CLIP (its patch keys are unit vectors:
-    see the module docstring). Padded (all-zero) patches get 0.
-
-    Args:
-        scorer: a per-caption scorer (``score(image, text) -> [B]``), e.g. ``FlowClip``.
-        image: B images (``final`` [B, R, d_v] is differentiated; nothing else is).
-        gold: B true captions, one per image.
-        foil: B negative captions, one per image.
-        centre: use centred patch directions.
-
-    Returns:
-        [B, R] per-patch changes and [B] margins.
-    """
-    g = image.final.detach().float().clone().requires_grad_(True)  # [B, R, d_v]
-    img = ImageFeatures(image.early, g, image.cls, image.embed)
-    with torch.enable_grad():
-        margin = scorer.score(img, gold) - scorer.score(img, foil)  # [B]
-        (grad,) = torch.autograd.grad(margin.sum(), g)  # [B, R, d_v]; items are independent
-    g = g.detach()
-    valid = (g.abs().amax(-1) > 0).to(g.dtype)[..., None]  # [B, R, 1]
-    mean = (g * valid).sum(1, keepdim=True) / valid.sum(1, keepdim=True).clamp_min(
-        1.0
-    )  # [B, 1, d_v]
-    direction = (g - mean if centre else g) * valid  # [B, R, d_v]
-    return (grad * direction).sum(-1), margin.detach()  # [B, R], [B]
-
-
-def sensitivity_items(
-    results: dict[str, Any], variant: str = "flowclip"
-) -> list[tuple[str, int, int, int]]:
-    """The items of the patch-sensitivity pictures: for each entry of
-    :data:`SENSITIVITY_ITEMS`, the first item of that suite and category (manifest order) not
-    yet taken, as ``(suite, item, gold option, foil option)``; the foil is ``variant``'s
-    highest-scoring wrong option (the other caption of a two-way item)."""
-    out: list[tuple[str, int, int, int]] = []
-    layout = layout_for(results)
-    for role, category in SENSITIVITY_ITEMS:
-        suite = layout.suite(role)
-        entry = results.get(suite) if suite else None
-        if not entry or variant not in entry["scores"]:
-            continue
-        m = entry["manifest"]
-        rows = (
-            np.arange(len(m))
-            if category is None
-            else np.flatnonzero(m["category"].to_numpy() == category)
-        )
-        taken = {i for s, i, _, _ in out if s == suite}
-        left = [int(i) for i in rows if int(i) not in taken]
-        if not left:
-            continue
-        i = left[0]
-        gold = int(m["correct"].iloc[i])
-        s = np.array(entry["scores"][variant][i], dtype=float)  # [K]
-        s[gold] = -np.inf
-        s[np.isnan(s)] = -np.inf
-        out.append((suite, i, gold, int(np.argmax(s))))
-    return out
-
-
-def patch_maps(
-    scorer, store, results: dict[str, Any], items: list[tuple[str, int, int, int]]
-) -> list[dict[str, Any]]:
-    """:func:`patch_sensitivity` (centred) of ``items`` (:func:`sensitivity_items`), read from
-    the store through each suite's index: per item its suite, row, image path, category, gold
-    and foil captions, margin, ``map`` ([grid_h, grid_w] per-patch changes) and ``total``
-    (their sum). Items of suites the store lacks are skipped."""
-    from pipeline.scoring import item_image_rows
-
-    gh, gw = store.dims.grid
-    out = []
-    for suite in dict.fromkeys(s for s, *_ in items):
-        if suite not in store.suites():
-            continue
-        picked = [(i, a, b) for s, i, a, b in items if s == suite]
-        index = store.suite_index(suite)
-        rows = np.array([i for i, _, _ in picked])
-        caps = index["captions"][rows]  # [b, K]
-        k = np.arange(len(rows))
-        gold_opt, foil_opt = (
-            np.array([a for _, a, _ in picked]),
-            np.array([b for _, _, b in picked]),
-        )
-        delta, margin = patch_sensitivity(
-            scorer,
-            store.images(item_image_rows(index)[rows]),
-            store.texts(caps[k, gold_opt]),
-            store.texts(caps[k, foil_opt]),
-        )
-        manifest: pd.DataFrame = results[suite]["manifest"]
-        for j, (i, a, b) in enumerate(picked):
-            row = manifest.iloc[i]
-            out.append(
-                {
-                    "suite": suite,
-                    "item": i,
-                    "image": row["image"],
-                    "category": str(row["category"]),
-                    "gold": row["captions"][a],
-                    "foil": row["captions"][b],
-                    "margin": float(margin[j]),
-                    "map": delta[j].reshape(gh, gw).numpy(),
-                    "total": float(delta[j].sum()),
-                }
-            )
-    order = {(s, i): n for n, (s, i, _, _) in enumerate(items)}
-    return sorted(out, key=lambda r: order[(r["suite"], r["item"])])

@@ -21,7 +21,7 @@ from pipeline.report.markdown import md_table, pct, pct_ci, points_ci
 from pipeline.report.sections import SCORING_BENCH, read_bench, replacement_modes
 from pipeline.report.tasks import MEANS
 from pipeline.report.templates import Templates
-from pipeline.scorers.flowclip import analysis
+from pipeline.scorers.flowclip import analysis, goals, sensitivity
 
 TEXT = Templates("pipeline.scorers.flowclip", "report.md")
 PICTURED = "flowclip"  # the variant whose patch sensitivity is drawn
@@ -39,7 +39,7 @@ def flowclip_section(ctx: ReportContext) -> list[str]:
     seeds = analysis.seed_spread(ctx.results, variants)
     selected = analysis.selected_steps(Path(ctx.score.checkpoints), variants)
     bench = read_bench(ctx.out / SCORING_BENCH)
-    checks = analysis.goal_checks(
+    checks = goals.goal_checks(
         ctx.results, replacement_modes(ctx) or ("shuffle", "fixed"), bench, n, seed
     )
     ctx.json_files["flowclip.json"] = {
@@ -133,13 +133,13 @@ def corrections_part(rows: list[dict[str, Any]], variants: list[str]) -> list[st
 def sensitivity_part(ctx: ReportContext) -> list[str]:
     """The patch-sensitivity pictures of ``flowclip`` (nothing unless it was scored on the
     suites drawn and they are in the store)."""
-    items = analysis.sensitivity_items(ctx.results, PICTURED)
+    items = sensitivity.sensitivity_items(ctx.results, PICTURED)
     if not items:
         return []
     items = [it for it in items if it[0] in ctx.store.suites()]
     if not items:
         return []
-    maps = analysis.patch_maps(ctx.scorer(PICTURED), ctx.store, ctx.results, items)
+    maps = sensitivity.patch_maps(ctx.scorer(PICTURED), ctx.store, ctx.results, items)
     fig = sensitivity_figure(maps, ctx.results)
     return [
         "### Patch sensitivity",
