@@ -8,8 +8,10 @@ loads ``score.checkpoints``; ``--lam`` refits the ridge map in memory on the ``r
 suite instead, onto the object embeddings the options name: ``objects=crops`` fits it on the
 re-encoded crops of a store extracted with ``extract.object_crops: true``), scores it on each retrieval suite (default shapes-retrieval and shapes-multi)
 and prints R@1, R@5, R@10, nDCG@10 and mean rank with their 95% bootstrap CIs, and the paired
-difference to frozen CLIP. It reads ``cache/features`` and never writes there. The geometry
-rows of ``docs/trials.md`` rerun this way.
+difference to frozen CLIP; ``--misses`` also classifies the queries whose top-1 is not their
+own image, ``--centre`` (with ``--lam``) compares mapped phrases and objects less the training
+objects' mean. It reads ``cache/features`` and never writes there. The geometry rows of
+``docs/trials.md`` rerun this way.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ def main() -> None:
     ap.add_argument("--lam", type=float, default=None, help="refit ridge-fgw's map with this penalty")
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     ap.add_argument("--oracle", action="store_true", help="image objects = their names' text embeddings (an upper bound: perfect object embeddings)")
+    ap.add_argument("--misses", action="store_true", help="on shapes suites: classify each query whose top-1 is not its own image (near-duplicate of its scene or another scene, and what differs)")
+    ap.add_argument("--centre", choices=["mean", "zscore"], default=None, help="with --lam: fit the map onto the training objects less their mean (zscore: also over their sd) and compare the gallery's objects likewise")
     args = ap.parse_args()
 
     import torch
@@ -53,6 +57,8 @@ def main() -> None:
             raise SystemExit(f"override {item!r}: expected key=YAML")
         options[key] = yaml.safe_load(value)
     store = open_store(load_config(ExtractConfig, args.params, "extract"))
+    if args.centre and args.lam is None:
+        raise SystemExit("--centre refits the map: pass --lam too")
     if args.lam is None:
         scorer = load_scorer(args.variant, store, score.checkpoints, options=options)
     else:
@@ -62,9 +68,22 @@ def main() -> None:
         ridge = load_config(RidgeConfig, args.params, "ridge")
         m, idx = suite_inputs(store, ridge.suite)
         P, Y, _ = training_pairs(store, m, idx, ridge.suite, options.get("layer", "final"), options.get("objects", "box-mean"))
-        W, b = fit_ridge(P, Y, args.lam)
+        mu, sd = Y.mean(0), (Y.std(0) if args.centre == "zscore" else torch.ones(Y.shape[1]))
+        W, b = fit_ridge(P, (Y - mu) / sd if args.centre else Y, args.lam)
         with torch.no_grad():
             scorer.weight.copy_(W), scorer.bias.copy_(b)
+        if args.centre:
+            from pipeline.scorers.geometry.objects import ObjectSets
+
+            fitted_prepare = scorer.prepare
+
+            def centred_prepare(store_, manifest, index, suite=""):
+                fitted_prepare(store_, manifest, index, suite)
+                g = scorer._gallery
+                e = torch.nn.functional.normalize((g.embed - mu) / sd, dim=-1)
+                scorer._gallery = ObjectSets(torch.where(g.mask[..., None], e, 0.0), g.mask, g.pos)
+
+            scorer.prepare = centred_prepare
     if args.oracle:
         prepare = scorer.prepare
 
@@ -85,7 +104,10 @@ def main() -> None:
         suite = SUITES.get(suite_name)
         manifest, index = suite_inputs(store, suite_name)
         manifest, index, _ = drop_missing(manifest, index)
-        units = suite.units(manifest, score_retrieval(scorer, store, manifest, index, score.batch_size, suite=suite_name))
+        scores = score_retrieval(scorer, store, manifest, index, score.batch_size, suite=suite_name)
+        units = suite.units(manifest, scores)
+        if args.misses:
+            print(f"{suite_name:17s} misses    {json.dumps(misses(manifest, scores))}")
         base = suite.units(manifest, score_retrieval(clip, store, manifest, index, score.batch_size))
         rows = {}
         for metric, u in units.items():
@@ -95,6 +117,33 @@ def main() -> None:
             print(f"{suite_name:17s} {metric:9s} {ci.estimate:7.3f} [{ci.lo:.3f}, {ci.hi:.3f}]  clip {base[metric].statistic():.3f}  Δ {d.diff:+.3f} [{d.lo:+.3f}, {d.hi:+.3f}]")
         out["suites"][suite_name] = rows
     print(json.dumps(out))
+
+
+def misses(manifest, scores) -> dict[str, int]:
+    """Each query whose top-1 gallery image is not its own, by what that image changes: a
+    near-duplicate of the query's scene (same ``group``) with other (colour, shape) objects or
+    only another layout, or another scene sharing both, one or none of the query's shapes
+    (shapes-world manifests: ``scene`` JSON and ``group`` columns)."""
+    from collections import Counter
+
+    from pipeline.benchmarks.base import gallery_images
+    from pipeline.scorers.geometry.objects import gallery_rows_of
+
+    rows = gallery_rows_of(manifest, gallery_images(manifest))  # gallery index -> manifest row
+    gold = {manifest["image"].iloc[r]: g for g, r in enumerate(rows)}
+    scene = [json.loads(x)["objects"] for x in manifest["scene"]]
+    kinds: Counter = Counter()
+    for q, top in enumerate(scores.argmax(1)):
+        if top == gold[manifest["image"].iloc[q]]:
+            continue
+        t = int(rows[top])
+        objects = [{(o["colour"], o["shape"]) for o in scene[i]} for i in (q, t)]
+        if manifest["group"].iloc[q] == manifest["group"].iloc[t]:
+            kinds["near-duplicate, other objects" if objects[0] != objects[1] else "near-duplicate, other layout"] += 1
+        else:
+            shared = len({s for _, s in objects[0]} & {s for _, s in objects[1]})
+            kinds[f"another scene, {shared} shape(s) shared"] += 1
+    return {"queries": len(scores), "misses": sum(kinds.values()), **dict(sorted(kinds.items()))}
 
 
 if __name__ == "__main__":
