@@ -14,12 +14,13 @@ from typing import Annotated
 
 import typer
 
+from pipeline.perf.commands import bench_app, write_bench
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Precompute-then-score feature cache pipeline for vision-language compositionality.",
 )
-bench_app = typer.Typer(no_args_is_help=True, help="Measurements behind the README/report figures.")
 app.add_typer(bench_app, name="bench")
 
 DEFAULT_PARAMS = Path("params.yaml")
@@ -389,115 +390,6 @@ def encoders() -> None:
         typer.echo(f"{name:22s} open_clip {config}, early layer {spec.early_layer}, weights {spec.default_pretrained}{files}")
 
 
-def _write_bench(name: str, command: str, results: dict, folder: str = "reports/bench") -> None:
-    from pipeline.perf.common import write_bench
-
-    out = write_bench(name, command, results, folder)
-    _echo_json(results)
-    typer.echo(f"-> {out}", err=True)
-
-
-@bench_app.command("extract")
-def bench_extract(
-    toy_images: Annotated[int, typer.Option(help="images for the toy encoder")] = 512,
-    vit_images: Annotated[int, typer.Option(help="images for ViT-L-14-336 (0 = skip)")] = 8,
-    scheduler: Annotated[list[str] | None, typer.Option(help="instead: distributed throughput per scheduler (repeatable, e.g. local:1 local:2)")] = None,
-) -> None:
-    """Extract wall time vs a bare forward pass (toy and ViT-L-14-336, random init); with
-    --scheduler, distributed extract throughput against the single process (identical stores)."""
-    from pipeline.perf.extract import extract_overhead, extract_scaling
-
-    if scheduler:
-        flags = " ".join(f"--scheduler {s}" for s in scheduler)
-        _write_bench("extract-distributed", f"pipeline bench extract --toy-images {toy_images} {flags}",
-                     extract_scaling(toy_images, tuple(scheduler)))  # fmt: skip
-        return
-
-    results = {"toy": extract_overhead("toy", toy_images, batch_size=64)}
-    if vit_images:
-        results["ViT-L-14-336"] = extract_overhead("ViT-L-14-336", vit_images, batch_size=4, repeats=1)
-    _write_bench("extract", f"pipeline bench extract --toy-images {toy_images} --vit-images {vit_images}", results)
-
-
-@bench_app.command("cli")
-def bench_cli(
-    model: Annotated[str, typer.Option(help="encoder (random init saved as a weights file)")] = "ViT-B-32",
-    items: Annotated[int, typer.Option(help="SugarCrepe-style items scored")] = 100,
-    repeats: Annotated[int, typer.Option(help="timed calls (median)")] = 3,
-) -> None:
-    """One `pipeline score` call against its scoring time: imports, params, store open and fingerprint (goal: <= 3 s)."""
-    from pipeline.perf.cli import score_overhead
-
-    _write_bench("cli", f"pipeline bench cli --model {model} --items {items} --repeats {repeats}", score_overhead(model, items, repeats))
-
-
-@bench_app.command("scoring")
-def bench_scoring(
-    params: Annotated[Path, typer.Option(help="params.yaml (score.checkpoints, score.batch_size, train.<variant>.scorer)")] = DEFAULT_PARAMS,
-    items: Annotated[int, typer.Option(help="items (an image, two captions) for the toy encoder")] = 500,
-    vit_items: Annotated[int, typer.Option(help="items for ViT-L-14-336 at random init (0 = skip)")] = 8,
-    variants: Annotated[list[str] | None, typer.Option(help="scorer variants (repeatable; default: clip bindclip global-m flowclip flowclip-cimr)")] = None,
-    threads: Annotated[int, typer.Option(help="torch intra-op threads (at most the free cores)")] = 2,
-    quiet: Quiet = False,
-) -> None:
-    """Each scorer from the cache vs re-encoding batched as CLIP_benchmark does (toy, ViT-L-14-336)."""
-    from pipeline.perf.scoring import VARIANTS
-    from pipeline.perf.scoring import bench_scoring as run_bench
-
-    variants = variants or list(VARIANTS)
-    flags = " ".join(f"--variants {v}" for v in variants)
-    cmd = f"pipeline bench scoring --params {params} --items {items} --vit-items {vit_items} {flags} --threads {threads}"
-    try:
-        results = run_bench(params, items, vit_items, variants, threads, progress=not quiet)
-    except USER_ERRORS as e:
-        _fail(e)
-    _write_bench("scoring", cmd, results)
-
-
-@bench_app.command("rerank")
-def bench_rerank(
-    queries: Annotated[int, typer.Option(help="queries reranked per variant")] = 200,
-    objects: Annotated[int, typer.Option(help="objects per query and per image")] = 4,
-    dim: Annotated[int, typer.Option(help="joint-space dimension (toy: 128)")] = 128,
-    threads: Annotated[int, typer.Option(help="torch intra-op threads")] = 2,
-) -> None:
-    """Geometry-aware reranking cost: ms per query at K = 20, growth with K and objects, FGW batched vs POT's loop."""
-    from pipeline.perf.rerank import bench_rerank as run_bench
-
-    cmd = f"pipeline bench rerank --queries {queries} --objects {objects} --dim {dim} --threads {threads}"
-    _write_bench("rerank", cmd, run_bench(queries=queries, objects=objects, dim=dim, threads=threads))
-
-
-@bench_app.command("memory")
-def bench_memory(
-    sizes: Annotated[list[int] | None, typer.Option(help="image counts (repeatable)")] = None,
-) -> None:
-    """Peak memory of extract as the number of images grows."""
-    from pipeline.perf.extract import extract_memory
-
-    sizes = sizes or [256, 1024, 4096]
-    flags = " ".join(f"--sizes {n}" for n in sizes)
-    _write_bench("memory", f"pipeline bench memory {flags}", extract_memory(sizes))
-
-
-@bench_app.command("sinkhorn")
-def bench_sinkhorn(
-    problems: Annotated[int, typer.Option(help="number of OT problems")] = 256,
-    rows: Annotated[int, typer.Option(help="rows per problem")] = 64,
-    cols: Annotated[int, typer.Option(help="columns per problem")] = 1153,
-    pot_subset: Annotated[int, typer.Option(help="problems POT's loop is timed on (0 = all)")] = 0,
-    batch_block: Annotated[int, typer.Option(help="our solver's problems per block (-1 = automatic: cache-sized on CPU; 0 = one block)")] = -1,
-) -> None:
-    """Batched log-domain Sinkhorn vs POT's per-problem loop, equal work and results."""
-    from pipeline.perf.sinkhorn import bench_sinkhorn as run_bench
-
-    kwargs = {"n_problems": problems, "n": rows, "m": cols, "batch_block": None if batch_block < 0 else batch_block}
-    if pot_subset:
-        kwargs["pot_subset"] = pot_subset
-    cmd = f"pipeline bench sinkhorn --problems {problems} --rows {rows} --cols {cols} --pot-subset {pot_subset} --batch-block {batch_block}"
-    _write_bench("sinkhorn", cmd, run_bench(**kwargs))
-
-
 @app.command("probes")
 def probes_command(params: Params = None) -> None:
     """Linear probes of the cached features (colour, front/behind, the text's colour) ->
@@ -514,7 +406,7 @@ def probes_command(params: Params = None) -> None:
         result = probes(store)
     except USER_ERRORS as e:
         _fail(e)
-    _write_bench("probes", f"pipeline probes --params {params}", result, folder="reports")
+    write_bench("probes", f"pipeline probes --params {params}", result, folder="reports")
 
 
 if __name__ == "__main__":  # pragma: no cover
