@@ -359,8 +359,10 @@ def _encode_texts(enc: Encoder, root, rows: np.ndarray, texts: list[str], cfg: E
 def _truncation(enc: Encoder, suite_cells: list, captions: dict[str, str]) -> dict[str, dict[str, int]]:
     """Per suite, ``n_truncated``: captions longer than the context (cut to its first
     ``context_length - 2`` BPE tokens, eot kept), and ``n_truncation_ties``: items with two
-    different captions in one column that the cut makes identical (their options score the
-    same, whatever the scorer)."""
+    captions in one column whose tokens differ but that the cut makes identical (their options
+    score the same, whatever the scorer). Captions whose tokens are equal to begin with (they
+    differ only in case, whitespace or characters the tokenizer drops) tie without any cut and
+    are not counted."""
     from open_clip.tokenizer import _tokenizer
 
     limit = enc.dims.context_length - 2  # sot and eot
@@ -375,7 +377,7 @@ def _truncation(enc: Encoder, suite_cells: list, captions: dict[str, str]) -> di
                 continue
             for ks in keyed:
                 cut = {tuple(tokens[k][:limit]) for k in set(ks)}
-                ties += len(cut) < len(set(ks))
+                ties += len(cut) < len({tuple(tokens[k]) for k in set(ks)})
         out[src.suite] = {"n_truncated": int(n_long), "n_truncation_ties": int(ties)}
         if n_long:
             log.warning(

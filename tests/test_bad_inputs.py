@@ -523,6 +523,17 @@ def test_captions_equal_up_to_the_cut_are_counted_as_ties(tmp_path, images):
     assert scores["scores"][3][0] == scores["scores"][3][1]  # the cut makes the two options one
 
 
+def test_captions_the_tokenizer_makes_equal_are_not_truncation_ties(tmp_path, images):
+    """Options that differ only in case or in a character the tokenizer drops (a NUL) are one
+    token sequence without any cut: they tie, but not because of truncation."""
+    folder, names = images
+    rows = [item(i, n) for i, n in enumerate(names)]
+    rows[3]["captions"] = ["a green star", "A Green\x00 star"]
+    params = write_params(tmp_path, write_manifest(tmp_path / "m.parquet", rows), folder)
+    m = extract_and_score(params)
+    assert m["n_truncated"] == 0 and m["n_truncation_ties"] == 0
+
+
 # ---------------------------------------------------------------- the store
 
 
