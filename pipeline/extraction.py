@@ -240,7 +240,10 @@ def encode_rows(enc: Encoder, root: zarr.Group, modality: str, rows: np.ndarray,
 
 
 def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: float) -> dict[str, Any]:
-    """Write every suite's item -> row index and mark the store updated; the summary.
+    """Write every suite's item -> row index and, when rows were encoded (or the store was
+    never marked), mark the store updated; the summary. An extract that finds every row
+    already encoded leaves the store's bytes as they were, so a DVC stage hashing the store
+    sees no change and does not rerun what reads it.
 
     Rows in ``plan.bad`` (images that could not be decoded, and their object crops) are
     indexed as -1, like missing images, and listed per suite with the reason under every
@@ -293,7 +296,8 @@ def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: flo
                 **plan.truncation.get(src.suite, {}),
             },
         )
-    writer.finalize(root)
+    if any(len(rows) for rows, _ in plan.todo.values()) or "updated" not in root.attrs:
+        writer.finalize(root)
     names = {"image": "images", "text": "captions", "object": "objects"}
     counts = {
         names[m]: {"total": plan.totals[m], "encoded": int(len(plan.todo[m][0]))}

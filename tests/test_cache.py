@@ -94,6 +94,31 @@ def test_dedup_across_suites_and_rerun_encodes_only_new(tmp_path, tiny_encoder, 
     assert extract_stage.run(cfg2, progress=False, encoder=tiny_encoder)["images"]["encoded"] == 0
 
 
+def test_an_extract_with_nothing_new_leaves_every_byte_of_the_store(tmp_path, tiny_encoder, tiny_suite, monkeypatch):
+    """DVC hashes the store: a rerun of extract that encodes nothing (another batch size,
+    an edit to the extract code) must not change it, or every stage after extract reruns.
+    The rerun happens "a year later", so a timestamp written again would differ."""
+    import datetime
+    import hashlib
+    from types import SimpleNamespace
+
+    from pipeline.cache import writer
+
+    def digest(folder):
+        files = sorted(f for f in folder.rglob("*") if f.is_file())
+        return {str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+    path, _ = tiny_suite
+    cfg = _cfg(tmp_path, {"shapes-sugarcrepe": path})
+    extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+    before = digest(store_path(cfg))
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=365)
+    monkeypatch.setattr(writer, "_dt", SimpleNamespace(UTC=datetime.UTC, datetime=SimpleNamespace(now=lambda tz=None: later)))
+    summary = extract_stage.run(_cfg(tmp_path, {"shapes-sugarcrepe": path}, batch_size=3), progress=False, encoder=tiny_encoder)
+    assert summary["images"]["encoded"] == 0 and summary["captions"]["encoded"] == 0
+    assert digest(store_path(cfg)) == before
+
+
 def test_resume_after_crash(tmp_path, tiny_encoder, tiny_suite, monkeypatch):
     path, _ = tiny_suite
     names = make_images(tmp_path / "images" / "big", 150, seed=3)
