@@ -1,6 +1,6 @@
 """Precompute-then-score feature cache pipeline for vision-language compositionality.
 
-Layout (see ``README.md``): ``encoders`` load open_clip models and capture grids/tokens,
+Layout (see ``docs/layout.md``): ``encoders`` load open_clip models and capture grids/tokens,
 ``cache`` is the Zarr feature-store contract, ``scorers`` and ``benchmarks`` are registries,
 ``ot`` holds the shared optimal-transport solvers, ``world`` is the offline shapes world.
 """

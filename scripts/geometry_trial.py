@@ -9,8 +9,7 @@ suite instead, onto the object embeddings the options name: ``objects=crops`` fi
 re-encoded crops of a store extracted with ``extract.object_crops: true``), scores it on each retrieval suite (default shapes-retrieval and shapes-multi)
 and prints R@1, R@5, R@10, nDCG@10 and mean rank with their 95% bootstrap CIs, and the paired
 difference to frozen CLIP; ``--misses`` also classifies the queries whose top-1 is not their
-own image, ``--centre`` (with ``--lam``) compares mapped phrases and objects less the training
-objects' mean. It reads ``cache/features`` and never writes there. The geometry rows of
+own image; ``--shrinkage`` (with ``--lam``) sets the whitening's shrinkage. It reads ``cache/features`` and never writes there. The geometry rows of
 ``docs/trials.md`` rerun this way.
 """
 
@@ -36,7 +35,7 @@ def main() -> None:
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     ap.add_argument("--oracle", action="store_true", help="image objects = their names' text embeddings (an upper bound: perfect object embeddings)")
     ap.add_argument("--misses", action="store_true", help="on shapes suites: classify each query whose top-1 is not its own image (near-duplicate of its scene or another scene, and what differs)")
-    ap.add_argument("--centre", choices=["mean", "zscore"], default=None, help="with --lam: fit the map onto the training objects less their mean (zscore: also over their sd) and compare the gallery's objects likewise")
+    ap.add_argument("--shrinkage", type=float, default=None, help="with --lam: the whitening's shrinkage (default: the ridge section's)")
     args = ap.parse_args()
 
     import torch
@@ -45,7 +44,7 @@ def main() -> None:
     from pipeline.cache import open_store
     from pipeline.config import ExtractConfig, RidgeConfig, ScoreConfig, load_config
     from pipeline.scorers.checkpoints import load_scorer
-    from pipeline.scorers.geometry.ridge import fit_ridge, training_pairs
+    from pipeline.scorers.geometry.ridge import fit_map, training_pairs
     from pipeline.scoring import drop_missing, score_retrieval, suite_inputs
     from pipeline.stats import bootstrap_ci, units_bootstrap
 
@@ -57,8 +56,8 @@ def main() -> None:
             raise SystemExit(f"override {item!r}: expected key=YAML")
         options[key] = yaml.safe_load(value)
     store = open_store(load_config(ExtractConfig, args.params, "extract"))
-    if args.centre and args.lam is None:
-        raise SystemExit("--centre refits the map: pass --lam too")
+    if args.shrinkage is not None and args.lam is None:
+        raise SystemExit("--shrinkage refits the map: pass --lam too")
     if args.lam is None:
         scorer = load_scorer(args.variant, store, score.checkpoints, options=options)
     else:
@@ -68,22 +67,10 @@ def main() -> None:
         ridge = load_config(RidgeConfig, args.params, "ridge")
         m, idx = suite_inputs(store, ridge.suite)
         P, Y, _ = training_pairs(store, m, idx, ridge.suite, options.get("layer", "final"), options.get("objects", "box-mean"))
-        mu, sd = Y.mean(0), (Y.std(0) if args.centre == "zscore" else torch.ones(Y.shape[1]))
-        W, b = fit_ridge(P, (Y - mu) / sd if args.centre else Y, args.lam)
+        fitted = fit_map(P, Y, args.lam, ridge.shrinkage if args.shrinkage is None else args.shrinkage)
         with torch.no_grad():
-            scorer.weight.copy_(W), scorer.bias.copy_(b)
-        if args.centre:
-            from pipeline.scorers.geometry.objects import ObjectSets
-
-            fitted_prepare = scorer.prepare
-
-            def centred_prepare(store_, manifest, index, suite=""):
-                fitted_prepare(store_, manifest, index, suite)
-                g = scorer._gallery
-                e = torch.nn.functional.normalize((g.embed - mu) / sd, dim=-1)
-                scorer._gallery = ObjectSets(torch.where(g.mask[..., None], e, 0.0), g.mask, g.pos)
-
-            scorer.prepare = centred_prepare
+            for name, value in fitted._asdict().items():
+                getattr(scorer, name).copy_(value)
     if args.oracle:
         prepare = scorer.prepare
 

@@ -25,7 +25,15 @@ from pipeline.scorers.geometry.rerankers import (
     matched_cost,
     rerank_scores,
 )
-from pipeline.scorers.geometry.ridge import fit_ridge, r_squared, training_pairs
+from pipeline.scorers.geometry.ridge import (
+    RidgeMap,
+    fit_map,
+    fit_ridge,
+    r_squared,
+    ranking_auc,
+    training_pairs,
+    whitening,
+)
 from pipeline.scoring import retrieval_rows, score_retrieval, suite_inputs
 from pipeline.world.grounding import box_cells
 
@@ -241,17 +249,51 @@ def test_ridge_recovers_a_planted_map_and_loads_like_a_checkpoint(geo, tmp_path)
         training_pairs(store, manifest.drop(columns="object_boxes"), index, SUITE)
 
 
-def test_ranking_auc_counts_pairs_of_different_phrases():
-    from pipeline.scorers.geometry.ridge import ranking_auc
+def _identity_map(d: int) -> RidgeMap:
+    return RidgeMap(torch.eye(d), torch.zeros(d), torch.zeros(d), torch.eye(d))
 
-    P, W, b = torch.eye(2), torch.eye(2), torch.zeros(2)  # the map is the identity
-    assert ranking_auc(P, torch.eye(2), W, b) == 1.0  # each phrase nearest its own object
-    assert ranking_auc(P, torch.eye(2).flip(0), W, b) == 0.0  # objects swapped
-    assert ranking_auc(P, torch.tensor([[1.0, 0.0], [1.0, 0.0]]), W, b) == 0.0  # ties lose
+
+def test_ranking_auc_counts_pairs_of_different_phrases():
+    P, fitted = torch.eye(2), _identity_map(2)  # the map is the identity
+    assert ranking_auc(P, torch.eye(2), fitted) == 1.0  # each phrase nearest its own object
+    assert ranking_auc(P, torch.eye(2).flip(0), fitted) == 0.0  # objects swapped
+    assert ranking_auc(P, torch.tensor([[1.0, 0.0], [1.0, 0.0]]), fitted) == 0.0  # ties lose
     P3 = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])  # phrases 0 and 1 are one phrase
     Y3 = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
     # pairs of different phrases: (0,2) 0<1 no, (1,2) 0<1 yes, (2,0) 1<1 no, (2,1) 0<1 yes
-    assert ranking_auc(P3, Y3, W, b) == 0.5
+    assert ranking_auc(P3, Y3, fitted) == 0.5
+
+
+def test_whitening_is_the_inverse_square_root_of_the_shrunk_covariance():
+    g = torch.Generator().manual_seed(0)
+    R = torch.randn(500, 4, generator=g) @ torch.tensor([[3.0, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0.2, 0], [0, 0, 0, 0.05]])
+    cov = (R.T @ R / len(R)).double()
+    for s in (0.3, 1e-6):
+        T = whitening(R, s).double()
+        torch.testing.assert_close(T, T.T)
+        shrunk = (1 - s) * cov + s * cov.trace() / 4 * torch.eye(4, dtype=torch.float64)
+        torch.testing.assert_close(T @ shrunk @ T, torch.eye(4, dtype=torch.float64), atol=1e-5, rtol=1e-5)
+    T1 = whitening(R, 1.0)  # full shrinkage: a multiple of the identity, so cosines are unchanged
+    torch.testing.assert_close(T1, T1[0, 0] * torch.eye(4))
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="shrinkage"):
+            whitening(R, bad)
+
+
+def test_whitening_lets_a_weak_attribute_direction_count():
+    # The two phrases' objects differ by 0.1 along (1, 1); a shared nuisance (sd 3) moves
+    # them along (1, 0): the plain cosine ranks by the nuisance, the whitened one by the phrase.
+    g = torch.Generator().manual_seed(0)
+    n = 400
+    label = torch.arange(n) % 2
+    P = torch.nn.functional.one_hot(label, 2).float()
+    sign = (2 * label - 1).float()[:, None]
+    Y = 0.1 * sign * torch.tensor([1.0, 1.0]) + torch.randn(n, 2, generator=g) * torch.tensor([3.0, 0.02])
+    plain = fit_map(P, Y, lam=1e-3, shrinkage=1.0)
+    white = fit_map(P, Y, lam=1e-3, shrinkage=1e-3)
+    torch.testing.assert_close(plain.weight, white.weight)  # whitening changes the space, not the map
+    assert ranking_auc(P, Y, white) > 0.95
+    assert ranking_auc(P, Y, plain) < 0.85
 
 
 def test_the_ridge_stage_keeps_the_held_out_best_grid_and_scoring_reads_it(geo, tmp_path):
@@ -266,6 +308,10 @@ def test_the_ridge_stage_keeps_the_held_out_best_grid_and_scoring_reads_it(geo, 
     assert record["scorer_kwargs"] == {"layer": record["layer"]}
     scorer = load_scorer("ridge-fgw", store, tmp_path)
     assert scorer.layer == record["layer"] and scorer.weight.shape[0] == store.dims.embed_dim
+    P, Y, _ = training_pairs(store, manifest, index, SUITE, record["layer"])
+    fitted = fit_map(P, Y, RidgeConfig().lam, RidgeConfig().shrinkage)
+    for name, value in fitted._asdict().items():  # the checkpoint holds the map and its whitening
+        torch.testing.assert_close(getattr(scorer, name).detach(), value)
     scores = score_retrieval(scorer, store, manifest, index, 256)
     assert np.isfinite(scores).all()
     other = tmp_path / "ridge-fgw" / "config.json"

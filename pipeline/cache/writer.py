@@ -324,7 +324,9 @@ def write_suite_index(
 
 
 def finalize(root: zarr.Group) -> None:
-    """Record completion time (consolidated metadata is avoided: it goes stale on append)."""
+    """Stamp the root with the time rows were last written (``updated``). Extraction calls it
+    only when it encoded rows or the stamp is absent, so a run with nothing new leaves the
+    store's bytes as they were. Consolidated metadata is avoided: it goes stale on append."""
     root.attrs["updated"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 

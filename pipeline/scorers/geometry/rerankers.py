@@ -19,9 +19,11 @@ objects :math:`O = (o_j)` at their box centres (:mod:`pipeline.scorers.geometry.
   shortlist": hard assignment for rank 1, the soft order for the rest).
 * ``ridge-fgw``: ``fgw`` with every phrase embedding first mapped into the image-object
   space by the ridge regression of :mod:`pipeline.scorers.geometry.ridge` (fitted on the
-  training split by ``pipeline ridge``), :math:`p_i \mapsto \mathrm{normalise}(p_i W + b)`;
-  the object embeddings read the grid the fit held out best (its checkpoint's ``layer``), or
-  the re-encoded crops when the map was fitted on crops (``ridge.objects: crops``).
+  training split by ``pipeline ridge``), and phrases and objects compared in the fit's
+  centred, whitened space: :math:`p_i \mapsto \mathrm{normalise}((p_i W + b - \mu) T)`,
+  :math:`o_j \mapsto \mathrm{normalise}((o_j - \mu) T)`; the object embeddings read the grid
+  the fit held out best (its checkpoint's ``layer``), or the re-encoded crops when the map
+  was fitted on crops (``ridge.objects: crops``).
 
 Every reranker's image objects are box means of the cached grid by default (``objects:
 box-mean``) or the crops re-encoded at extract (``objects: crops``, which needs
@@ -39,7 +41,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pipeline.benchmarks.base import gallery_images
@@ -56,6 +57,7 @@ from pipeline.scorers.geometry.objects import (
     structure,
     suite_objects,
 )
+from pipeline.scorers.geometry.ridge import RidgeMap
 
 PAD_COST = 1e6  # cost of matching a phrase to a padded object (never chosen while a real one is free)
 UNMATCHED_COST = 2.0  # a phrase left without an object costs the most a match can: 1 - cos = 2
@@ -124,9 +126,13 @@ class GeometryReranker(Reranker):
         """Phrase embeddings as the feature cost sees them (identity; ridge-fgw maps them)."""
         return phrases
 
+    def map_objects(self, objects: ObjectSets) -> ObjectSets:
+        """Image objects as the feature cost sees them (identity; ridge-fgw whitens them)."""
+        return objects
+
     def prepare(self, store, manifest, index, suite: str = "") -> None:
         queries, images = suite_objects(store, manifest, index, gallery_images(manifest), suite, self.layer, self.objects)
-        self._queries, self._gallery = self.map_phrases(queries), images
+        self._queries, self._gallery = self.map_phrases(queries), self.map_objects(images)
 
     def pairs(self, shortlist: torch.Tensor, gallery: torch.Tensor, queries: torch.Tensor) -> tuple[ObjectSets, ObjectSets]:
         """(query sets, candidate sets), both [Q * K], aligned pair by pair."""
@@ -206,7 +212,9 @@ class FGWHungarianReranker(GeometryReranker):
 
 
 class RidgeFGWReranker(FGWReranker):
-    """``fgw`` on phrases mapped into the image-object space by a fitted ridge regression."""
+    """``fgw`` on phrases mapped into the image-object space by a fitted ridge regression,
+    both sides compared in the fit's centred, whitened space. Unfitted (identity map and
+    whitening, zero bias and centre) it equals ``fgw``."""
 
     trainable = True  # its weights come from `pipeline ridge`, loaded like a checkpoint
 
@@ -215,10 +223,19 @@ class RidgeFGWReranker(FGWReranker):
         out_dim = dim if out_dim is None else out_dim
         self.weight = nn.Parameter(torch.eye(dim, out_dim), requires_grad=False)  # [D, D_o]
         self.bias = nn.Parameter(torch.zeros(out_dim), requires_grad=False)  # [D_o]
+        self.centre = nn.Parameter(torch.zeros(out_dim), requires_grad=False)  # [D_o]
+        self.whiten = nn.Parameter(torch.eye(out_dim), requires_grad=False)  # [D_o, D_o]
+
+    def fitted(self) -> RidgeMap:
+        return RidgeMap(self.weight, self.bias, self.centre, self.whiten)
 
     def map_phrases(self, phrases: ObjectSets) -> ObjectSets:
-        mapped = F.normalize(phrases.embed @ self.weight + self.bias, dim=-1)
+        mapped = self.fitted().phrases(phrases.embed)
         return ObjectSets(torch.where(phrases.mask[..., None], mapped, 0.0), phrases.mask, phrases.pos)
+
+    def map_objects(self, objects: ObjectSets) -> ObjectSets:
+        mapped = self.fitted().objects(objects.embed)
+        return ObjectSets(torch.where(objects.mask[..., None], mapped, 0.0), objects.mask, objects.pos)
 
 
 RERANK_OPTIONS = ("k", "alpha", "structure", "base", "top", "layer", "objects")
