@@ -50,8 +50,13 @@ def main() -> None:
     for layer in OBJECT_LAYERS:
         P, Y, image = training_pairs(store, manifest, index, ridge.suite, layer)
         held = image % 5 == 4
-        words = [set(n.split()) for n, h in zip(names, held.tolist(), strict=True) if h]
-        hard = torch.tensor([[bool(a & b) and a != b for b in words] for a in words])
+        kept = [n for n, h in zip(names, held.tolist(), strict=True) if h]
+        vocab = {w: i for i, w in enumerate(sorted({w for n in kept for w in n.split()}))}
+        bag = torch.zeros(len(kept), len(vocab))  # [n, V] which words each held-out phrase has
+        for i, n in enumerate(kept):
+            bag[i, [vocab[w] for w in n.split()]] = 1.0
+        ids = torch.as_tensor(np.unique(kept, return_inverse=True)[1])
+        hard = ((bag @ bag.T) > 0) & (ids[:, None] != ids[None, :])  # share a word, differ as phrases
         out[layer] = {}
         for s in args.shrinkage or [1.0, 0.3, 0.1, 0.03, 0.01]:
             fitted = fit_map(P[~held], Y[~held], lam, s)
