@@ -634,35 +634,45 @@ def _cat(parts: list):
     )
 
 
-def measure_encoder(n_images: int, image_batch: int, n_captions: int, caption_batch: int):
-    """Seconds per image and per caption of ViT-L-14-336 at random init. Returns the figures,
-    the encoder, and the image and text features it produced (rounded to the store's dtypes,
-    as a store read returns them) with the timed captions."""
+def measure_encoder(
+    n_images: int, image_batch: int, n_captions: int, caption_batch: int, device: str = "cpu"
+):
+    """Seconds per image and per caption of ViT-L-14-336 at random init on ``device``.
+    Returns the figures, the encoder, and the image and text features it produced (rounded to
+    the store's dtypes and on the host, as a store read returns them) with the timed
+    captions. A batch's time runs from reading its images (or tokenising its captions) to its
+    features on the host."""
     from pipeline.encoders import open_clip_config
+    from pipeline.features import to_device
     from pipeline.manifests import read_manifest
     from pipeline.perf.common import load_pixels, make_suite, random_encoder
     from pipeline.perf.scoring import fresh_image_features, fresh_text_features
 
     t0 = time.perf_counter()
     enc = random_encoder(MODEL)
+    enc.model.to(device)
     build_s = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "images"
-        n_suite = max(1 + n_images, -(-(caption_batch + n_captions) // 2))  # 2 captions an image
+        n_suite = max(image_batch + n_images, -(-(caption_batch + n_captions) // 2))  # 2 captions an image
         manifest = read_manifest(make_suite(Path(tmp), n_suite, enc.preprocess_cfg["size"][0]))
         names = manifest["image"].tolist()
-        enc.encode_images(load_pixels(enc, root, names[:1]))  # warm-up
+        warm = load_pixels(enc, root, names[:image_batch]).to(device)
+        to_device(fresh_image_features(enc.encode_images(warm)), "cpu")  # warm-up
 
         def encode_images(batch: list[str]):
-            return fresh_image_features(enc.encode_images(load_pixels(enc, root, batch)))
+            pixels = load_pixels(enc, root, batch).to(device)
+            return to_device(fresh_image_features(enc.encode_images(pixels)), "cpu")
 
-        image_runs, images = _timed_batches(encode_images, names[1 : 1 + n_images], image_batch)
+        image_runs, images = _timed_batches(
+            encode_images, names[image_batch : image_batch + n_images], image_batch
+        )
     captions = [c for cs in manifest["captions"] for c in cs]
-    enc.encode_texts(enc.tokenizer(captions[:caption_batch]))  # warm-up
+    enc.encode_texts(enc.tokenizer(captions[:caption_batch]).to(device))  # warm-up
 
     def encode_texts(batch: list[str]):
-        ids = enc.tokenizer(batch)
-        return fresh_text_features(ids, enc.encode_texts(ids))
+        ids = enc.tokenizer(batch).to(device)
+        return to_device(fresh_text_features(ids, enc.encode_texts(ids)), "cpu")
 
     timed = captions[caption_batch : caption_batch + n_captions]
     caption_runs, texts = _timed_batches(encode_texts, timed, caption_batch)
@@ -744,17 +754,28 @@ def family_suite(
     return _SuiteInMemory(dims, path, index, tiled, texts.index(torch.as_tensor(text_rows)))
 
 
+def _synchronize(device: str) -> None:
+    """Wait for the device's queued work, so a timer read after it includes that work."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def measure_training(
-    params: Path, dims, proj, images, texts, captions: list[str], steps: int, n_dev: int
-) -> dict[str, dict[str, Any]]:
+    params: Path, dims, proj, images, texts, captions: list[str], steps: int, n_dev: int,
+    device: str = "cpu",
+) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Per trainable variant: seconds per optimisation step at its batch size (after a warm-up
     step), and per dev item of its ``dev_metrics`` and ``select``, as the training loop runs
-    them (``pipeline.training.loop.train_seed``); exact scoring shortcuts off
-    (``Scorer.full_path``), so the dev figures are those of a trained checkpoint."""
+    them (``pipeline.training.loop.train_seed``: the scorer and the family's data moved to
+    ``device`` once); exact scoring shortcuts off (``Scorer.full_path``), so the dev figures
+    are those of a trained checkpoint."""
     import torch
 
     from pipeline.benchmarks.base import SuiteSelection
     from pipeline.config import load_train_config, train_variants
+    from pipeline.features import to_device
     from pipeline.scorers import create_scorer
     from pipeline.training.loop import make_trainer
 
@@ -765,10 +786,11 @@ def measure_training(
         store = family_suite(Path(tmp), dims, images, texts, captions, n_train, n_dev)
         for v, cfg in cfgs.items():
             trainer = make_trainer(cfg)
-            train = trainer.load(store, cfg.train_suite, train=True)
-            dev = trainer.load(store, cfg.dev_suite, train=False)
+            train = to_device(trainer.load(store, cfg.train_suite, train=True), device)
+            dev = to_device(trainer.load(store, cfg.dev_suite, train=False), device)
             torch.manual_seed(0)
             model = create_scorer(cfg.variant, dims=dims, proj=proj, **cfg.scorer).full_path()
+            model.to(device)
             params_ = [p for p in model.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(params_, lr=cfg.lr, weight_decay=cfg.weight_decay)
             gen = torch.Generator().manual_seed(0)
@@ -783,6 +805,7 @@ def measure_training(
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
+                _synchronize(device)
                 if k:
                     times.append(round(time.perf_counter() - t0, 3))
             model.eval()
@@ -791,8 +814,10 @@ def measure_training(
                 warnings.simplefilter("ignore", UserWarning)
                 t0 = time.perf_counter()
                 trainer.dev_metrics(model, dev, suite)
+                _synchronize(device)
                 t1 = time.perf_counter()
                 trainer.select(model, dev, suite)
+                _synchronize(device)
                 t2 = time.perf_counter()
             out[v] = {"batch_size": cfg.batch_size, "step_s": times, "s_per_step": sum(times) / len(times),
                       "dev_items": n_dev, "dev_s_per_item": (t1 - t0) / n_dev,
@@ -809,19 +834,24 @@ def measure_scoring(
     texts,
     gallery: int,
     choice_items: int,
+    device: str = "cpu",
 ):
     """Each variant's :class:`ScorerKind`; ``score_matrix`` pairs per second over ``gallery``
     images x ``gallery`` captions for every per-caption scorer the retrieval suite runs
     (rerankers' bases included); in-memory choice pairs per second over ``choice_items``
     2-option items (``option_scores``). Random init with every exact shortcut off
-    (``Scorer.full_path``: the method's cost, not its weights'), each after a 2-item warm-up."""
+    (``Scorer.full_path``: the method's cost, not its weights'), each after a 2-item warm-up.
+    Scorers and features on ``device``, as the score stage puts them (``score.device``); a
+    rate includes the device's work (synchronised before the timer is read)."""
     import torch
 
+    from pipeline.features import to_device
     from pipeline.scorers import create_scorer, option_scores
 
     def build(v: str):
         torch.manual_seed(0)
-        return create_scorer(v, dims=dims, proj=proj, **options.get(v, {})).eval().full_path()
+        scorer = create_scorer(v, dims=dims, proj=proj, **options.get(v, {}))
+        return scorer.eval().full_path().to(device)
 
     scorers = {v: build(v) for v in variants}
     kinds = {
@@ -831,6 +861,7 @@ def measure_scoring(
     for base in {k.base for k in kinds.values() if k.reranker} - set(scorers):
         scorers[base] = build(base)
     two = torch.arange(2)
+    images, texts = to_device(images, device), to_device(texts, device)
     img = images.index(torch.arange(choice_items) % len(images))
     opts = [texts.index(torch.arange(j, j + 2 * choice_items, 2) % len(texts)) for j in (0, 1)]
     g = images.index(torch.arange(gallery) % len(images))
@@ -842,13 +873,17 @@ def measure_scoring(
                 continue
             if v in variants:
                 option_scores(scorer, img.index(two), [o.index(two) for o in opts])  # warm-up
+                _synchronize(device)
                 t0 = time.perf_counter()
                 option_scores(scorer, img, opts)
+                _synchronize(device)
                 choice[v] = 2 * choice_items / (time.perf_counter() - t0)
             if not scorer.pairwise:
                 scorer.score_matrix(g.index(two), q.index(two))  # warm-up
+                _synchronize(device)
                 t0 = time.perf_counter()
                 scorer.score_matrix(g, q)
+                _synchronize(device)
                 matrix[v] = gallery * gallery / (time.perf_counter() - t0)
     return kinds, matrix, choice
 
@@ -885,19 +920,20 @@ def measure_all(args) -> dict[str, Any]:
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     encoder, enc, images, texts, captions = measure_encoder(
-        args.images, args.image_batch, args.captions, args.caption_batch
+        args.images, args.image_batch, args.captions, args.caption_batch, args.device
     )
     m = enc.model
     proj = Projections(
-        m.visual.proj.detach().clone(),
-        m.text_projection.detach().clone(),
-        m.logit_scale.exp().detach().clone(),
+        m.visual.proj.detach().cpu().clone(),
+        m.text_projection.detach().cpu().clone(),
+        m.logit_scale.exp().detach().cpu().clone(),
     )
     dims = enc.dims
     del enc, m
     training = measure_training(
-        args.params, dims, proj, images, texts, captions, args.train_steps, args.dev_items
-    )
+        args.params, dims, proj, images, texts, captions, args.train_steps, args.dev_items,
+        args.device,
+    )  # fmt: skip
     score = load_config(ScoreConfig, args.params, "score")
     kinds, matrix, choice = measure_scoring(
         list(score.variants),
@@ -908,8 +944,12 @@ def measure_all(args) -> dict[str, Any]:
         texts,
         args.gallery,
         args.choice_items,
+        args.device,
     )
+    device = torch.device(args.device)
     return {
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "threads": args.threads, "cpus": os.cpu_count(), "torch": torch.__version__,
         "load_avg_1min_start": round(load_start, 2), "load_avg_1min_end": round(os.getloadavg()[0], 2),
         "measure_s": round(time.perf_counter() - t0, 1),
@@ -947,10 +987,12 @@ def option_differences(command: str, params: Path, variants) -> dict[str, tuple[
 
 
 def figures_from(
-    measured: dict[str, Any], benches: dict[str, Any], variants: list[str]
+    measured: dict[str, Any], benches: dict[str, Any], variants: list[str], cache_rates: bool = True
 ) -> tuple[Figures, dict[str, str]]:
-    """The figures the estimate uses and, per variant, where its choice rate comes from."""
-    bench = benches["scoring.json"]["pairs_per_s"]
+    """The figures the estimate uses and, per variant, where its choice rate comes from:
+    scoring.json's rates from the cache where ``cache_rates`` (they are CPU figures), else the
+    in-memory rates ``measured`` holds."""
+    bench = benches["scoring.json"]["pairs_per_s"] if cache_rates else {}
     memory = measured["choice_pairs_per_s_in_memory"]
     choice, source = {}, {}
     for v in variants:
@@ -1026,52 +1068,61 @@ def _h(seconds: float) -> str:
 
 
 def markdown(
-    counts: list[SuiteCount], est: dict[str, Any], train: dict[str, TrainPlan], figures: Figures
-) -> str:
-    """The estimate as one Markdown table: CPU hours on this machine, GPU not measured."""
+    counts: list[SuiteCount], est: dict[str, Any], train: dict[str, TrainPlan], figures: Figures,
+    gpu: dict[str, Any] | None = None, gpu_name: str = "GPU",
+) -> str:  # fmt: skip
+    """The estimate as one Markdown table: CPU hours on this machine and, where ``gpu`` (the
+    estimate from figures measured on a GPU) is given, GPU hours; else 'not measured'."""
+
+    def g(seconds, bold: bool = False) -> str:  # the GPU cell: ``seconds`` picks it out of an estimate
+        if gpu is None:
+            return NO_GPU
+        return f"**{_h(seconds(gpu))}**" if bold else _h(seconds(gpu))
+
     ext = est["extract"]
     lines = [
-        "| part | images | captions | CPU hours (this machine) | GPU hours |",
-        "|---|---:|---:|---:|---|",
-    ]
-    for row, c in zip(ext["suites"], counts, strict=True):
+        f"| part | images | captions | CPU hours (this machine) | GPU hours{'' if gpu is None else f' ({gpu_name})'} |",
+        "|---|---:|---:|---:|---:|",
+    ]  # fmt: skip
+    for i, (row, c) in enumerate(zip(ext["suites"], counts, strict=True)):
         le = "" if c.exact else "≤ "
         if c.source.startswith(UNCOUNTED):
             lines.append(
-                f"| extract: {c.suite} | {UNCOUNTED} | {UNCOUNTED} | {UNCOUNTED} | {NO_GPU} |"
+                f"| extract: {c.suite} | {UNCOUNTED} | {UNCOUNTED} | {UNCOUNTED} | {UNCOUNTED} |"
             )
             continue
-        lines.append(
-            f"| extract: {c.suite} | {le}{c.images:,} | {le}{c.captions:,} | {_h(row['seconds'])} | {NO_GPU} |"
-        )
+        lines.append(f"| extract: {c.suite} | {le}{c.images:,} | {le}{c.captions:,} | {_h(row['seconds'])} | "
+                     f"{g(lambda e, i=i: e['extract']['suites'][i]['seconds'])} |")  # fmt: skip
     if ext["shared_images"] or ext["shared_captions"]:
         lines.append(f"| extract: rows another suite already wrote (encoded once) | {ext['shared_images']:,} | "
-                     f"{ext['shared_captions']:,} | {_h(ext['shared_seconds'])} | {NO_GPU} |")  # fmt: skip
-    lines.append(
-        f"| **extract total** | {ext['images']:,} | {ext['captions']:,} | **{_h(ext['seconds'])}** | {NO_GPU} |"
-    )
+                     f"{ext['shared_captions']:,} | {_h(ext['shared_seconds'])} | {g(lambda e: e['extract']['shared_seconds'])} |")  # fmt: skip
+    lines.append(f"| **extract total** | {ext['images']:,} | {ext['captions']:,} | **{_h(ext['seconds'])}** | "
+                 f"{g(lambda e: e['extract']['seconds'], bold=True)} |")  # fmt: skip
     for v, t in est["train"]["variants"].items():
         p = train[v]
         what = (f"{p.seeds} seeds × {p.steps} steps × {figures.train[v]['s_per_step']:.2g} s (batch {p.batch_size}) on {p.train_items:,} training items, "
                 f"{t['dev_evals_per_seed']} dev evaluations + select on {p.dev_items:,} dev items a seed")  # fmt: skip
-        lines.append(f"| train: {v} ({what}) | | | {_h(t['total_s'])} | {NO_GPU} |")
-    lines.append(f"| **train total** | | | **{_h(est['train']['seconds'])}** | {NO_GPU} |")
+        lines.append(f"| train: {v} ({what}) | | | {_h(t['total_s'])} | {g(lambda e, v=v: e['train']['variants'][v]['total_s'])} |")
+    lines.append(f"| **train total** | | | **{_h(est['train']['seconds'])}** | {g(lambda e: e['train']['seconds'], bold=True)} |")
+    gpu_nm = NO_GPU if gpu is None else NOT_MEASURED
     lines.append(
-        f"| ridge (ridge-fgw's map on coco-objects-train) | | | {NOT_MEASURED} | {NO_GPU} |"
+        f"| ridge (ridge-fgw's map on coco-objects-train) | | | {NOT_MEASURED} | {gpu_nm} |"
     )
     for v, s in est["score"]["variants"].items():
         what = f"main {_h(s['main_s'])} h, image replacements {_h(s['replacements_s'])} h, other seeds {_h(s['seeds_s'])} h"
-        lines.append(f"| score: {v} ({what}) | | | {_h(s['total_s'])} | {NO_GPU} |")
-    lines.append(f"| **score total** | | | **{_h(est['score']['seconds'])}** | {NO_GPU} |")
-    lines.append(f"| manifests, report | | | {NOT_MEASURED} | {NO_GPU} |")
-    lines.append(
-        f"| **total of the measured parts** | | | **{_h(est['total_seconds'])}** | {NO_GPU} |"
-    )
+        lines.append(f"| score: {v} ({what}) | | | {_h(s['total_s'])} | {g(lambda e, v=v: e['score']['variants'][v]['total_s'])} |")
+    lines.append(f"| **score total** | | | **{_h(est['score']['seconds'])}** | {g(lambda e: e['score']['seconds'], bold=True)} |")
+    lines.append(f"| manifests, report | | | {NOT_MEASURED} | {gpu_nm} |")
+    lines.append(f"| **total of the measured parts** | | | **{_h(est['total_seconds'])}** | "
+                 f"{g(lambda e: e['total_seconds'], bold=True)} |")  # fmt: skip
     return "\n".join(lines)
 
 
-def build_report(measured: dict[str, Any], params: Path) -> dict[str, Any]:
-    """Counts, plans and the estimate from the measured figures: the results JSON."""
+def build_report(
+    measured: dict[str, Any], params: Path, gpu: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Counts, plans and the estimate from the measured figures: the results JSON. ``gpu``
+    (figures measured with ``--device cuda``) adds a GPU estimate beside the CPU one."""
     benches = read_benches()
     kinds = {v: ScorerKind(**k) for v, k in measured["kinds"].items()}
     counts = count_suites(params)
@@ -1084,8 +1135,25 @@ def build_report(measured: dict[str, Any], params: Path) -> dict[str, Any]:
         figures, choice_pairs_per_s=measured["choice_pairs_per_s_in_memory"]
     )
     score_in_memory = sum(r["total_s"] for r in scoring_seconds(plan, counts, memory).values())
+    est_gpu, gpu_notes = None, []
+    if gpu is not None:
+        gpu_figures, _ = figures_from(gpu, benches, plan.variants, cache_rates=False)
+        est_gpu = estimate(counts, gpu_figures, train, plan)
+        genc = gpu["encoder"]
+        gpu_notes = [
+            f"GPU figures: measured on {gpu['device_name']} ({gpu['device']}, torch {gpu['torch']}, host "
+            f"{gpu['cpus']} cores, {gpu['threads']} torch threads) by `{gpu['command']}`: "
+            f"{genc['s_per_image'] * 1000:.1f} ms per image ({sum(r['n'] for r in genc['image_batches'])} images "
+            f"in batches of {genc['image_batches'][0]['n']}: reading, decoding and preprocessing on the host, "
+            f"the forward on the GPU, the features back on the host) and {genc['s_per_caption'] * 1000:.2f} ms "
+            f"per caption (batches of {genc['caption_batches'][0]['n']})",
+            "GPU choice and retrieval scoring use that run's in-memory rates on the GPU (scoring.json's rates "
+            "from the cache are CPU figures): store reads are not in them; the rerankers' cost per query is "
+            "rerank.json's CPU figure (their solvers run on the host)",
+        ]  # fmt: skip
     not_measured = [
-        "GPU: no GPU lent to this session, so every GPU figure reads 'not measured (no GPU lent)'",
+        "GPU: no GPU lent to this session, so every GPU figure reads 'not measured (no GPU lent)'"
+        if gpu is None else "GPU: the ridge, manifests and report stages, and store reads",
         "ridge stage: no bench times the ridge fit (closed form over every coco-objects-train object, after reading those images' grids)",
         "manifests stage (official files to Parquet, with the ARO Order perturbations) and report stage (bootstrap CIs): no bench times them on real data",
         "reading the training and dev features from the store (load_pairs), and the score stage's store reads beyond those in scoring.json's rates",
@@ -1112,11 +1180,13 @@ def build_report(measured: dict[str, Any], params: Path) -> dict[str, Any]:
         "counts marked ≤ are upper bounds (documented sizes or the builders' structure; extract encodes a "
         "repeated caption once); coco-families' counts stay bounds until its manifest is built",
         *memory_notes(counts, est, measured["dims"], train),
+        *gpu_notes,
     ]  # fmt: skip
     rel = params.relative_to(REPO) if params.is_relative_to(REPO) else params
     return {
         "params": str(rel),
         "measured": measured,
+        "measured_gpu": gpu,
         "read": benches,
         "choice_rate_source": choice_source,
         "counts": [
@@ -1127,12 +1197,14 @@ def build_report(measured: dict[str, Any], params: Path) -> dict[str, Any]:
         "score_plan": {k: v for k, v in dataclasses.asdict(plan).items() if k != "kinds"},
         "estimate": {
             **est,
-            "gpu": NO_GPU,
+            "gpu": NO_GPU if est_gpu is None else est_gpu,
             "score_seconds_with_in_memory_choice_rates": score_in_memory,
         },
         "not_measured": not_measured,
         "notes": notes,
-        "table_markdown": markdown(counts, est, train, figures),
+        "table_markdown": markdown(
+            counts, est, train, figures, est_gpu, gpu["device_name"] if gpu else "GPU"
+        ),
     }
 
 
@@ -1180,9 +1252,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     ap.add_argument(
+        "--device",
+        default="cpu",
+        help="where to measure: cpu (default) gives the CPU column; cuda (or cuda:N) the GPU "
+        "column, with the CPU figures taken from --reuse",
+    )
+    ap.add_argument(
         "--reuse",
         type=Path,
-        help="take the measured figures from this earlier output instead of measuring",
+        help="take the measured figures (CPU, and GPU where it holds them) from this earlier output "
+        "instead of measuring; with --device cuda, the CPU figures only",
     )
     ap.add_argument(
         "--out", type=Path, default=BENCH, help="folder of real-cost.json (default reports/bench)"
@@ -1196,25 +1275,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(
             "--images, --captions, their batches and --train-steps must be >= 1; --dev-items, --gallery, --choice-items >= 2"
         )
-    if args.reuse is not None:
-        measured = json.loads(args.reuse.read_text())["results"]["measured"]
+    on_gpu = args.device != "cpu"
+    if on_gpu and args.reuse is None:
+        ap.error("--device cuda measures the GPU column only: name the CPU figures with --reuse "
+                 "reports/bench/real-cost.json")  # fmt: skip
+    measure_flags = (f"--images {args.images} --image-batch {args.image_batch} --captions {args.captions} "
+                     f"--caption-batch {args.caption_batch} --train-steps {args.train_steps} --dev-items {args.dev_items} "
+                     f"--gallery {args.gallery} --choice-items {args.choice_items} --threads {args.threads}")  # fmt: skip
+    previous = None if args.reuse is None else json.loads(args.reuse.read_text())["results"]
+    if on_gpu:
+        flags = f"{measure_flags} --device {args.device} --reuse {args.reuse}"
+        measured = previous["measured"]
+        gpu = {"command": f"scripts/real_cost.py {measure_flags} --device {args.device}", **measure_all(args)}
+    elif previous is not None:
         flags = f"--reuse {args.reuse}"
+        measured, gpu = previous["measured"], previous.get("measured_gpu")
     else:
-        flags = (f"--images {args.images} --image-batch {args.image_batch} --captions {args.captions} "
-                 f"--caption-batch {args.caption_batch} --train-steps {args.train_steps} --dev-items {args.dev_items} "
-                 f"--gallery {args.gallery} --choice-items {args.choice_items} --threads {args.threads}")  # fmt: skip
-        measured = {
-            "command": f".venv/bin/python scripts/real_cost.py {flags}",
-            **measure_all(args),
-        }
-    results = build_report(measured, args.params)
+        flags = measure_flags
+        measured = {"command": f".venv/bin/python scripts/real_cost.py {flags}", **measure_all(args)}
+        gpu = None
+    results = build_report(measured, args.params, gpu)
     from pipeline.perf.common import write_bench
 
     out = write_bench("real-cost", f".venv/bin/python scripts/real_cost.py {flags}", results, args.out)
     print(f"-> {out}", file=sys.stderr)
     enc = measured["encoder"]
     print(f"\n{MODEL} (random init, {measured['threads']} threads): {enc['s_per_image']:.2f} s per image, "
-          f"{enc['s_per_caption']:.3f} s per caption\n")  # fmt: skip
+          f"{enc['s_per_caption']:.3f} s per caption")  # fmt: skip
+    if gpu is not None:
+        print(f"{MODEL} (random init, {gpu['device_name']}): {gpu['encoder']['s_per_image'] * 1000:.1f} ms per "
+              f"image, {gpu['encoder']['s_per_caption'] * 1000:.2f} ms per caption")  # fmt: skip
+    print()
     print(results["table_markdown"])
     print("\nCounts:\n" + "\n".join(f"* {c['suite']}: {c['source']}" for c in results["counts"]))
     print("\nNot measured:\n" + "\n".join(f"* {n}" for n in results["not_measured"]))

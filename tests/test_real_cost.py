@@ -162,6 +162,40 @@ def test_table_marks_every_gpu_figure_as_not_measured():
     assert len(total) == 1 and "**0.06**" in total[0]  # 208.48 s
 
 
+def test_table_gives_the_gpu_estimate_beside_the_cpu_one():
+    counts, figures, train, score = _case()
+    est = rc.estimate(counts, figures, train, score, pool_sizes={"p": 5})
+    gpu_figures = dataclasses.replace(figures, s_per_image=200.0, s_per_caption=50.0)
+    gpu = rc.estimate(counts, gpu_figures, train, score, pool_sizes={"p": 5})
+    table = rc.markdown(counts, est, train, figures, gpu, "H200").splitlines()
+    assert table[0].endswith("| GPU hours (H200) |")
+    rows = {r.split(" | ")[0]: r for r in table[2:]}
+    # suite a: 4 images x 200 s + 20 captions x 50 s = 1,800 s on the GPU figures, 18 s on the CPU's
+    assert rows["| extract: a"].endswith("| <0.01 | 0.50 |")
+    assert rows["| ridge (ridge-fgw's map on coco-objects-train)"].endswith(
+        f"| {rc.NOT_MEASURED} | {rc.NOT_MEASURED} |"
+    )
+    # 9 images x 200 + 54 captions x 50 = 4,500 s, plus the same train (104 s) and score (59.48 s)
+    assert rows["| **total of the measured parts**"].endswith("| **0.06** | **1.3** |")
+
+
+def test_gpu_figures_take_the_in_memory_choice_rates():
+    measured = {
+        "choice_pairs_per_s_in_memory": {"c": 900.0},
+        "retrieval_pairs_per_s": {"c": 5000.0},
+        "train": {"t": {"s_per_step": 0.1, "dev_s_per_item": 0.01, "select_s_per_item": 0.02, "batch_size": 8}},
+        "encoder": {"s_per_image": 0.01, "s_per_caption": 0.001},
+    }
+    benches = {"scoring.json": {"pairs_per_s": {"c": 150.0}}, "rerank.json": {"ms_per_query": {"k": 4.0}}}
+    cpu, src = rc.figures_from(measured, benches, ["c"])
+    gpu, gpu_src = rc.figures_from(measured, benches, ["c"], cache_rates=False)
+    assert cpu.choice_pairs_per_s == {"c": 150.0} and src["c"] == "scoring.json"
+    assert gpu.choice_pairs_per_s == {"c": 900.0} and gpu_src["c"].startswith("measured in memory")
+    assert gpu.rerank_s_per_query == {"k": 0.004} and gpu.train["t"] == {
+        "s_per_step": 0.1, "dev_s_per_item": 0.01, "select_s_per_item": 0.02
+    }
+
+
 def test_a_built_manifest_is_counted_as_extract_keys_it():
     import pandas as pd
 

@@ -157,12 +157,13 @@ def load_grounded(store: FeatureStore, suite: str | SuiteSelection, negatives: b
     return data
 
 
-def _batch_entries(offsets: np.ndarray, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The CSR entries of the batch's items, in batch order: (entry indices [M], position
-    of each entry's item within the batch [M])."""
+def _batch_entries(offsets: np.ndarray, batch: torch.Tensor, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """The CSR entries of the batch's items (``batch`` on the host), in batch order, on
+    ``device``: (entry indices [M], position of each entry's item within the batch [M])."""
     lo, hi = offsets[batch.numpy()], offsets[batch.numpy() + 1]
     ent = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)] or [np.zeros(0, int)])
-    return torch.from_numpy(ent).long(), torch.from_numpy(np.repeat(np.arange(len(batch)), hi - lo))
+    item = np.repeat(np.arange(len(batch)), hi - lo)
+    return torch.from_numpy(ent).long().to(device), torch.from_numpy(item).to(device)
 
 
 @torch.no_grad()
@@ -173,7 +174,7 @@ def pair_scores(model: BindClip, data: PairData, batch_size: int = EVAL_BATCH) -
         sl = slice(start, start + batch_size)
         img, a, b = data.images.index(data.image[sl]), data.texts.index(data.pos[sl]), data.texts.index(data.neg[sl])
         out.append(model.score_pair(img, a, b).double())
-    return torch.cat(out).numpy()
+    return torch.cat(out).cpu().numpy()
 
 
 class BindClipTrainer(FamilyTrainer):
@@ -201,7 +202,7 @@ class BindClipTrainer(FamilyTrainer):
         for name, (img, a, b) in copies.items():
             if on[name] == 0:
                 continue
-            ok = (img[batch] >= 0) & (a[batch] >= 0) & (b[batch] >= 0)  # [B]
+            ok = ((img[batch] >= 0) & (a[batch] >= 0) & (b[batch] >= 0)).cpu()  # [B] on the host, as ``batch``
             if name != "image" and cfg.consistency_items is not None:
                 ok[cfg.consistency_items :] = False
             if ok.any():
@@ -238,7 +239,7 @@ class BindClipTrainer(FamilyTrainer):
             maps = [(data.pos, 0)] + ([(data.neg, n_tok)] if data.neg is not None else [])
             item, row, cells = [], [], []
             for gmap, shift in maps:
-                ent, of_item = _batch_entries(gmap.offsets, batch)
+                ent, of_item = _batch_entries(gmap.offsets, batch, gmap.row.device)
                 keep = gmap.row[ent] < n_tok  # a token beyond the scorer's truncation has no row
                 item.append(of_item[keep])
                 row.append(gmap.row[ent][keep] + shift)

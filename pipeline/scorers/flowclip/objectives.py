@@ -90,11 +90,11 @@ def donor_index(identity: torch.Tensor) -> torch.Tensor:
     Args:
         identity: [B] image identity of each item.
     """
-    B = len(identity)
+    B, device = len(identity), identity.device
     if B < 2:
-        return torch.full((B,), -1, dtype=torch.long)
-    shift = torch.arange(1, B)  # [B-1]
-    cand = (torch.arange(B)[:, None] + shift[None, :]) % B  # [B, B-1] items after b, wrapping
+        return torch.full((B,), -1, dtype=torch.long, device=device)
+    shift = torch.arange(1, B, device=device)  # [B-1]
+    cand = (torch.arange(B, device=device)[:, None] + shift[None, :]) % B  # [B, B-1] items after b, wrapping
     ok = identity[cand] != identity[:, None]  # [B, B-1]
     first = ok.int().argmax(-1)  # [B] first differing candidate (0 if none)
     donor = cand.gather(1, first[:, None])[:, 0]  # [B]

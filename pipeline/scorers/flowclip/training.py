@@ -76,15 +76,19 @@ class HnbBatch:
 
 
 def hnb_batch(data: PairData, batch: torch.Tensor, paraphrases: bool = True) -> HnbBatch:
-    """The HNB/CIMR layout of the items ``batch`` [B] (see the module docstring)."""
+    """The HNB/CIMR layout of the items ``batch`` [B] (see the module docstring), on the
+    device of ``data``'s index tensors (the loop moves them with the features)."""
     B = len(batch)
     identity = data.image[batch]  # [B] the item's image row is its identity
+    dev = identity.device
     images, item_image = torch.unique(identity, return_inverse=True)  # [U], [B]
     para = data.para[batch]  # [B], -1 where absent
-    with_para = torch.nonzero(para >= 0).squeeze(1) if paraphrases else torch.zeros(0, dtype=torch.long)  # [P]
+    with_para = torch.nonzero(para >= 0).squeeze(1) if paraphrases else torch.zeros(0, dtype=torch.long, device=dev)  # [P]
     texts = torch.cat([data.pos[batch], data.neg[batch], para[with_para]])  # [Nt]
-    owner = torch.cat([torch.arange(B), torch.arange(B), with_para])  # [Nt] item of each caption
-    true = torch.cat([torch.ones(B, dtype=torch.bool), torch.zeros(B, dtype=torch.bool), torch.ones(len(with_para), dtype=torch.bool)])
+    items = torch.arange(B, device=dev)
+    owner = torch.cat([items, items, with_para])  # [Nt] item of each caption
+    true = torch.cat([torch.ones(B, dtype=torch.bool, device=dev), torch.zeros(B, dtype=torch.bool, device=dev),
+                      torch.ones(len(with_para), dtype=torch.bool, device=dev)])  # fmt: skip
     return HnbBatch(
         images=images,
         item_image=item_image,
@@ -104,7 +108,7 @@ def caption_scores(model: FlowClip, data: PairData, batch_size: int = EVAL_BATCH
         image = data.images.index(data.image[sl])
         options = [data.texts.index(data.pos[sl]), data.texts.index(data.neg[sl])]
         out.append(option_scores(model, image, options).double())  # [b, 2]
-    return torch.cat(out).numpy()
+    return torch.cat(out).cpu().numpy()
 
 
 def manifest_order(pos_neg: np.ndarray, manifest) -> np.ndarray:
@@ -138,7 +142,8 @@ class FlowClipTrainer(FamilyTrainer):
         logged = {"hnb": float(total.detach()), **{k: float(v.detach()) for k, v in parts.items()}}
 
         B = hb.n_items
-        pos, neg = torch.arange(B), B + torch.arange(B)  # [B] columns of each item's captions
+        pos = torch.arange(B, device=S.device)  # [B] column of each item's positive caption
+        neg = B + pos  # [B] and of its negative
 
         def margin(rows: torch.Tensor) -> torch.Tensor:
             return t * (S[rows, pos] - S[rows, neg])  # [B] item b's caption pair on image rows[b]
