@@ -1,7 +1,8 @@
-"""What the full real-data run costs on this machine's CPU, from measured per-item figures.
+"""What the full real-data run costs on this machine's CPU and on a GPU, from measured per-item figures.
 
     .venv/bin/python scripts/real_cost.py   # measures (~2 min idle), writes reports/bench/real-cost.json
     .venv/bin/python scripts/real_cost.py --reuse reports/bench/real-cost.json  # re-estimate only
+    python scripts/real_cost.py --device cuda --reuse reports/bench/real-cost.json  # the GPU column
 
 The run is ``cd real && dvc repro`` (``real/dvc.yaml`` with ``real/params.yaml``): ``extract``
 encodes every image and caption of the real suites once with ViT-L-14-336; ``train`` fits
@@ -48,8 +49,14 @@ encodes a repeated one once. Images are keyed by content too: suites reading one
 (``extract.image_roots``) share rows, so a folder counts once, up to its size where known, and
 a suite made of another's rows (``coco-families-dev``) adds none.
 
+``--device cuda`` measures the same figures with the encoder, the scorers and the training
+data on the GPU (every timer read after a synchronisation) and keeps the CPU figures of the
+``--reuse`` file: the table then has a GPU column, whose choice and retrieval scoring use the
+GPU's in-memory rates (``scoring.json`` is a CPU bench) and whose rerankers keep their CPU
+cost (their solvers run on the host).
+
 What is not measured (the manifests, ridge and report stages, reading the training features,
-any GPU figure) is listed as such and left out of the total.
+the GPU figures until a ``--device cuda`` run) is listed as such and left out of the total.
 """
 
 from __future__ import annotations
