@@ -212,3 +212,9 @@ def test_a_built_manifest_is_counted_as_extract_keys_it():
     c = rc.count_manifest("aro-relation", manifest, Path("/img"), "hand", "validation")
     assert (c.items, c.options, c.images, c.captions, c.dev_items) == (3, 2, 2, 4, 2)
     assert c.exact and c.pool == "/img" and ("/img/a.jpg", (1.0, 1.0, 5.0, 5.0)) in c.keys
+
+
+def test_a_gpu_measurement_needs_the_cpu_figures(capsys):
+    with pytest.raises(SystemExit):
+        rc.main(["--device", "cuda"])
+    assert "--reuse reports/bench/real-cost.json" in capsys.readouterr().err
