@@ -35,16 +35,19 @@ def main() -> None:
     from pipeline.cache import open_store
     from pipeline.config import ExtractConfig, RidgeConfig, load_config
     from pipeline.scorers.geometry.objects import OBJECT_LAYERS
-    from pipeline.scorers.geometry.ridge import fit_map, ranking_auc, training_pairs
+    from pipeline.scorers.geometry.ridge import (
+        distinct_image_items,
+        fit_map,
+        ranking_auc,
+        training_pairs,
+    )
     from pipeline.scoring import suite_inputs
 
     ridge = load_config(RidgeConfig, args.params, "ridge")
     lam = ridge.lam if args.lam is None else args.lam
     store = open_store(load_config(ExtractConfig, args.params, "extract"))
     manifest, index = suite_inputs(store, ridge.suite)
-    image_rows = index["image"].reshape(len(manifest), -1)[:, 0]
-    _, first = np.unique(image_rows, return_index=True)
-    first = np.sort(first[image_rows[first] >= 0])
+    first = distinct_image_items(index, len(manifest))  # training_pairs' rows, in its order
     names = [n for x in manifest["object_names"].iloc[first] for n in (json.loads(x) if isinstance(x, str) else list(x))]
     out: dict[str, dict[str, list[float]]] = {}
     for layer in OBJECT_LAYERS:
@@ -61,8 +64,7 @@ def main() -> None:
         for s in args.shrinkage or [1.0, 0.3, 0.1, 0.03, 0.01]:
             fitted = fit_map(P[~held], Y[~held], lam, s)
             every = ranking_auc(P[held], Y[held], fitted)
-            S = fitted.phrases(P[held]) @ fitted.objects(Y[held]).T  # ranking_auc's scores, on the hard pairs only
-            shared = float(((S < S.diag()[:, None]) & hard).sum() / hard.sum().clamp_min(1))
+            shared = ranking_auc(P[held], Y[held], fitted, pairs=hard)
             out[layer][str(s)] = [round(every, 4), round(shared, 4)]
             print(f"{layer:9s} shrinkage {s:<6g} AUC {every:.4f}  hard pairs {shared:.4f}", flush=True)
     print(json.dumps({"lam": lam, "auc_all_hard": out}))

@@ -262,6 +262,17 @@ def test_ranking_auc_counts_pairs_of_different_phrases():
     Y3 = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
     # pairs of different phrases: (0,2) 0<1 no, (1,2) 0<1 yes, (2,0) 1<1 no, (2,1) 0<1 yes
     assert ranking_auc(P3, Y3, fitted) == 0.5
+    # a pair mask counts its pairs only: (1,2) alone is right, (0,2) alone wrong
+    only = torch.zeros(3, 3, dtype=torch.bool)
+    assert ranking_auc(P3, Y3, fitted, pairs=only.index_put((torch.tensor([1]), torch.tensor([2])), torch.tensor(True))) == 1.0
+    assert ranking_auc(P3, Y3, fitted, pairs=only.index_put((torch.tensor([0]), torch.tensor([2])), torch.tensor(True))) == 0.0
+
+
+def test_object_sets_take_new_embeddings_zero_where_padded():
+    sets = ObjectSets(torch.ones(1, 3, 2), torch.tensor([[True, False, True]]), torch.rand(1, 3, 2))
+    out = sets.with_embed(torch.full((1, 3, 4), 2.0))
+    assert out.embed.shape == (1, 3, 4) and out.embed[0, 1].eq(0).all() and out.embed[0, [0, 2]].eq(2).all()
+    assert torch.equal(out.mask, sets.mask) and torch.equal(out.pos, sets.pos)
 
 
 def test_whitening_is_the_inverse_square_root_of_the_shrunk_covariance():

@@ -88,6 +88,11 @@ class ObjectSets:
     def index(self, idx: torch.Tensor) -> ObjectSets:
         return ObjectSets(self.embed[idx], self.mask[idx], self.pos[idx])
 
+    def with_embed(self, embed: torch.Tensor) -> ObjectSets:
+        """The same sets with ``embed`` [N, n, D'] as their embeddings (a map of the old
+        ones), zero where padded."""
+        return ObjectSets(torch.where(self.mask[..., None], embed, 0.0), self.mask, self.pos)
+
 
 def pad_sets(embeds: list[torch.Tensor], positions: list[torch.Tensor], dim: int) -> ObjectSets:
     """Pad per-item ``[n_i, D]`` embeddings and ``[n_i, 2]`` positions into :class:`ObjectSets`."""

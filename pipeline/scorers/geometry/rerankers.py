@@ -230,12 +230,10 @@ class RidgeFGWReranker(FGWReranker):
         return RidgeMap(self.weight, self.bias, self.centre, self.whiten)
 
     def map_phrases(self, phrases: ObjectSets) -> ObjectSets:
-        mapped = self.fitted().phrases(phrases.embed)
-        return ObjectSets(torch.where(phrases.mask[..., None], mapped, 0.0), phrases.mask, phrases.pos)
+        return phrases.with_embed(self.fitted().phrases(phrases.embed))
 
     def map_objects(self, objects: ObjectSets) -> ObjectSets:
-        mapped = self.fitted().objects(objects.embed)
-        return ObjectSets(torch.where(objects.mask[..., None], mapped, 0.0), objects.mask, objects.pos)
+        return objects.with_embed(self.fitted().objects(objects.embed))
 
 
 RERANK_OPTIONS = ("k", "alpha", "structure", "base", "top", "layer", "objects")

@@ -64,17 +64,23 @@ from pipeline.scorers.geometry.objects import (
 VARIANT = "ridge-fgw"
 
 
+def distinct_image_items(index: dict[str, np.ndarray], n_items: int) -> np.ndarray:
+    """Manifest rows of the suite's distinct images, each image's first item, in row order
+    (items without an image left out): the rows the map is fitted on, once per image."""
+    image_rows = index["image"].reshape(n_items, -1)[:, 0]
+    _, first = np.unique(image_rows, return_index=True)
+    return np.sort(first[image_rows[first] >= 0])
+
+
 def training_pairs(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str = "", layer: str = "final", objects: str = "box-mean") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(phrases [N, D], objects [N, D_o], image [N]): every annotated object of the suite's
-    images, once per distinct image, its object embedding from ``objects`` (box means of
-    ``layer``'s grid, or the re-encoded crops), and the position of its image among those
-    images (for image-disjoint held-out splits)."""
+    images, once per distinct image (:func:`distinct_image_items`), its object embedding
+    from ``objects`` (box means of ``layer``'s grid, or the re-encoded crops), and the
+    position of its image among those images (for image-disjoint held-out splits)."""
     require_columns(manifest, ("object_names", "object_boxes"), suite)
     if "object_names" not in index:
         raise ValueError(f"the store has no object_names rows for {suite}: rerun `pipeline extract`")
-    image_rows = index["image"].reshape(len(manifest), -1)[:, 0]
-    _, first = np.unique(image_rows, return_index=True)
-    first = np.sort(first[image_rows[first] >= 0])
+    first = distinct_image_items(index, len(manifest))
     boxes = [parse_boxes(manifest["object_boxes"].iloc[i]) for i in first]
     names = index["object_names"].reshape(len(manifest), -1)[first]  # [n_images, n_max]
     counts = (names >= 0).sum(1)
@@ -145,12 +151,13 @@ def r_squared(P: torch.Tensor, Y: torch.Tensor, W: torch.Tensor, b: torch.Tensor
     return float(1 - resid.pow(2).sum() / (Y - Y.mean(0)).pow(2).sum())
 
 
-def ranking_auc(P: torch.Tensor, Y: torch.Tensor, fitted: RidgeMap) -> float:
+def ranking_auc(P: torch.Tensor, Y: torch.Tensor, fitted: RidgeMap, pairs: torch.Tensor | None = None) -> float:
     """How often a mapped phrase is closer (cosine in the map's whitened space) to its own
-    object than to another object of a different phrase, over every such pair: 1 is
-    perfect, 0.5 chance."""
+    object than to another object of a different phrase, over every such pair, or over the
+    pairs (i, j) that ``pairs`` [N, N] marks (e.g. phrases sharing a word): 1 is perfect,
+    0.5 chance."""
     S = fitted.phrases(P) @ fitted.objects(Y).T  # [N, N]
-    other = (P @ P.T) < 1 - 1e-6  # pairs of different phrases
+    other = (P @ P.T) < 1 - 1e-6 if pairs is None else pairs  # pairs of different phrases
     return float(((S < S.diag()[:, None]) & other).sum() / other.sum().clamp_min(1))
 
 
