@@ -13,7 +13,7 @@ its own store. Then:
 * every array of the two stores is compared: the largest absolute difference, and it over
   the array's largest magnitude (the stores keep grids in fp16, so two devices whose float32
   results differ in the last bits can round one value to neighbouring fp16 numbers);
-  ``ids`` and ``mask`` (integers, booleans) must be equal;
+  integer and boolean arrays (ids, masks, keys, done flags, suite indexes) must be equal;
 * the two fingerprints must be equal: a store is the same store whichever device wrote it;
 * each scorer of ``--variants`` (random init, every exact shortcut off: ``Scorer.full_path``)
   scores the suite from the CPU store on the CPU and from the device's store on the device
@@ -35,9 +35,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-EXACT = ("ids", "mask")  # integer and boolean arrays: equal or wrong
-
 
 def compare_stores(a: Path, b: Path) -> dict[str, dict[str, float]]:
     """Per array of store ``a`` (a zarr group path): max |a - b| and it over max |a|."""
