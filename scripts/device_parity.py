@@ -36,6 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+
 def compare_stores(a: Path, b: Path) -> dict[str, dict[str, float]]:
     """Per array of store ``a`` (a zarr group path): max |a - b| and it over max |a|."""
     import numpy as np
