@@ -172,8 +172,11 @@ def test_batch_neighbours_change_nothing_and_the_matrix_agrees_with_pairs():
     for i in range(5):
         row = model.score(image.index(torch.full((5,), i)), text)
         torch.testing.assert_close(S[i], row, rtol=0, atol=1e-6)
-    chunked = model.gcc.matrix(image.embed, text.embed) + model.icer.matrix(image, text, pair_chunk=1)  # one image a pass
-    torch.testing.assert_close(chunked, S, rtol=0, atol=1e-6)
+    for pair_chunk in (1, 3, 7, 25):  # one pair a pass; blocks of 3 captions; 5 captions x 1 image; x 5 images
+        chunked = model.gcc.matrix(image.embed, text.embed) + model.icer.matrix(image, text, pair_chunk=pair_chunk)
+        torch.testing.assert_close(chunked, S, rtol=0, atol=1e-6)
+    assert model.icer.matrix(image.index(torch.tensor([], dtype=torch.long)), text, pair_chunk=3).shape == (0, 5)
+    assert model.icer.matrix(image, text.index(torch.tensor([], dtype=torch.long)), pair_chunk=3).shape == (5, 0)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -62,7 +62,7 @@ class FlowClipConfig:
     icer: bool = True  # the local ICER branch; False = GCC only (`global-m`), no ICER parameters
     lam: float = 1.0  # λ in s = GCC + λ·ICER, fixed, not learned (ours; 0 recovers the global branch)
     tau: float = 0.05  # temperature τ of the pooled evidence e(q) over patches (ours)
-    pair_chunk: int = 8192  # (image, caption) pairs per ICER pass in score_matrix (memory only)
+    pair_chunk: int = 512  # (image, caption) pairs per ICER pass in score_matrix: passes this small stay in the CPU's cache
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.lam):
@@ -257,19 +257,32 @@ class EvidenceRefinement(nn.Module):
         return icer(q[:, None], v, token_mask[:, None], patch_mask, self.W, self.tau)[:, 0]  # [B]
 
     def matrix(self, image: ImageFeatures, text: TextFeatures, pair_chunk: int) -> torch.Tensor:
-        """[Ni, Nt] ICER of every image against every caption, ~``pair_chunk`` pairs a pass."""
-        if self.vanishes():
-            return image.embed.new_zeros(len(image), len(text), dtype=torch.float32)
+        """[Ni, Nt] ICER of every image against every caption, at most ``pair_chunk`` pairs a pass.
+
+        A pass is a block of images against a block of captions (``min(Nt, pair_chunk)``
+        captions, as many images as fit). Small passes keep the [pairs, N, R] and [pairs, N, D]
+        intermediates in the CPU's cache, which runs several times faster than passes of
+        thousands of pairs (docs/trials.md), and bound the memory of large galleries at any
+        encoder size. Every pair's value comes from the same operations whatever the pass.
+        """
+        Ni, Nt = len(image), len(text)
+        if self.vanishes() or not Ni or not Nt:
+            return image.embed.new_zeros(Ni, Nt, dtype=torch.float32)
         q, token_mask = self.queries(text)  # [Nt, N, D], [Nt, N]
         v, patch_mask = self.keys(image)  # [Ni, R, D], [Ni, R]
-        step = max(1, pair_chunk // max(len(text), 1))
+        cap_step = max(1, min(Nt, pair_chunk))
+        img_step = max(1, pair_chunk // cap_step)
         rows = []
-        for i in range(0, len(image), step):
-            g = min(step, len(image) - i)  # images in this pass
-            q_g = q[None].expand(g, *q.shape).contiguous()  # [g, Nt, N, D] one copy per image
-            m_g = token_mask[None].expand(g, *token_mask.shape)  # [g, Nt, N]
-            rows.append(icer(q_g, v[i : i + step], m_g, patch_mask[i : i + step], self.W, self.tau))  # [g, Nt]
-        return torch.cat(rows) if rows else q.new_zeros(0, len(text))  # [Ni, Nt]
+        for i in range(0, Ni, img_step):
+            g = min(img_step, Ni - i)  # images in this pass
+            cols = []
+            for j in range(0, Nt, cap_step):
+                q_b, m_b = q[j : j + cap_step], token_mask[j : j + cap_step]  # [k, N, D], [k, N]
+                q_g = q_b[None].expand(g, *q_b.shape).contiguous()  # [g, k, N, D] one copy per image
+                m_g = m_b[None].expand(g, *m_b.shape)  # [g, k, N]
+                cols.append(icer(q_g, v[i : i + g], m_g, patch_mask[i : i + g], self.W, self.tau))  # [g, k]
+            rows.append(torch.cat(cols, 1))  # [g, Nt]
+        return torch.cat(rows)  # [Ni, Nt]
 
 
 class FlowClip(Scorer):
