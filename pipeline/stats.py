@@ -30,10 +30,18 @@ McNemar's test is the exact (binomial) version on the discordant pairs
 Determinism: the same ``seed`` gives the same numbers. Resamples are drawn in chunks of
 about ``_CHUNK_ELEMENTS`` indices (to bound memory); the chunk size depends only on the
 number of units, so results do not depend on the machine.
+
+A report bootstraps many systems on the same units with the same seed, so the same index
+draws recur. Recent draws, ``_DRAW_CACHE_BYTES`` of them at most, are kept in a
+least-recently used cache keyed by the groups, the number of resamples and the generator's
+state before the draw; a hit returns the stored indices and moves the generator to the
+state the draw left, so every number equals a fresh draw's.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -44,6 +52,9 @@ from pipeline.benchmarks.base import Units
 
 # About this many resample indices are held in memory at once (int64: 32 MiB).
 _CHUNK_ELEMENTS = 2**22
+# Recent index draws kept for reuse, this many bytes in all (see the module docstring).
+_DRAW_CACHE_BYTES = 2**30
+_draw_cache: OrderedDict[tuple, tuple[list[np.ndarray], dict]] = OrderedDict()
 
 
 @dataclass(frozen=True)
@@ -138,12 +149,33 @@ def _statistic(v: np.ndarray, codes: np.ndarray, n_groups: int) -> float:
 
 def _index_chunks(
     codes: np.ndarray, n_groups: int, n_resamples: int, rng: np.random.Generator
-) -> Iterator[np.ndarray]:
-    """Yield [r, n] resample index chunks (r rows each, ``n_resamples`` rows in all).
+) -> Iterator[np.ndarray] | list[np.ndarray]:
+    """[r, n] resample index chunks (r rows each, ``n_resamples`` rows in all), reusing a
+    cached draw when the same groups meet the same generator state (module docstring).
 
     Column ``j`` of every row holds a unit drawn uniformly with replacement from unit
     ``j``'s group, so each resample keeps every group's size.
     """
+    if n_resamples * len(codes) * 8 > _DRAW_CACHE_BYTES:
+        return _draw_index_chunks(codes, n_groups, n_resamples, rng)
+    digest = hashlib.sha1(np.ascontiguousarray(codes, dtype=np.int64).tobytes()).hexdigest()
+    key = (digest, n_groups, n_resamples, repr(rng.bit_generator.state))
+    if key in _draw_cache:
+        chunks, state = _draw_cache[key]
+        _draw_cache.move_to_end(key)
+        rng.bit_generator.state = state
+        return chunks
+    chunks = list(_draw_index_chunks(codes, n_groups, n_resamples, rng))
+    _draw_cache[key] = (chunks, rng.bit_generator.state)
+    while sum(c.nbytes for chunks, _ in _draw_cache.values() for c in chunks) > _DRAW_CACHE_BYTES:
+        _draw_cache.popitem(last=False)
+    return chunks
+
+
+def _draw_index_chunks(
+    codes: np.ndarray, n_groups: int, n_resamples: int, rng: np.random.Generator
+) -> Iterator[np.ndarray]:
+    """Draw the chunks of :func:`_index_chunks` from ``rng``, one chunk at a time."""
     n = len(codes)
     order = np.argsort(codes, kind="stable")  # [n] unit ids sorted by group
     counts = np.bincount(codes, minlength=n_groups)  # [G]

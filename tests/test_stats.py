@@ -498,3 +498,27 @@ def test_parameter_comparison_against_the_papers_total():
     assert pc["components"] == parts and pc["total"] == 345988
     assert pc["gap"] == 521475 - 345988 and pc["share"] == pytest.approx(345988 / 521475)
     assert pc["text_projection"] == 1536 + 147648
+
+
+def test_a_reused_draw_equals_a_fresh_one_and_leaves_the_generator_where_a_fresh_one_would(monkeypatch):
+    groups = np.repeat([0, 1, 2], [5, 7, 3])
+    v = np.random.default_rng(3).random(15)
+    monkeypatch.setattr(stats, "_draw_cache", stats.OrderedDict())
+    fresh_rng, cached_rng = np.random.default_rng(11), np.random.default_rng(11)
+    monkeypatch.setattr(stats, "_DRAW_CACHE_BYTES", 0)  # nothing kept: every draw is fresh
+    fresh = [stats._distribution(v, groups, 300, fresh_rng) for _ in range(2)]
+    fresh_next = fresh_rng.random()
+    monkeypatch.setattr(stats, "_DRAW_CACHE_BYTES", 2**27)
+    first = stats._distribution(v, groups, 300, np.random.default_rng(11))  # fills the cache
+    assert len(stats._draw_cache) == 1
+    cached = [stats._distribution(v, groups, 300, cached_rng) for _ in range(2)]  # a hit, then a new state
+    assert len(stats._draw_cache) == 2
+    np.testing.assert_array_equal(first, fresh[0])
+    for a, b in zip(cached, fresh, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert cached_rng.random() == fresh_next  # the hit moved the generator past its draw
+    other = stats._distribution(v, np.repeat([0, 1], [8, 7]), 300, np.random.default_rng(11))  # other groups: a miss
+    assert len(stats._draw_cache) == 3 and not np.array_equal(other, first)
+    monkeypatch.setattr(stats, "_DRAW_CACHE_BYTES", 2 * 300 * 15 * 8)  # room for two draws
+    stats._distribution(v, None, 300, np.random.default_rng(12))
+    assert len(stats._draw_cache) == 2  # least recently used entries dropped

@@ -69,11 +69,13 @@ class ReportContext:
 
     @property
     def store(self):
-        """The configured encoder's feature store, opened (and checked) on first use."""
+        """The configured encoder's feature store, opened (and checked) on first use; its
+        read blocks stay in memory, as the sections read the same suites again and again."""
         if self.store_ is None:
             from pipeline.cache import open_store
+            from pipeline.scoring import READ_CACHE_BYTES
 
-            self.store_ = open_store(self.extract)
+            self.store_ = open_store(self.extract).cache_reads(READ_CACHE_BYTES)
         return self.store_
 
     def scorer(self, variant: str):
