@@ -7,8 +7,8 @@ from math import comb
 import numpy as np
 import pytest
 
-from pipeline import stats
 from pipeline.benchmarks.base import Units
+from pipeline.stats import bootstrap as stats
 from pipeline.stats import (
     bootstrap_ci,
     bootstrap_distribution,
