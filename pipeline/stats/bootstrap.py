@@ -153,6 +153,8 @@ def _index_chunks(
         rng.bit_generator.state = state
         return chunks
     chunks = list(_draw_index_chunks(codes, n_groups, n_resamples, rng))
+    for c in chunks:
+        c.setflags(write=False)  # shared by every later hit
     _draw_cache[key] = (chunks, rng.bit_generator.state)
     while sum(c.nbytes for chunks, _ in _draw_cache.values() for c in chunks) > _DRAW_CACHE_BYTES:
         _draw_cache.popitem(last=False)
