@@ -35,7 +35,7 @@ from pipeline.scorers.geometry.ridge import (
     whitening,
 )
 from pipeline.scoring import retrieval_rows, score_retrieval, suite_inputs
-from pipeline.world.grounding import box_cells
+from pipeline.world.grounding import box_weights
 
 COLOURS = ["red", "green", "blue", "yellow"]
 SHAPES = ["circle", "square", "star", "cross"]
@@ -101,14 +101,15 @@ def _scorer(name, store, **kw):
     return create_scorer(name, dims=store.dims, proj=store.projections(), **kw).eval()
 
 
-def test_object_embedding_is_the_projected_patch_mean_inside_the_box(geo):
+def test_object_embedding_is_the_projected_area_weighted_patch_mean_over_the_box(geo):
     store, manifest, index = geo
     gallery_rows, _ = retrieval_rows(manifest, index)
     boxes = [np.array(json.loads(b)) for b in manifest["object_boxes"]]
     sets = image_objects(store, gallery_rows, boxes)
     feats = store.images(gallery_rows[:1])
-    cells = box_cells(torch.tensor(boxes[0], dtype=torch.float32), store.dims.grid)[1]  # object 1
-    want = (feats.final[0, cells] @ store.projections().visual_proj).mean(0)
+    w = box_weights(torch.tensor(boxes[0], dtype=torch.float32), store.dims.grid)[1]  # object 1: [R]
+    assert 0 < int((w > 0).sum()) < len(w)  # the box covers some patches, not all
+    want = (w @ (feats.final[0] @ store.projections().visual_proj)) / w.sum()
     torch.testing.assert_close(sets.embed[0, 1], want / want.norm(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(sets.pos[0, 1], torch.tensor((boxes[0][1, :2] + boxes[0][1, 2:]) / 2, dtype=torch.float32))
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.world.grounding import box_cells, visible_cover, word_token_positions
+from pipeline.world.grounding import box_cells, box_cover, box_weights, visible_cover, word_token_positions
 
 
 def test_box_cells_and_word_positions():
@@ -25,6 +25,25 @@ def test_box_cells_and_word_positions():
     with pytest.raises(ValueError, match="out of range"):
         word_token_positions("a red", [5], encode)
 
+
+
+def test_box_cover_and_area_weights_by_hand():
+    # 4x4 grid, patches 0.25 wide: x over [0.3, 0.7] covers 0.8 of column 1 and 0.8 of column 2;
+    # y over [0.3, 0.45] covers 0.6 of row 1
+    box = torch.tensor([[0.3, 0.3, 0.7, 0.45]])
+    cover = box_cover(box, (4, 4)).reshape(4, 4)
+    want = torch.zeros(4, 4)
+    want[1, 1] = want[1, 2] = 0.8 * 0.6
+    torch.testing.assert_close(cover, want)
+    torch.testing.assert_close(box_weights(box, (4, 4)), cover.reshape(1, 16))
+    # the covered fractions sum to the box's area in patches (0.4 x 0.15 of a 4x4 grid)
+    torch.testing.assert_close(cover.sum(), torch.tensor(0.4 * 0.15 * 16))
+    # a whole-image box weighs every patch fully; a box of zero area weighs its centre's patch
+    torch.testing.assert_close(box_weights(torch.tensor([[0.0, 0.0, 1.0, 1.0]]), (2, 3)), torch.ones(1, 6))
+    point = box_weights(torch.tensor([[0.6, 0.1, 0.6, 0.1]]), (2, 2))
+    assert point.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+    # box_cells thresholds the same cover (a quarter) and adds the centre's patch
+    assert box_cells(box, (4, 4)).tolist() == (box_cover(box, (4, 4)) >= 0.25).tolist()
 
 def _square(x: float, y: float, z: int, half: float = 0.25) -> dict:
     r = half / 0.78  # unit_vertices("square") has half-side 0.78 of the circumradius

@@ -8,7 +8,8 @@ an exact referent; scorers read it through the patch grid and the BPE tokens:
   word alone, which is where a false caption's words point);
 * :func:`word_token_positions`: word indices to BPE token positions;
 * :func:`view_boxes`: boxes on the whole image to boxes on the square view the encoder sees;
-* :func:`box_cells`: boxes to the patches they cover;
+* :func:`box_cover`, :func:`box_cells`, :func:`box_weights`: boxes to the patches they cover
+  (covered fractions; the patches at least a quarter covered; area weights of a box mean);
 * :func:`visible_cover`: each object's visible part (minus what is drawn over it) per patch.
 """
 
@@ -111,13 +112,8 @@ def view_boxes(
     return out, visible
 
 
-def box_cells(
-    boxes: torch.Tensor, grid: tuple[int, int], min_overlap: float = 0.25
-) -> torch.Tensor:
-    """[M, R] bool: patches whose area is at least ``min_overlap`` covered by each box.
-
-    The patch holding the box centre always counts, so a box smaller than a patch still
-    has one cell *(ours)*.
+def box_cover(boxes: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """[M, R] the fraction of each patch's area that each box covers.
 
     Args:
         boxes: [M, 4] normalised ``[x0, y0, x1, y1]`` (y down, like the patch grid).
@@ -133,12 +129,47 @@ def box_cells(
     oy = (
         torch.minimum(ey[None, 1:], y1[:, None]) - torch.maximum(ey[None, :-1], y0[:, None])
     ).clamp_min(0) * gh
-    cover = oy[:, :, None] * ox[:, None, :]  # [M, gh, gw] covered fraction of each patch
+    return (oy[:, :, None] * ox[:, None, :]).reshape(len(boxes), gh * gw)  # [M, R]
+
+
+def _centre_cells(boxes: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """[M, R] bool: the patch holding each box's centre."""
+    gh, gw = grid
+    x0, y0, x1, y1 = boxes.float().unbind(-1)
     cx = ((x0 + x1) / 2 * gw).long().clamp(0, gw - 1)
     cy = ((y0 + y1) / 2 * gh).long().clamp(0, gh - 1)
-    cells = cover >= min_overlap
-    cells[torch.arange(len(boxes)), cy, cx] = True
-    return cells.reshape(len(boxes), gh * gw)
+    out = torch.zeros(len(boxes), gh * gw, dtype=torch.bool)
+    out[torch.arange(len(boxes)), cy * gw + cx] = True
+    return out
+
+
+def box_cells(
+    boxes: torch.Tensor, grid: tuple[int, int], min_overlap: float = 0.25
+) -> torch.Tensor:
+    """[M, R] bool: patches whose area is at least ``min_overlap`` covered by each box.
+
+    The patch holding the box centre always counts, so a box smaller than a patch still
+    has one cell *(ours)*.
+
+    Args:
+        boxes: [M, 4] normalised ``[x0, y0, x1, y1]`` (y down, like the patch grid).
+        grid: (grid_h, grid_w); patches are row-major (``p = y * grid_w + x``).
+    """
+    return (box_cover(boxes, grid) >= min_overlap) | _centre_cells(boxes, grid)
+
+
+def box_weights(boxes: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """[M, R] area weights of a box mean: each patch weighted by the fraction of its area
+    inside the box, so ``weights @ grid / weights.sum(1)`` is the mean over the box of the
+    grid read as a piecewise-constant field; a box of zero area weights its centre's patch.
+
+    Args:
+        boxes: [M, 4] normalised ``[x0, y0, x1, y1]`` (y down, like the patch grid).
+        grid: (grid_h, grid_w); patches are row-major (``p = y * grid_w + x``).
+    """
+    cover = box_cover(boxes, grid)  # [M, R]
+    empty = cover.sum(1, keepdim=True) <= 0  # [M, 1]
+    return torch.where(empty, _centre_cells(boxes, grid).float(), cover)
 
 
 def visible_cover(objects: Sequence[dict], grid: tuple[int, int], supersample: int = 8) -> np.ndarray:

@@ -6,9 +6,12 @@ geometry-aware rerankers align.
   final-layer patch features inside the box, projected into the joint space
   (``final @ visual_proj``, the projection that maps CLS to the pooled embedding) and
   unit-normalised; a fitted map (``ridge-fgw``) may read another grid instead
-  (:data:`OBJECT_LAYERS`), the one its fit held out best. The patches of a box are
-  :func:`pipeline.world.grounding.box_cells` (every patch at least a quarter covered, and
-  the one holding the centre). ``crops`` (the paper's): the pooled embedding of the box's
+  (:data:`OBJECT_LAYERS`), the one its fit held out best. The mean is over the box's area:
+  each patch weighs the fraction of its area inside the box
+  (:func:`pipeline.world.grounding.box_weights`), so a patch the box barely touches, mostly
+  background or a neighbour, counts for little; the held-out ranking AUC of ``ridge-fgw``'s
+  map on the training split prefers these weights to the patches at least a quarter covered
+  on every grid (docs/trials.md). ``crops`` (the paper's): the pooled embedding of the box's
   crop re-encoded by the frozen image tower at extract (``extract.object_crops: true``;
   :func:`pipeline.extract_pixels.crop_to_box`), unit-normalised: the object seen alone, at the
   encoder's full resolution, at the cost of one forward pass per object at extract and none
@@ -44,7 +47,7 @@ import torch.nn.functional as F
 
 from pipeline.benchmarks.retrieval import parse_boxes, parse_relations
 from pipeline.cache import CacheError, FeatureStore, StaleCacheError
-from pipeline.world.grounding import box_cells, view_boxes
+from pipeline.world.grounding import box_weights, view_boxes
 
 STRUCTURES = ("offset", "distance")
 # Where an image object's embedding comes from: "box-mean" the mean of the cached grid inside
@@ -219,7 +222,7 @@ def crop_objects(store: FeatureStore, rows: np.ndarray, boxes: list[np.ndarray],
 @torch.no_grad()
 def image_objects(store: FeatureStore, image_rows: np.ndarray, boxes: list[np.ndarray], layer: str = "final", batch_size: int = 256) -> ObjectSets:
     """Object sets of images ``image_rows`` [G] (store rows) with ``boxes[g]`` [m_g, 4]:
-    each object's mean patch feature inside its box, from the grid ``layer`` names
+    each object's area-weighted mean patch feature over its box, from the grid ``layer`` names
     (:data:`OBJECT_LAYERS`; default the final layer in the joint space), unit-normalised."""
     dim = object_dim(store.dims, layer)
     proj = store.projections().visual_proj  # [d_v, D]
@@ -232,7 +235,7 @@ def image_objects(store: FeatureStore, image_rows: np.ndarray, boxes: list[np.nd
             if len(b) == 0:
                 embeds.append(torch.zeros(0, dim))
                 continue
-            w = box_cells(torch.as_tensor(b, dtype=torch.float32), grid).float()  # [m, R]
+            w = box_weights(torch.as_tensor(b, dtype=torch.float32), grid)  # [m, R]
             emb = (w @ joint[k]) / w.sum(1, keepdim=True)  # [m, D]
             embeds.append(F.normalize(emb, dim=-1))
     centres = [torch.as_tensor((b[:, :2] + b[:, 2:]) / 2, dtype=torch.float32).reshape(-1, 2) for b in boxes]
