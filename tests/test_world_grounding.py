@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.world.grounding import box_cells, box_cover, box_weights, visible_cover, word_token_positions
+from pipeline.world.grounding import (
+    box_cells,
+    box_cover,
+    box_weights,
+    visible_cover,
+    word_token_positions,
+)
 
 
 def test_box_cells_and_word_positions():
@@ -26,7 +32,6 @@ def test_box_cells_and_word_positions():
         word_token_positions("a red", [5], encode)
 
 
-
 def test_box_cover_and_area_weights_by_hand():
     # 4x4 grid, patches 0.25 wide: x over [0.3, 0.7] covers 0.8 of column 1 and 0.8 of column 2;
     # y over [0.3, 0.45] covers 0.6 of row 1
@@ -44,6 +49,7 @@ def test_box_cover_and_area_weights_by_hand():
     assert point.tolist() == [[0.0, 1.0, 0.0, 0.0]]
     # box_cells thresholds the same cover (a quarter) and adds the centre's patch
     assert box_cells(box, (4, 4)).tolist() == (box_cover(box, (4, 4)) >= 0.25).tolist()
+
 
 def _square(x: float, y: float, z: int, half: float = 0.25) -> dict:
     r = half / 0.78  # unit_vertices("square") has half-side 0.78 of the circumradius
