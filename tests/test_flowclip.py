@@ -179,6 +179,28 @@ def test_batch_neighbours_change_nothing_and_the_matrix_agrees_with_pairs():
     assert model.icer.matrix(image, text.index(torch.tensor([], dtype=torch.long)), pair_chunk=3).shape == (5, 0)
 
 
+def test_the_mapped_query_correction_equals_the_per_pair_product_with_its_gradients():
+    """``icer(..., mapped=(q̂Wᵀ, vWᵀ))`` (captions shared by every image) against the per-pair
+    ``q + (c - <c, q̂> q̂) Wᵀ`` on each image's copy of the captions: values and gradients."""
+    g = torch.Generator().manual_seed(3)
+    G, K, N, R, D = 3, 4, 5, 7, 8
+    q = torch.randn(K, N, D, generator=g)
+    v = torch.nn.functional.normalize(torch.randn(G, R, D, generator=g), dim=-1)
+    token_mask = torch.rand(K, N, generator=g) > 0.3
+    patch_mask = torch.rand(G, R, generator=g) > 0.2
+    W0 = 0.5 * torch.randn(D, D, generator=g)
+    W1, W2 = W0.clone().requires_grad_(), W0.clone().requires_grad_()
+    per_pair = fm.icer(q.expand(G, K, N, D), v, token_mask.expand(G, K, N), patch_mask, W1, 0.05)
+    q_hat = torch.nn.functional.normalize(q, dim=-1)
+    mapped = fm.icer(q[None], v, token_mask[None], patch_mask, W2, 0.05, mapped=((q_hat @ W2.T)[None], v @ W2.T))
+    assert mapped.shape == (G, K) and per_pair.abs().min() > 0
+    torch.testing.assert_close(mapped, per_pair, rtol=0, atol=1e-6)
+    weights = torch.randn(G, K, generator=g)
+    (per_pair * weights).sum().backward()
+    (mapped * weights).sum().backward()
+    torch.testing.assert_close(W2.grad, W1.grad, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", VARIANTS)
 def test_a_gradient_reaches_every_parameter(name):
     image, text = images(3), texts([2, 4, 6], seed=1)

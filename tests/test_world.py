@@ -28,6 +28,7 @@ from pipeline.world import (
     training_scene,
     truth,
 )
+from pipeline.world import build as world_build
 from pipeline.world.captions import (
     Has,
     Ref,
@@ -104,10 +105,15 @@ def test_scene_is_pure_function_of_seed_and_index():
     assert a != png_bytes(render(training_scene(1, 7)[0], 64))
 
 
-def test_build_world_twice_is_identical(world, tmp_path):
-    build_world(TINY, out=tmp_path, progress=False)
-    first, second = file_hashes(world), file_hashes(tmp_path)
-    assert first == second  # every image and manifest, byte for byte
+def test_build_world_twice_is_identical_whatever_the_workers(world, tmp_path, monkeypatch):
+    monkeypatch.setattr(world_build, "UNITS_PER_TASK", 2)  # several tasks per suite
+    build_world(TINY, out=tmp_path / "one", progress=False, workers=1)
+    build_world(TINY, out=tmp_path / "two", progress=False, workers=2)
+    first = file_hashes(world)
+    assert file_hashes(tmp_path / "one") == first  # every image and manifest, byte for byte
+    assert file_hashes(tmp_path / "two") == first
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        build_world(TINY, out=tmp_path / "none", progress=False, workers=0)
     assert sum(k.endswith(".png") for k in first) == sum(
         json.loads((world / "world.json").read_text())["images"].values()
     )

@@ -94,6 +94,7 @@ class FeatureStore:
         self.root = root
         self._done: dict[str, np.ndarray] = {}  # modality -> [N] bool, read once (read-only)
         self._blocks: BlockCache | None = None  # see cache_reads
+        self._arrays: dict[str, zarr.Array] = {}  # name -> opened array (metadata read once)
 
     def cache_reads(self, budget_bytes: int) -> FeatureStore:
         """Keep up to ``budget_bytes`` of read row blocks in memory (0 turns the cache off);
@@ -188,11 +189,17 @@ class FeatureStore:
         return CorruptStoreError(f"{describe(self.path, [Damage(name, lo, hi, problem)])} ({type(error).__name__}: {error})")
 
     def _array(self, name: str) -> zarr.Array:
-        """The array ``name``; a lost or unreadable zarr.json is damage, named with its fix."""
-        try:
-            return open_array(self.root, name)
-        except Exception as e:  # noqa: BLE001
-            raise self._refuse(name, 0, 0, e, metadata=True) from None
+        """The array ``name``, opened once per reader rather than on every gather (the view is
+        read-only, so its metadata stays valid); a lost or unreadable zarr.json is damage,
+        named with its fix."""
+        arr = self._arrays.get(name)
+        if arr is None:
+            try:
+                arr = open_array(self.root, name)
+            except Exception as e:  # noqa: BLE001
+                raise self._refuse(name, 0, 0, e, metadata=True) from None
+            self._arrays[name] = arr
+        return arr
 
     def _whole(self, name: str) -> np.ndarray:
         """All of array ``name`` (a suite index, a projection, a done flag array); a codec

@@ -15,6 +15,7 @@ an exact referent; scorers read it through the patch grid and the BPE tokens:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -201,6 +202,15 @@ def visible_cover(objects: Sequence[dict], grid: tuple[int, int], supersample: i
     return out
 
 
+@functools.cache
+def _bpe_pieces(word: str) -> int:
+    """How many BPE pieces open_clip's tokenizer splits ``word`` into (memoized: captions
+    repeat a small vocabulary, and the BPE is pure Python)."""
+    from open_clip.tokenizer import _tokenizer
+
+    return len(_tokenizer.encode(word))
+
+
 def word_token_positions(
     caption: str, words: Sequence[int], encode=None, max_tokens: int | None = None
 ) -> list[list[int]]:
@@ -211,15 +221,13 @@ def word_token_positions(
     of them. Positions beyond ``max_tokens`` content tokens are dropped.
 
     Args:
-        encode: ``str -> list[int]`` BPE encoder; default open_clip's ``_tokenizer.encode``.
+        encode: ``str -> list[int]`` BPE encoder; default open_clip's ``_tokenizer.encode``
+            (each distinct word encoded once per process).
     """
-    if encode is None:
-        from open_clip.tokenizer import _tokenizer
-
-        encode = _tokenizer.encode
+    pieces = _bpe_pieces if encode is None else (lambda w: len(encode(w)))
     starts, pos = [], 1
     for w in caption.split():
-        starts.append((pos, len(encode(w))))
+        starts.append((pos, pieces(w)))
         pos += starts[-1][1]
     out = []
     for k in words:

@@ -30,7 +30,6 @@ After checkpoint selection, consensus ``q0`` is chosen on dev only from ``q0_gri
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,18 +99,14 @@ def grounding_map(
 
     ``positions[i]``: word indices in ``captions[i].split()``; ``boxes[i]``: one box per
     word; ``ids``: [n, C] the stored BPE ids of the captions. A word of several BPE pieces
-    gives one row per piece; pieces beyond the stored caption are dropped. Each distinct word
-    is BPE-encoded once (a suite's captions repeat a small vocabulary).
+    gives one row per piece; pieces beyond the stored caption are dropped.
     """
-    from open_clip.tokenizer import _tokenizer
-
-    encode = functools.lru_cache(maxsize=None)(_tokenizer.encode)  # only the pieces' count is read
     max_tok = ids.shape[1] - 2
     offsets, rows, out_boxes = [0], [], []
     for i, cap in enumerate(captions):
         words = list(positions[i] if positions[i] is not None else [])
         item_boxes = list(boxes[i] if boxes[i] is not None else [])
-        for toks, box in zip(word_token_positions(cap, words, encode, max_tok), item_boxes, strict=True):
+        for toks, box in zip(word_token_positions(cap, words, max_tokens=max_tok), item_boxes, strict=True):
             for p in toks:
                 if int(ids[i, p]) == 0:  # beyond the stored caption (truncated)
                     continue

@@ -156,37 +156,52 @@ def icer(
     patch_mask: torch.Tensor,
     W: torch.Tensor,
     tau: float,
+    mapped: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Image-conditioned evidence refinement: ``mean_i [e(q'_i) - e(q_i)]`` (seed §3.2).
 
     G images, each against K captions: matched pairs are ``G = B, K = 1``, all pairs
     ``G = Ni, K = Nt``. The K captions of an image share one batched product with its
-    patches (``[K*N, D] @ [D, R]``), so the patch keys are never copied per caption.
+    patches (``[K*N, D] @ [D, R]``); captions given once (leading dim 1) are shared by
+    every image without a copy.
+
+    The corrected query is ``q'_i = q_i + W c⊥_i``. Without ``mapped``, W multiplies each
+    pair's rejected context (N·D² per pair). With ``mapped = (q̂ Wᵀ, v Wᵀ)``, computed
+    once per caption and once per image, it is assembled as
+    ``q_i + Σ_p w_ip (W v_p) - <c_i, q̂_i> W q̂_i`` with ``<c_i, q̂_i> = Σ_p w_ip a_ip``:
+    the same vector (W is linear), without a D x D product per pair, which is what
+    scoring many images against many captions wants (:meth:`EvidenceRefinement.matrix`).
 
     Args:
-        q: [G, K, N, D] token queries ``M_tok h_i``.
+        q: [G or 1, K, N, D] token queries ``M_tok h_i``.
         v: [G, R, D] unit patch keys.
-        token_mask: [G, K, N] valid content tokens.
+        token_mask: [G or 1, K, N] valid content tokens.
         patch_mask: [G, R] valid patches.
         W: [D, D] residual map.
         tau: evidence temperature.
+        mapped: ``(q̂ Wᵀ [G or 1, K, N, D], v Wᵀ [G, R, D])``, q̂ the unit queries.
 
     Returns:
         [G, K] ICER; 0 for a caption without content tokens or an image without patches,
         and exactly 0 when ``W = 0``.
     """
-    G, K, N, D = q.shape
-    R = v.shape[1]
+    G, R, D = v.shape
+    Gq, K, N = q.shape[:3]
     vt = v.transpose(1, 2)  # [G, D, R]
     pm = patch_mask[:, None]  # [G, 1, R] broadcast over the K captions
-    q_hat = F.normalize(q, dim=-1)  # [G, K, N, D]
-    a = (q_hat.reshape(G, K * N, D) @ vt).view(G, K, N, R)  # responses a_ip
+    q_hat = F.normalize(q, dim=-1)  # [Gq, K, N, D]
+    a = (q_hat.reshape(Gq, K * N, D) @ vt).view(G, K, N, R)  # responses a_ip
     w = context_weights(a, pm)  # [G, K, N, R]
-    c = (w.reshape(G, K * N, R) @ v).view(G, K, N, D)  # context c_i
-    q_new = q + reject(c, q_hat) @ W.T  # [G, K, N, D] corrected query q'_i = q_i + W c⊥_i
+    if mapped is None:
+        c = (w.reshape(G, K * N, R) @ v).view(G, K, N, D)  # context c_i
+        q_new = q + reject(c, q_hat) @ W.T  # [G, K, N, D] corrected query q'_i = q_i + W c⊥_i
+    else:
+        qW, vW = mapped  # [Gq, K, N, D], [G, R, D]
+        along = (w * a).sum(-1, keepdim=True)  # [G, K, N, 1] <c_i, q̂_i>
+        q_new = q + (w.reshape(G, K * N, R) @ vW).view(G, K, N, D) - along * qW
     a_new = (F.normalize(q_new, dim=-1).reshape(G, K * N, D) @ vt).view(G, K, N, R)
     delta = pooled_evidence(a_new, pm, tau) - pooled_evidence(a, pm, tau)  # [G, K, N]
-    m = token_mask.to(delta.dtype)  # [G, K, N]
+    m = token_mask.to(delta.dtype)  # [Gq, K, N]
     has_patches = patch_mask.any(-1, keepdim=True).to(delta.dtype)  # [G, 1]
     return (delta * m).sum(-1) / m.sum(-1).clamp_min(1.0) * has_patches  # [G, K]
 
@@ -263,24 +278,27 @@ class EvidenceRefinement(nn.Module):
         captions, as many images as fit). Small passes keep the [pairs, N, R] and [pairs, N, D]
         intermediates in the CPU's cache, which runs several times faster than passes of
         thousands of pairs (docs/trials.md), and bound the memory of large galleries at any
-        encoder size. Every pair's value comes from the same operations whatever the pass.
+        encoder size. W meets each caption's unit queries and each image's keys once, before
+        the passes (``mapped`` in :func:`icer`). Every pair's value comes from the same
+        operations whatever the pass.
         """
         Ni, Nt = len(image), len(text)
         if self.vanishes() or not Ni or not Nt:
             return image.embed.new_zeros(Ni, Nt, dtype=torch.float32)
         q, token_mask = self.queries(text)  # [Nt, N, D], [Nt, N]
         v, patch_mask = self.keys(image)  # [Ni, R, D], [Ni, R]
+        qW = F.normalize(q, dim=-1) @ self.W.T  # [Nt, N, D]
+        vW = v @ self.W.T  # [Ni, R, D]
         cap_step = max(1, min(Nt, pair_chunk))
         img_step = max(1, pair_chunk // cap_step)
         rows = []
         for i in range(0, Ni, img_step):
-            g = min(img_step, Ni - i)  # images in this pass
+            ii = slice(i, i + img_step)  # images in this pass
             cols = []
             for j in range(0, Nt, cap_step):
-                q_b, m_b = q[j : j + cap_step], token_mask[j : j + cap_step]  # [k, N, D], [k, N]
-                q_g = q_b[None].expand(g, *q_b.shape).contiguous()  # [g, k, N, D] one copy per image
-                m_g = m_b[None].expand(g, *m_b.shape)  # [g, k, N]
-                cols.append(icer(q_g, v[i : i + g], m_g, patch_mask[i : i + g], self.W, self.tau))  # [g, k]
+                jj = slice(j, j + cap_step)  # captions in this pass, shared by its images
+                mapped = (qW[None, jj], vW[ii])
+                cols.append(icer(q[None, jj], v[ii], token_mask[None, jj], patch_mask[ii], self.W, self.tau, mapped))  # [g, k]
             rows.append(torch.cat(cols, 1))  # [g, Nt]
         return torch.cat(rows)  # [Ni, Nt]
 
