@@ -8,7 +8,9 @@ held-out mapped phrase is compared with the held-out objects. Prints, per grid a
 the AUC over every pair of different phrases (what the ridge stage selects the grid by) and
 over the hard pairs only — different phrases that share a word ("red circle" against "blue
 circle"), the confusions retrieval makes — each with the training split alone, never a test
-suite. It reads ``cache/features`` and never writes there.
+suite. ``--inverse`` fits the map the other way (objects to phrases, compared in the phrase
+space), a diagnostic: the spec's map goes from phrases to objects. It reads ``cache/features``
+and never writes there.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def main() -> None:
     ap.add_argument("--shrinkage", type=float, action="append", default=None, help="default: 1, 0.3, 0.1, 0.03, 0.01")
     ap.add_argument("--lam", type=float, default=None, help="default: the ridge section's")
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
+    ap.add_argument("--inverse", action="store_true", help="fit objects -> phrases, compare in the phrase space")
     args = ap.parse_args()
 
     import numpy as np
@@ -62,9 +65,15 @@ def main() -> None:
         hard = ((bag @ bag.T) > 0) & (ids[:, None] != ids[None, :])  # share a word, differ as phrases
         out[layer] = {}
         for s in args.shrinkage or [1.0, 0.3, 0.1, 0.03, 0.01]:
-            fitted = fit_map(P[~held], Y[~held], lam, s)
-            every = ranking_auc(P[held], Y[held], fitted)
-            shared = ranking_auc(P[held], Y[held], fitted, pairs=hard)
+            if args.inverse:
+                inverse = fit_map(Y[~held], P[~held], lam, s)
+                S = inverse.objects(P[held]) @ inverse.phrases(Y[held]).T  # [phrase, object]
+                other = (P[held] @ P[held].T) < 1 - 1e-6
+                every, shared = (float(((S < S.diag()[:, None]) & o).sum() / o.sum().clamp_min(1)) for o in (other, hard))
+            else:
+                fitted = fit_map(P[~held], Y[~held], lam, s)
+                every = ranking_auc(P[held], Y[held], fitted)
+                shared = ranking_auc(P[held], Y[held], fitted, pairs=hard)
             out[layer][str(s)] = [round(every, 4), round(shared, 4)]
             print(f"{layer:9s} shrinkage {s:<6g} AUC {every:.4f}  hard pairs {shared:.4f}", flush=True)
     print(json.dumps({"lam": lam, "auc_all_hard": out}))
