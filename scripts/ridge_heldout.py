@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -65,15 +66,13 @@ def main() -> None:
         hard = ((bag @ bag.T) > 0) & (ids[:, None] != ids[None, :])  # share a word, differ as phrases
         out[layer] = {}
         for s in args.shrinkage or [1.0, 0.3, 0.1, 0.03, 0.01]:
-            if args.inverse:
+            if args.inverse:  # objects mapped into the phrase space, phrases whitened there
                 inverse = fit_map(Y[~held], P[~held], lam, s)
-                S = inverse.objects(P[held]) @ inverse.phrases(Y[held]).T  # [phrase, object]
-                other = (P[held] @ P[held].T) < 1 - 1e-6
-                every, shared = (float(((S < S.diag()[:, None]) & o).sum() / o.sum().clamp_min(1)) for o in (other, hard))
+                fitted = SimpleNamespace(phrases=inverse.objects, objects=inverse.phrases)
             else:
                 fitted = fit_map(P[~held], Y[~held], lam, s)
-                every = ranking_auc(P[held], Y[held], fitted)
-                shared = ranking_auc(P[held], Y[held], fitted, pairs=hard)
+            every = ranking_auc(P[held], Y[held], fitted)
+            shared = ranking_auc(P[held], Y[held], fitted, pairs=hard)
             out[layer][str(s)] = [round(every, 4), round(shared, 4)]
             print(f"{layer:9s} shrinkage {s:<6g} AUC {every:.4f}  hard pairs {shared:.4f}", flush=True)
     print(json.dumps({"lam": lam, "auc_all_hard": out}))
