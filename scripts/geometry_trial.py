@@ -9,7 +9,9 @@ suite instead, onto the object embeddings the options name: ``objects=crops`` fi
 re-encoded crops of a store extracted with ``extract.object_crops: true``), scores it on each retrieval suite (default shapes-retrieval and shapes-multi)
 and prints R@1, R@5, R@10, nDCG@10 and mean rank with their 95% bootstrap CIs, and the paired
 difference to frozen CLIP; ``--misses`` also classifies the queries whose top-1 is not their
-own image; ``--shrinkage`` (with ``--lam``) sets the whitening's shrinkage; ``--inverse`` (with
+own image; ``--shrinkage`` and ``--rank`` (with ``--lam``) set the whitening's shrinkage (default:
+the ridge section's) and the width of the compared space (the map's top directions; default 0,
+all of them); ``--inverse`` (with
 ``--lam``) fits the map the other way, from object embeddings to phrase embeddings, and compares
 in the phrase space (phrases centred and whitened, objects mapped) — a diagnostic: the spec's map
 goes from phrases to objects. It reads ``cache/features`` and never writes there. The geometry
@@ -39,6 +41,7 @@ def main() -> None:
     ap.add_argument("--oracle", action="store_true", help="image objects = their names' text embeddings (an upper bound: perfect object embeddings)")
     ap.add_argument("--misses", action="store_true", help="on shapes suites: classify each query whose top-1 is not its own image (near-duplicate of its scene or another scene, and what differs)")
     ap.add_argument("--shrinkage", type=float, default=None, help="with --lam: the whitening's shrinkage (default: the ridge section's)")
+    ap.add_argument("--rank", type=int, default=0, help="with --lam: compare in the map's top RANK directions (default 0: all)")
     ap.add_argument("--inverse", action="store_true", help="with --lam: fit the map from objects to phrases and compare in the phrase space")
     args = ap.parse_args()
 
@@ -60,24 +63,26 @@ def main() -> None:
             raise SystemExit(f"override {item!r}: expected key=YAML")
         options[key] = yaml.safe_load(value)
     store = open_store(load_config(ExtractConfig, args.params, "extract"))
-    if (args.shrinkage is not None or args.inverse) and args.lam is None:
-        raise SystemExit("--shrinkage and --inverse refit the map: pass --lam too")
+    if (args.shrinkage is not None or args.inverse or args.rank) and args.lam is None:
+        raise SystemExit("--shrinkage, --rank and --inverse refit the map: pass --lam too")
     if args.lam is None:
         scorer = load_scorer(args.variant, store, score.checkpoints, options=options)
     else:
         from pipeline.scorers import create_scorer
 
-        scorer = create_scorer(args.variant, dims=store.dims, proj=store.projections(), **options).eval()
         ridge = load_config(RidgeConfig, args.params, "ridge")
         m, idx = suite_inputs(store, ridge.suite)
         P, Y, _ = training_pairs(store, m, idx, ridge.suite, options.get("layer", "final"), options.get("objects", "box-mean"))
         shrinkage = ridge.shrinkage if args.shrinkage is None else args.shrinkage
         if args.inverse:  # objects -> phrase space: phrases centred and whitened, objects mapped
+            scorer = create_scorer(args.variant, dims=store.dims, proj=store.projections(), **options).eval()
             inverse = fit_map(Y, P, args.lam, shrinkage)
             scorer.map_phrases = lambda phrases: phrases.with_embed(inverse.objects(phrases.embed))
             scorer.map_objects = lambda objects: objects.with_embed(inverse.phrases(objects.embed))
         else:
-            fitted = fit_map(P, Y, args.lam, shrinkage)
+            fitted = fit_map(P, Y, args.lam, shrinkage, args.rank)
+            width = fitted.whiten.shape[1]
+            scorer = create_scorer(args.variant, dims=store.dims, proj=store.projections(), **options, rank=width).eval()
             with torch.no_grad():
                 for name, value in fitted._asdict().items():
                     getattr(scorer, name).copy_(value)

@@ -1,10 +1,11 @@
-"""Held-out ranking AUC of ``ridge-fgw``'s map, for each object grid and whitening shrinkage.
+"""Held-out ranking AUC of ``ridge-fgw``'s map, for each object grid, whitening shrinkage and rank.
 
-    .venv/bin/python scripts/ridge_heldout.py [--shrinkage S ...] [--lam L] [--params P]
+    .venv/bin/python scripts/ridge_heldout.py [--shrinkage S ...] [--rank R ...] [--lam L] [--params P]
 
 Every fifth training image of the ``ridge`` section's suite is held out; the map and its
 whitening are fitted on the rest (:func:`pipeline.scorers.geometry.ridge.fit_map`) and each
-held-out mapped phrase is compared with the held-out objects. Prints, per grid and shrinkage,
+held-out mapped phrase is compared with the held-out objects in the map's top ``--rank``
+directions (default: the ridge section's ranks; 0: all). Prints, per grid, shrinkage and rank,
 the AUC over every pair of different phrases (what the ridge stage selects the grid by) and
 over the hard pairs only — different phrases that share a word ("red circle" against "blue
 circle"), the confusions retrieval makes — each with the training split alone, never a test
@@ -28,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shrinkage", type=float, action="append", default=None, help="default: 1, 0.3, 0.1, 0.03, 0.01")
+    ap.add_argument("--rank", type=int, action="append", default=None, help="default: the ridge section's ranks")
     ap.add_argument("--lam", type=float, default=None, help="default: the ridge section's")
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     ap.add_argument("--inverse", action="store_true", help="fit objects -> phrases, compare in the phrase space")
@@ -43,6 +45,7 @@ def main() -> None:
         distinct_image_items,
         fit_map,
         ranking_auc,
+        restrict_rank,
         training_pairs,
     )
     from pipeline.scoring import suite_inputs
@@ -53,7 +56,8 @@ def main() -> None:
     manifest, index = suite_inputs(store, ridge.suite)
     first = distinct_image_items(index, len(manifest))  # training_pairs' rows, in its order
     names = [n for x in manifest["object_names"].iloc[first] for n in (json.loads(x) if isinstance(x, str) else list(x))]
-    out: dict[str, dict[str, list[float]]] = {}
+    ranks = args.rank or ridge.ranks
+    out: dict[str, dict[str, dict[str, list[float]]]] = {}
     for layer in OBJECT_LAYERS:
         P, Y, image = training_pairs(store, manifest, index, ridge.suite, layer)
         held = image % 5 == 4
@@ -66,15 +70,18 @@ def main() -> None:
         hard = ((bag @ bag.T) > 0) & (ids[:, None] != ids[None, :])  # share a word, differ as phrases
         out[layer] = {}
         for s in args.shrinkage or [1.0, 0.3, 0.1, 0.03, 0.01]:
-            if args.inverse:  # objects mapped into the phrase space, phrases whitened there
-                inverse = fit_map(Y[~held], P[~held], lam, s)
-                fitted = SimpleNamespace(phrases=inverse.objects, objects=inverse.phrases)
-            else:
-                fitted = fit_map(P[~held], Y[~held], lam, s)
-            every = ranking_auc(P[held], Y[held], fitted)
-            shared = ranking_auc(P[held], Y[held], fitted, pairs=hard)
-            out[layer][str(s)] = [round(every, 4), round(shared, 4)]
-            print(f"{layer:9s} shrinkage {s:<6g} AUC {every:.4f}  hard pairs {shared:.4f}", flush=True)
+            full = fit_map(Y[~held], P[~held], lam, s) if args.inverse else fit_map(P[~held], Y[~held], lam, s)
+            out[layer][str(s)] = {}
+            for r in ranks:
+                if args.inverse:  # objects mapped into the phrase space, phrases whitened there
+                    inverse = restrict_rank(full, Y[~held], r)
+                    fitted = SimpleNamespace(phrases=inverse.objects, objects=inverse.phrases)
+                else:
+                    fitted = restrict_rank(full, P[~held], r)
+                every = ranking_auc(P[held], Y[held], fitted)
+                shared = ranking_auc(P[held], Y[held], fitted, pairs=hard)
+                out[layer][str(s)][str(r)] = [round(every, 4), round(shared, 4)]
+                print(f"{layer:9s} shrinkage {s:<6g} rank {r:<3d} AUC {every:.4f}  hard pairs {shared:.4f}", flush=True)
     print(json.dumps({"lam": lam, "auc_all_hard": out}))
 
 

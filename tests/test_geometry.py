@@ -31,6 +31,7 @@ from pipeline.scorers.geometry.ridge import (
     fit_ridge,
     r_squared,
     ranking_auc,
+    restrict_rank,
     training_pairs,
     whitening,
 )
@@ -308,20 +309,68 @@ def test_whitening_lets_a_weak_attribute_direction_count():
     assert ranking_auc(P, Y, plain) < 0.85
 
 
+def test_restrict_rank_keeps_the_top_directions_of_the_whitened_fitted_values():
+    g = torch.Generator().manual_seed(0)
+    P, Y = torch.randn(300, 5, generator=g), torch.randn(300, 6, generator=g)
+    full = fit_map(P, Y, lam=0.1, shrinkage=0.2)
+    values = ((P @ full.weight + full.bias - full.centre) @ full.whiten).double()
+    for r in (1, 3):
+        cut = restrict_rank(full, P, r)
+        assert cut.whiten.shape == (6, r) and torch.equal(cut.weight, full.weight) and torch.equal(cut.centre, full.centre)
+        V = torch.linalg.solve(full.whiten.double(), cut.whiten.double())  # [6, r] the kept directions
+        torch.testing.assert_close(V.T @ V, torch.eye(r, dtype=torch.float64), atol=1e-5, rtol=1e-5)  # orthonormal
+        kept = (values @ V).pow(2).sum()  # the fitted values' energy along them: the top r eigenvalues
+        top = torch.linalg.eigvalsh(values.T @ values).flip(0)[:r].sum()
+        torch.testing.assert_close(kept, top, rtol=1e-5, atol=1e-6)
+    assert restrict_rank(full, P, 0) is full and restrict_rank(full, P, 6) is full  # every direction
+    torch.testing.assert_close(fit_map(P, Y, 0.1, 0.2, rank=3).whiten, restrict_rank(full, P, 3).whiten)
+    with pytest.raises(ValueError, match="rank"):
+        restrict_rank(full, P, -1)
+
+
+def test_restricting_to_the_maps_range_drops_what_no_phrase_predicts():
+    # Six phrases whose objects differ in 5 of 40 axes; the other 35 carry a nuisance whose
+    # size varies from object to object (as a box's background does). The full-width cosine
+    # divides by that nuisance; the map's range (rank 5) never sees it.
+    g = torch.Generator().manual_seed(0)
+    n = 3000
+    label = torch.arange(n) % 6
+    P = torch.nn.functional.one_hot(label, 6).float()
+    means = torch.zeros(6, 40)
+    means[:, :5] = torch.randn(6, 5, generator=g)
+    noise = 0.3 * torch.randn(n, 40, generator=g)
+    noise[:, 5:] *= torch.exp(1.5 * torch.randn(n, 1, generator=g))
+    Y = means[label] + noise
+    full = fit_map(P, Y, lam=1e-3, shrinkage=0.5)
+    five = fit_map(P, Y, lam=1e-3, shrinkage=0.5, rank=5)
+    assert ranking_auc(P, Y, five) > 0.98 and ranking_auc(P, Y, five) > ranking_auc(P, Y, full) + 0.015
+
+
+def test_ridge_fgw_rank_sets_the_width_of_its_whitening(geo):
+    store = geo[0]
+    assert _scorer("ridge-fgw", store, rank=3).whiten.shape == (store.dims.embed_dim, 3)
+    assert _scorer("ridge-fgw", store).whiten.shape == (store.dims.embed_dim, store.dims.embed_dim)
+    with pytest.raises(ValueError, match="rank"):
+        _scorer("ridge-fgw", store, rank=store.dims.embed_dim + 1)
+
+
 def test_the_ridge_stage_keeps_the_held_out_best_grid_and_scoring_reads_it(geo, tmp_path):
     from pipeline.config import RidgeConfig
     from pipeline.scorers.checkpoints import load_scorer
     from pipeline.scorers.geometry.ridge import fit
 
     store, manifest, index = geo
-    record = fit(RidgeConfig(suite=SUITE, out=str(tmp_path)), store, manifest, index, "sha")
-    assert record["layer"] in ("final", "final-raw", "early")
-    assert record["layer"] == max(record["heldout_auc"], key=record["heldout_auc"].get)
-    assert record["scorer_kwargs"] == {"layer": record["layer"]}
+    cfg = RidgeConfig(suite=SUITE, out=str(tmp_path), ranks=[2, 0])
+    record = fit(cfg, store, manifest, index, "sha")
+    assert record["layer"] in ("final", "final-raw", "early") and record["rank"] in (2, 0)
+    aucs = record["heldout_auc"]
+    assert set(aucs) == {"final", "final-raw", "early"} and all(set(a) == {"2", "0"} for a in aucs.values())
+    assert aucs[record["layer"]][str(record["rank"])] == max(a for by_rank in aucs.values() for a in by_rank.values())
+    P, Y, _ = training_pairs(store, manifest, index, SUITE, record["layer"])
+    fitted = fit_map(P, Y, cfg.lam, cfg.shrinkage, record["rank"])
+    assert record["scorer_kwargs"] == {"layer": record["layer"], "rank": fitted.whiten.shape[1]}
     scorer = load_scorer("ridge-fgw", store, tmp_path)
     assert scorer.layer == record["layer"] and scorer.weight.shape[0] == store.dims.embed_dim
-    P, Y, _ = training_pairs(store, manifest, index, SUITE, record["layer"])
-    fitted = fit_map(P, Y, RidgeConfig().lam, RidgeConfig().shrinkage)
     for name, value in fitted._asdict().items():  # the checkpoint holds the map and its whitening
         torch.testing.assert_close(getattr(scorer, name).detach(), value)
     scores = score_retrieval(scorer, store, manifest, index, 256)

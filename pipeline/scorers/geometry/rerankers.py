@@ -213,18 +213,21 @@ class FGWHungarianReranker(GeometryReranker):
 
 class RidgeFGWReranker(FGWReranker):
     """``fgw`` on phrases mapped into the image-object space by a fitted ridge regression,
-    both sides compared in the fit's centred, whitened space. Unfitted (identity map and
-    whitening, zero bias and centre) it equals ``fgw``."""
+    both sides compared in the fit's centred, whitened space, restricted to the map's top
+    ``rank`` directions (0: all). Unfitted (identity map and whitening, zero bias and
+    centre, every direction) it equals ``fgw``."""
 
     trainable = True  # its weights come from `pipeline ridge`, loaded like a checkpoint
 
-    def __init__(self, dim: int, out_dim: int | None = None, **kwargs) -> None:
+    def __init__(self, dim: int, out_dim: int | None = None, rank: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
         out_dim = dim if out_dim is None else out_dim
+        if not 0 <= rank <= out_dim:
+            raise ValueError(f"ridge-fgw rank must lie in [0, {out_dim}] (0: every direction), got {rank}")
         self.weight = nn.Parameter(torch.eye(dim, out_dim), requires_grad=False)  # [D, D_o]
         self.bias = nn.Parameter(torch.zeros(out_dim), requires_grad=False)  # [D_o]
         self.centre = nn.Parameter(torch.zeros(out_dim), requires_grad=False)  # [D_o]
-        self.whiten = nn.Parameter(torch.eye(out_dim), requires_grad=False)  # [D_o, D_o]
+        self.whiten = nn.Parameter(torch.eye(out_dim, rank or out_dim), requires_grad=False)  # [D_o, r]
 
     def fitted(self) -> RidgeMap:
         return RidgeMap(self.weight, self.bias, self.centre, self.whiten)
@@ -266,7 +269,8 @@ def fgw_hungarian(dims: FeatureDims, proj: Projections, **kwargs) -> FGWHungaria
 
 
 @SCORERS.register("ridge-fgw")
-def ridge_fgw(dims: FeatureDims, proj: Projections, **kwargs) -> RidgeFGWReranker:
-    """FGW on phrases mapped to object embeddings by a ridge regression (pipeline ridge)."""
+def ridge_fgw(dims: FeatureDims, proj: Projections, rank: int = 0, **kwargs) -> RidgeFGWReranker:
+    """FGW on phrases mapped to object embeddings by a ridge regression (pipeline ridge);
+    ``rank``: the width of the compared space (set by the fit's ``scorer_kwargs``)."""
     options = _options(kwargs)
-    return RidgeFGWReranker(dims.embed_dim, object_dim(dims, options.get("layer", "final")), **options)
+    return RidgeFGWReranker(dims.embed_dim, object_dim(dims, options.get("layer", "final")), rank=rank, **options)

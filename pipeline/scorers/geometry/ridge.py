@@ -27,17 +27,25 @@ phrases and objects are compared by the cosine after centring on the training ob
 so directions the residuals barely move along (what tells one colour from another) count as
 much as the shared ones. :math:`s = 1` gives the plain centred cosine.
 
+Whitened, most directions of the object space are ones no phrase predicts: the residual noise
+of position, size and neighbours, as large as the signal once whitened. The cosine therefore
+reads only the map's range, the top :math:`r` principal directions :math:`V_r` of the whitened,
+centred fitted values :math:`(P W + b - \mu)\,T` on the training pairs (``ridge.ranks``;
+:math:`r = 0` keeps every direction), so :math:`T` above becomes :math:`T V_r` on both sides.
+With categorical phrases this is Fisher's discriminant space: within-phrase scatter whitened,
+between-phrase directions kept.
+
 Which grid the object embeddings read (:data:`~pipeline.scorers.geometry.objects.OBJECT_LAYERS`:
 the final layer in the joint space, the same patches before the projection, or the early
-layer) is chosen on the training split itself: every fifth training image is held out, the
-map and its whitening are fitted on the rest for each grid, and the grid whose mapped phrases
-best rank their own held-out object above the others (:func:`ranking_auc`) is kept; the map is then refitted
-on every training object. The test suites never choose it. With ``ridge.objects: crops`` the
+layer) and the rank :math:`r` are chosen on the training split itself: every fifth training
+image is held out, the map and its whitening are fitted on the rest for each grid, and the
+(grid, rank) whose mapped phrases best rank their own held-out object above the others
+(:func:`ranking_auc`) is kept; the map is then refitted on every training object. The test suites never choose it. With ``ridge.objects: crops`` the
 targets are the re-encoded crops instead (``extract.object_crops: true``), the map is fitted
-on them alone (their held-out AUC is recorded the same way), and the checkpoint's
+on them alone (the rank chosen and the held-out AUCs recorded the same way), and the checkpoint's
 ``scorer_kwargs`` make ``ridge-fgw`` read crops at scoring: a map is only ever compared with
 the object embeddings it was fitted to. The checkpoint (``<out>/ridge-fgw/model.safetensors``) stores
-:math:`W, b, \mu, T`; its ``config.json`` the fit's configuration, the store's fingerprint and the
+:math:`W, b, \mu, T V_r`; its ``config.json`` the fit's configuration, the store's fingerprint and the
 training manifest's hash, so a fit on other data or features is never mistaken for this one.
 """
 
@@ -122,7 +130,8 @@ def whitening(residuals: torch.Tensor, shrinkage: float) -> torch.Tensor:
 
 class RidgeMap(NamedTuple):
     """A fitted map and the space it compares in: ``weight`` [D, D_o], ``bias`` [D_o], the
-    training objects' mean ``centre`` [D_o] and the ``whiten`` matrix [D_o, D_o]."""
+    training objects' mean ``centre`` [D_o] and the ``whiten`` matrix [D_o, r] (whitening
+    times the map's range, :math:`T V_r`)."""
 
     weight: torch.Tensor
     bias: torch.Tensor
@@ -130,19 +139,34 @@ class RidgeMap(NamedTuple):
     whiten: torch.Tensor
 
     def phrases(self, P: torch.Tensor) -> torch.Tensor:
-        """[..., D] phrase embeddings -> unit [..., D_o] mapped, centred and whitened."""
+        """[..., D] phrase embeddings -> unit [..., r] mapped, centred and whitened."""
         return F.normalize((P @ self.weight + self.bias - self.centre) @ self.whiten, dim=-1)
 
     def objects(self, Y: torch.Tensor) -> torch.Tensor:
-        """[..., D_o] object embeddings -> unit [..., D_o] centred and whitened."""
+        """[..., D_o] object embeddings -> unit [..., r] centred and whitened."""
         return F.normalize((Y - self.centre) @ self.whiten, dim=-1)
 
 
-def fit_map(P: torch.Tensor, Y: torch.Tensor, lam: float, shrinkage: float) -> RidgeMap:
-    """The ridge map of ``Y`` on ``P`` with the training objects' mean and the whitening of
-    its residuals (the module's W, b, mu and T)."""
+def fit_map(P: torch.Tensor, Y: torch.Tensor, lam: float, shrinkage: float, rank: int = 0) -> RidgeMap:
+    """The ridge map of ``Y`` on ``P`` with the training objects' mean, the whitening of its
+    residuals and, for ``rank`` > 0, the projection onto its range (the module's W, b, mu and
+    :math:`T V_r`)."""
     W, b = fit_ridge(P, Y, lam)
-    return RidgeMap(W, b, Y.float().mean(0), whitening(Y - (P @ W + b), shrinkage))
+    full = RidgeMap(W, b, Y.float().mean(0), whitening(Y - (P @ W + b), shrinkage))
+    return restrict_rank(full, P, rank)
+
+
+def restrict_rank(fitted: RidgeMap, P: torch.Tensor, rank: int) -> RidgeMap:
+    """``fitted`` comparing along the top ``rank`` principal directions of its whitened,
+    centred fitted values on the phrases ``P`` (:math:`T \to T V_r`); ``rank`` 0, or one
+    at least the space's dimension, leaves it as it is."""
+    if rank < 0:
+        raise ValueError(f"rank must be >= 0 (0: every direction), got {rank}")
+    if rank == 0 or rank >= fitted.whiten.shape[1]:
+        return fitted
+    values = (P @ fitted.weight + fitted.bias - fitted.centre) @ fitted.whiten  # [N, D_o]
+    directions = torch.linalg.svd(values.double(), full_matrices=False).Vh[:rank].T  # [D_o, r]
+    return fitted._replace(whiten=(fitted.whiten.double() @ directions).float())
 
 
 def r_squared(P: torch.Tensor, Y: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> float:
@@ -161,36 +185,38 @@ def ranking_auc(P: torch.Tensor, Y: torch.Tensor, fitted: RidgeMap, pairs: torch
     return float(((S < S.diag()[:, None]) & other).sum() / other.sum().clamp_min(1))
 
 
-def heldout_auc(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str, lam: float, shrinkage: float, layer: str = "final", objects: str = "box-mean") -> float:
+def heldout_aucs(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str, lam: float, shrinkage: float, ranks: list[int], layer: str = "final", objects: str = "box-mean") -> dict[int, float]:
     """Ranking AUC on every fifth training image of the map (and whitening) fitted on the
-    others."""
+    others, for each rank of ``ranks``."""
     P, Y, image = training_pairs(store, manifest, index, suite, layer, objects)
     held = image % 5 == 4
-    return ranking_auc(P[held], Y[held], fit_map(P[~held], Y[~held], lam, shrinkage))
+    full = fit_map(P[~held], Y[~held], lam, shrinkage)
+    return {r: ranking_auc(P[held], Y[held], restrict_rank(full, P[~held], r)) for r in ranks}
 
 
-def choose_layer(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str, lam: float, shrinkage: float) -> tuple[str, dict[str, float]]:
-    """The grid whose held-out ranking AUC is highest (every fifth image held out), and the
-    AUC of each."""
-    aucs = {layer: heldout_auc(store, manifest, index, suite, lam, shrinkage, layer) for layer in OBJECT_LAYERS}
-    return max(OBJECT_LAYERS, key=lambda layer: aucs[layer]), aucs
+def choose_space(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str, lam: float, shrinkage: float, ranks: list[int], layers: tuple[str, ...] = OBJECT_LAYERS, objects: str = "box-mean") -> tuple[str, int, dict[str, dict[str, float]]]:
+    """The (grid, rank) whose held-out ranking AUC is highest (every fifth image held out;
+    the first of equals in ``layers`` and ``ranks`` order), and the AUC of each."""
+    aucs = {layer: heldout_aucs(store, manifest, index, suite, lam, shrinkage, ranks, layer, objects) for layer in layers}
+    layer, rank = max(((layer, r) for layer in layers for r in ranks), key=lambda lr: aucs[lr[0]][lr[1]])
+    return layer, rank, {layer: {str(r): auc for r, auc in by_rank.items()} for layer, by_rank in aucs.items()}
 
 
 def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], manifest_sha256: str) -> dict[str, Any]:
-    """Choose the grid on held-out training images (box means) or take the crops
-    (``cfg.objects``), fit on ``cfg.suite`` and write
+    """Choose the grid (box means; crops, ``cfg.objects``, have one) and the rank on held-out
+    training images, fit on ``cfg.suite`` and write
     ``<cfg.out>/ridge-fgw/{model.safetensors, config.json}``; returns the config record.
     ``cfg``: :class:`pipeline.config.RidgeConfig`."""
     from safetensors.torch import save_file
 
     objects = getattr(cfg, "objects", "box-mean")
     check_source(objects)
+    layers = ("final",) if objects == "crops" else OBJECT_LAYERS  # crops: one space, the pooled embedding
+    layer, rank, aucs = choose_space(store, manifest, index, cfg.suite, cfg.lam, cfg.shrinkage, cfg.ranks, layers, objects)
     if objects == "crops":
-        layer, aucs = "final", {"crops": heldout_auc(store, manifest, index, cfg.suite, cfg.lam, cfg.shrinkage, objects="crops")}
-    else:
-        layer, aucs = choose_layer(store, manifest, index, cfg.suite, cfg.lam, cfg.shrinkage)
+        aucs = {"crops": aucs["final"]}
     P, Y, _ = training_pairs(store, manifest, index, cfg.suite, layer, objects)
-    fitted = fit_map(P, Y, cfg.lam, cfg.shrinkage)
+    fitted = fit_map(P, Y, cfg.lam, cfg.shrinkage, rank)
     out = Path(cfg.out) / VARIANT
     out.mkdir(parents=True, exist_ok=True)
     save_file({name: t.contiguous() for name, t in fitted._asdict().items()}, str(out / "model.safetensors"))
@@ -200,11 +226,12 @@ def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], m
         "n_pairs": int(len(P)),
         "train_r2": r_squared(P, Y, fitted.weight, fitted.bias),
         "layer": layer,
+        "rank": rank,
         "objects": objects,
         "heldout_auc": aucs,
         "store_fingerprint": store.root.attrs.get("fingerprint_id"),
         "manifest_sha256": manifest_sha256,
-        "scorer_kwargs": {"layer": layer, **({"objects": "crops"} if objects == "crops" else {})},
+        "scorer_kwargs": {"layer": layer, "rank": int(fitted.whiten.shape[1]), **({"objects": "crops"} if objects == "crops" else {})},
     }
     (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
