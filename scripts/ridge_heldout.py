@@ -10,8 +10,9 @@ the AUC over every pair of different phrases (what the ridge stage selects the g
 over the hard pairs only — different phrases that share a word ("red circle" against "blue
 circle"), the confusions retrieval makes — each with the training split alone, never a test
 suite. ``--inverse`` fits the map the other way (objects to phrases, compared in the phrase
-space), a diagnostic: the spec's map goes from phrases to objects. It reads ``cache/features``
-and never writes there.
+space), a diagnostic: the spec's map goes from phrases to objects. ``--objects crops`` reads the
+re-encoded crops of a store extracted with ``extract.object_crops: true`` (``--params
+scripts/params/crops.yaml``). It reads the store and never writes there.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> None:
     ap.add_argument("--lam", type=float, default=None, help="default: the ridge section's")
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     ap.add_argument("--inverse", action="store_true", help="fit objects -> phrases, compare in the phrase space")
+    ap.add_argument("--objects", default=None, choices=["box-mean", "crops"], help="object embeddings (default: the ridge section's; crops: one grid)")
     args = ap.parse_args()
 
     import numpy as np
@@ -58,8 +60,9 @@ def main() -> None:
     names = [n for x in manifest["object_names"].iloc[first] for n in (json.loads(x) if isinstance(x, str) else list(x))]
     ranks = args.rank or ridge.ranks
     out: dict[str, dict[str, dict[str, list[float]]]] = {}
-    for layer in OBJECT_LAYERS:
-        P, Y, image = training_pairs(store, manifest, index, ridge.suite, layer)
+    objects = args.objects or ridge.objects
+    for layer in ("final",) if objects == "crops" else OBJECT_LAYERS:
+        P, Y, image = training_pairs(store, manifest, index, ridge.suite, layer, objects)
         held = image % 5 == 4
         kept = [n for n, h in zip(names, held.tolist(), strict=True) if h]
         vocab = {w: i for i, w in enumerate(sorted({w for n in kept for w in n.split()}))}
