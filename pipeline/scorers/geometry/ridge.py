@@ -158,7 +158,7 @@ def fit_map(P: torch.Tensor, Y: torch.Tensor, lam: float, shrinkage: float, rank
 
 def restrict_rank(fitted: RidgeMap, P: torch.Tensor, rank: int) -> RidgeMap:
     """``fitted`` comparing along the top ``rank`` principal directions of its whitened,
-    centred fitted values on the phrases ``P`` (:math:`T \to T V_r`); ``rank`` 0, or one
+    centred fitted values on the phrases ``P`` (``whiten`` T becomes T V_r); ``rank`` 0, or one
     at least the space's dimension, leaves it as it is."""
     if rank < 0:
         raise ValueError(f"rank must be >= 0 (0: every direction), got {rank}")
