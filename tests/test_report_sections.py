@@ -361,7 +361,8 @@ def test_stage_writes_what_the_sections_left(full_context, monkeypatch):
     payload = json.loads((out / "flowclip.json").read_text())
     assert list(payload) == ["tasks", "ladder", "corrections", "seeds", "selected_steps", "goals"]
     geometry = json.loads((out / "geometry.json").read_text())
-    assert list(geometry) == ["metrics", "hard_vs_soft", "goals"]
+    assert list(geometry) == ["metrics", "hard_vs_soft", "ridge_map", "goals"]
+    assert geometry["ridge_map"] is None  # no `pipeline ridge` record under the checkpoints
     assert set(geometry["metrics"]["shapes-retrieval"]) == set(GEOMETRY_RUNS)
     assert {"R@1", "mean-rank"} <= set(geometry["hard_vs_soft"]["shapes-retrieval"])
     diagnostics = json.loads((out / "diagnostics.json").read_text())
@@ -444,6 +445,25 @@ def test_bindclip_robustness_splits_slices_by_their_paired_ci():
     assert split["losses"] == "down (-10.0 [-18.0, -2.0])"
     assert split["ties"] == "tie (+0.0 [-3.0, +3.0]), edge (+1.0 [+0.0, +2.0])"
     assert robustness(rows[2:])["gains"] == "none"
+
+
+def test_geometry_shows_the_ridge_maps_held_out_choice(full_context):
+    from pipeline.scorers.geometry.report import RIDGE_RECORD, geometry_section
+
+    record = {
+        "ridge": {"suite": "shapes-train", "lam": 0.01, "shrinkage": 0.01}, "n_pairs": 1234, "train_r2": 0.5,
+        "layer": "early", "rank": 8, "objects": "box-mean", "store_fingerprint": "f",
+        "heldout_auc": {"final": {"8": 0.91, "0": 0.90}, "early": {"8": 0.97, "0": 0.95}},
+    }  # fmt: skip
+    path = Path(full_context.score.checkpoints) / RIDGE_RECORD
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(record))
+    text = "\n\n".join(geometry_section(full_context))
+    assert "### The ridge map's space" in text and "1,234 phrase–object pairs" in text
+    assert "| objects | r = 8 | every direction |" in text
+    assert "| `early` | **0.9700** | 0.9500 |" in text and "| `final` | 0.9100 | 0.9000 |" in text
+    kept = full_context.json_files["geometry.json"]["ridge_map"]
+    assert kept["rank"] == 8 and kept["heldout_auc"] == record["heldout_auc"] and "store_fingerprint" not in kept
 
 
 def test_geometry_goals_read_the_measured_numbers():

@@ -3,14 +3,17 @@
 Shown when a geometry variant (``fgw``, ``hungarian``, ``fgw-hungarian``, ``ridge-fgw``,
 ``steer``, ``steer-multi``) was scored on a retrieval suite: every variant's R@1, R@5, R@10,
 nDCG@10 and mean rank with 95% bootstrap CIs and Δ against ``clip``; the seed's
-hard-versus-soft comparison (Hungarian against FGW, paired); the steering table; the
-reranking cost from ``pipeline bench rerank``; one query's phrases matched to its top
+hard-versus-soft comparison (Hungarian against FGW, paired); the space ``ridge-fgw``'s map
+compares in, as the held-out training images chose it (``pipeline ridge``'s record); the
+steering table; the reranking cost from ``pipeline bench rerank``; one query's phrases matched to its top
 candidates' objects, drawn; and the issue's goals as measured. The numbers also go to
 ``geometry.json``. The prose is ``report.md`` beside this file.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +34,7 @@ STEERING = ("steer", "steer-multi")
 VARIANTS = (*RERANKERS, *STEERING)
 RERANK_BENCH = "bench/rerank.json"  # `pipeline bench rerank`
 PICTURED = ("shapes-multi", "ridge-fgw")  # the suite and variant of the matching picture
+RIDGE_RECORD = "ridge-fgw/config.json"  # `pipeline ridge`'s record, under score.checkpoints
 
 
 def retrieval_suites(ctx: ReportContext) -> list[str]:
@@ -208,6 +212,9 @@ def geometry_section(ctx: ReportContext) -> list[str]:
         for m, d in x.items()
     ]
     parts.append(md_table(["suite", "metric", "hungarian", "fgw", "Δ hungarian − fgw", "p"], rows))
+    ridge = ridge_record(ctx) if any("ridge-fgw" in by for by in numbers.values()) else None
+    if ridge is not None:
+        parts += ridge_space_part(ridge)
     rows = [
         [s, f"`{v}`", m, metric_diff(m, e["diff"], e["diff_lo"], e["diff_hi"])]
         for s, by in numbers.items()
@@ -223,10 +230,55 @@ def geometry_section(ctx: ReportContext) -> list[str]:
     parts += ["### Reranking cost", *cost_part(bench)]
     parts += matching_part(ctx)
     checks = goals(numbers, soft, bench)
-    ctx.json_files["geometry.json"] = {"metrics": numbers, "hard_vs_soft": soft, "goals": checks}
+    ctx.json_files["geometry.json"] = {
+        "metrics": numbers,
+        "hard_vs_soft": soft,
+        "ridge_map": ridge,
+        "goals": checks,
+    }
     rows = [[c["goal"], _verdict(c), _goal_value(c)] for c in checks]
     parts += ["### Goals as measured", md_table(["goal", "verdict", "measured"], rows)]
     return parts
+
+
+def ridge_record(ctx: ReportContext) -> dict[str, Any] | None:
+    """What ``pipeline ridge`` chose and measured (``config.json``), or None without a fit."""
+    path = Path(ctx.score.checkpoints) / RIDGE_RECORD
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    keys = ("ridge", "n_pairs", "train_r2", "layer", "rank", "objects", "heldout_auc")
+    return {k: record[k] for k in keys if k in record}
+
+
+def ridge_space_part(record: dict[str, Any]) -> list[str]:
+    """The held-out ranking AUC of every (grid, rank) the ridge stage tried, its choice in
+    bold."""
+    aucs = record.get("heldout_auc") or {}
+    if not aucs or "rank" not in record:
+        return []
+    chosen = ("crops" if record.get("objects") == "crops" else record["layer"], str(record["rank"]))
+    ranks = list(next(iter(aucs.values())))
+    rows = [
+        [f"`{grid}`"]
+        + [
+            f"**{by[r]:.4f}**" if (grid, r) == chosen else f"{by[r]:.4f}"
+            for r in ranks
+        ]
+        for grid, by in aucs.items()
+    ]
+    header = ["objects", *("every direction" if r == "0" else f"r = {r}" for r in ranks)]
+    cfg = record.get("ridge", {})
+    text = TEXT(
+        "ridge-space",
+        suite=cfg.get("suite", "?"),
+        n_pairs=record.get("n_pairs", 0),
+        lam=cfg.get("lam", float("nan")),
+        shrinkage=cfg.get("shrinkage", float("nan")),
+        grid=chosen[0],
+        rank="every direction" if chosen[1] == "0" else f"r = {chosen[1]}",
+    )
+    return ["### The ridge map's space", text, md_table(header, rows)]
 
 
 def _verdict(c: dict[str, Any]) -> str:
