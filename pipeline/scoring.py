@@ -254,7 +254,11 @@ def merge_reranked(base: torch.Tensor, shortlist: torch.Tensor, rerank: torch.Te
     shortlist is ordered by the rerank scores with their ties kept as ties (the retrieval
     metric breaks ties pessimistically either way), and the rest keep their base scores.
     The shortlisted values are exact small integers above ``o_q``: only their order is
-    meaningful, not their scale.
+    meaningful, not their scale. An image whose base score ties exactly with the
+    shortlist's last one but that :func:`stable_top_k` left out (gallery order decides)
+    ranks below the whole shortlist, not tied with it: float cosines tie exactly only
+    between identical images, and the shapes suites' CLIP scores have no such tie at the
+    K = 20 boundary.
 
     Args:
         base: [Q, G] float64 base scores of every gallery image.

@@ -6,8 +6,9 @@ stage (``foreach``/``matrix`` stages expanded, e.g. ``train@bindclip``) this tes
 its entry module (``cmd: pipeline <word> ...`` -> ``stages/<word>.py``), follows every
 ``import`` / ``from ... import`` in it and in the project modules it reaches (module level
 and inside functions: the code imports lazily), including the parent packages'
-``__init__.py`` files and the submodules that a ``Registry(kind, "some.package")`` imports
-on its first lookup, and checks that a dep equals each file or is a folder above it.
+``__init__.py`` files, the submodules that a ``Registry(kind, "some.package")`` (or a
+subclass named ``...Registry``) imports on its first lookup and the modules an
+``import_module(f"{PACKAGE}.{name}.report")`` can reach, and checks that a dep equals each file or is a folder above it.
 
 Nothing here names today's modules: files may move between packages and the checker
 follows them. Data deps (``cache/features``) and package data (JSON configs) are not
@@ -17,6 +18,7 @@ checked. Pure stdlib + PyYAML; no module of the project is imported.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import pkgutil
 import posixpath
 import re
@@ -209,8 +211,9 @@ def _call_name(node: ast.Call) -> str | None:
 
 
 def _registry_package(node: ast.Call) -> str | None:
-    """``Registry(kind, "pkg")`` / ``Registry(kind, package="pkg")``: the literal package."""
-    if _call_name(node) != "Registry":
+    """``Registry(kind, "pkg")`` / ``Registry(kind, package="pkg")``: the literal package
+    (a subclass named ``...Registry``, e.g. ``SectionRegistry``, counts too)."""
+    if not (_call_name(node) or "").endswith("Registry"):
         return None
     pkg = _literal(node.args[1]) if len(node.args) > 1 else None
     for kw in node.keywords:
@@ -219,17 +222,81 @@ def _registry_package(node: ast.Call) -> str | None:
     return pkg
 
 
+def _constants(tree: ast.Module) -> dict[str, str]:
+    """Module-level ``NAME = "literal"`` assignments (what an f-string import can name)."""
+    out: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = _literal(node.value)
+            if value is not None:
+                out[node.targets[0].id] = value
+    return out
+
+
+def _formatted_names(tree: ast.Module, constants: dict[str, str]) -> dict[str, set[str]]:
+    """Every ``name = f"..."`` assignment in the module (any scope): name -> its patterns."""
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if isinstance(node.value, ast.JoinedStr):
+                out.setdefault(node.targets[0].id, set()).update(_module_patterns(node.value, constants, {}))
+    return out
+
+
+def _module_patterns(node: ast.AST, constants: dict[str, str], formatted: dict[str, set[str]]) -> set[str]:
+    """The dotted-name patterns an ``import_module`` argument can take: a literal itself; an
+    f-string (or a name assigned one in the module) with its module-level constants filled
+    in and every other field a ``*``."""
+    if _literal(node) is not None:
+        return {_literal(node)}
+    if isinstance(node, ast.Name):
+        return formatted.get(node.id, set())
+    if not isinstance(node, ast.JoinedStr):
+        return set()
+    parts = []
+    for value in node.values:
+        if isinstance(value, ast.Constant):
+            parts.append(str(value.value))
+        elif isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name) and value.value.id in constants:
+            parts.append(constants[value.value.id])
+        else:
+            parts.append("*")
+    return {"".join(parts)}
+
+
+def matching_modules(root: Path, pattern: str) -> set[str]:
+    """The project modules (and packages) whose dotted names match ``pattern``, segment by
+    segment (``fnmatch``: ``pipeline.scorers.*.report``)."""
+    names = {""}
+    for segment in pattern.split("."):
+        nxt = set()
+        for name in names:
+            folder = root.joinpath(*name.split(".")) if name else root
+            if not folder.is_dir():
+                continue
+            children = {p.stem if p.suffix == ".py" else p.name for p in folder.iterdir() if p.suffix == ".py" or p.is_dir()}
+            nxt.update(f"{name}.{c}" if name else c for c in children if fnmatch.fnmatchcase(c, segment) and c != "__init__")
+        names = nxt
+    return {n for n in names if _exists(root, n)}
+
+
 @cache
 def direct_imports(root: Path, path: Path, packages: tuple[str, ...]) -> frozenset[str]:
     """Dotted project modules ``path`` imports anywhere in its body (relative ones resolved).
 
     ``from a import b`` imports ``a`` and, where ``b`` is a submodule, ``a.b``; a
     ``Registry(kind, "pkg")`` imports ``pkg`` and each of its public submodules (as
-    ``pkgutil.iter_modules`` lists them); ``importlib.import_module("literal")`` counts too.
+    ``pkgutil.iter_modules`` lists them); ``importlib.import_module("literal")`` counts too,
+    and ``import_module(f"{PKG}.{name}.report")`` every existing module its pattern matches
+    (module-level string constants filled in, any other field a wildcard; a pattern whose
+    top-level package is itself a field, as in the registry's own loader, is left to the
+    ``Registry(...)`` calls).
     """
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     name = _module_name(root, path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    constants = _constants(tree)
+    formatted = _formatted_names(tree, constants)
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -262,9 +329,9 @@ def direct_imports(root: Path, path: Path, packages: tuple[str, ...]) -> frozens
                     if not m.name.startswith("_")
                 )
             elif _call_name(node) in ("import_module", "__import__") and node.args:
-                mod = _literal(node.args[0])
-                if mod and not mod.startswith("."):
-                    found.add(mod)
+                for mod in _module_patterns(node.args[0], constants, formatted):
+                    if mod and not mod.startswith(".") and "*" not in mod.split(".")[0]:
+                        found.update(matching_modules(root, mod) if "*" in mod else {mod})
     return frozenset(n for n in found if n.split(".")[0] in packages)
 
 
@@ -436,6 +503,46 @@ def test_import_resolver_on_a_temporary_package(tmp_path: Path) -> None:
     assert covered("pipeline/ot/sinkhorn.py", ["cache/features", "pipeline/ot"])
     assert covered("pipeline/ot/sinkhorn.py", ["pipeline/ot/"]) and covered("x.py", ["."])
     assert not covered("pipeline/otx.py", ["pipeline/ot"])
+
+
+def test_registry_subclasses_and_pattern_imports(tmp_path: Path) -> None:
+    files = {
+        "app/__init__.py": "",
+        "app/registry.py": "class Registry: ...\n",
+        "app/sections.py": (
+            "import importlib\nfrom app.registry import Registry\nFAMILIES = 'app.fam'\n"
+            "class SectionRegistry(Registry):\n"
+            "    def _load(self, fam):\n        name = f'{FAMILIES}.{fam}.report'\n        importlib.import_module(name)\n"
+            "S = SectionRegistry('section', 'app.generic')\n"
+        ),
+        "app/generic/__init__.py": "",
+        "app/generic/table.py": "",
+        "app/fam/__init__.py": "",
+        "app/fam/one/__init__.py": "",
+        "app/fam/one/report.py": "from app.fam.one import helper\n",
+        "app/fam/one/helper.py": "",
+        "app/fam/two/__init__.py": "",  # no report module: nothing to reach
+        "app/fam/two/scorer.py": "",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+
+    found, unresolved = imported_files(tmp_path, [tmp_path / "app/sections.py"], ("app",))
+    assert found == {
+        "app/__init__.py",
+        "app/registry.py",
+        "app/sections.py",
+        "app/generic/__init__.py",
+        "app/generic/table.py",
+        "app/fam/__init__.py",
+        "app/fam/one/__init__.py",
+        "app/fam/one/report.py",
+        "app/fam/one/helper.py",
+    }
+    assert unresolved == set()
+    assert matching_modules(tmp_path, "app.fam.*.report") == {"app.fam.one.report"}
+    assert matching_modules(tmp_path, "app.*") == {"app.registry", "app.sections", "app.generic", "app.fam"}
 
 
 def test_foreach_and_matrix_expansion() -> None:

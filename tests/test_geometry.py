@@ -251,6 +251,24 @@ def test_ridge_recovers_a_planted_map_and_loads_like_a_checkpoint(geo, tmp_path)
         training_pairs(store, manifest.drop(columns="object_boxes"), index, SUITE)
 
 
+def test_training_pairs_leave_out_the_phrases_of_objects_the_view_cuts_away(geo):
+    """A wide image's centre crop hides a box at its edge: the pair of that object goes (its
+    phrase with it), every other phrase stays paired with its own object."""
+    store, manifest, index = geo
+    wide = manifest.copy()
+    wide["image_size"] = [[64.0, 64.0]] * len(wide)
+    wide.at[0, "image_size"] = [400.0, 100.0]  # the centre square keeps x in [0.375, 0.625]
+    wide.at[0, "object_boxes"] = json.dumps([[0.0, 0.2, 0.1, 0.8], [0.4, 0.2, 0.6, 0.8]])
+    phr, obj, image = training_pairs(store, wide, index, SUITE)
+    assert phr.shape == (2 * N - 1, store.dims.embed_dim) and obj.shape[0] == 2 * N - 1
+    assert image.tolist() == [0] + [i for i in range(1, N) for _ in range(2)]
+    names = index["object_names"].reshape(len(wide), -1)
+    kept = np.concatenate([names[0, 1:2], names[1:].reshape(-1)])
+    expected = torch.nn.functional.normalize(store.texts(kept, grids=False).embed, dim=-1)
+    torch.testing.assert_close(phr, expected)
+    fit_map(phr, obj, lam=0.1, shrinkage=0.1)  # they pair up, so the fit runs
+
+
 def _identity_map(d: int) -> RidgeMap:
     return RidgeMap(torch.eye(d), torch.zeros(d), torch.zeros(d), torch.eye(d))
 
@@ -401,6 +419,16 @@ def test_steering(geo):
     s.prepare(store, manifest, index, SUITE)
     e = lambda col: torch.nn.functional.normalize(store.texts(index[col][0], grids=False).embed, dim=-1)  # noqa: E731
     torch.testing.assert_close(s._directions[0], (e("steer_pos") - e("steer_neg")).sum(0))
+    # steer: the first contrast only, added to the unit query, the sum renormalised, ranked by
+    # its cosine with each unit image (by hand, over the whole gallery: k is unbounded here)
+    first = _scorer("steer", store, beta=0.7)
+    first.prepare(store, manifest, index, SUITE)
+    torch.testing.assert_close(first._directions[0], e("steer_pos")[0] - e("steer_neg")[0])
+    gallery_rows, query_rows = retrieval_rows(manifest, index)
+    unit = lambda x: torch.nn.functional.normalize(x, dim=-1)  # noqa: E731
+    q = unit(unit(store.texts(query_rows, grids=False).embed) + 0.7 * first._directions)  # [Q, D]
+    hand = (q @ unit(store.images(gallery_rows, grids=False).embed).T).numpy()  # [Q, G]
+    np.testing.assert_array_equal(np.argsort(-one, 1, kind="stable"), np.argsort(-hand, 1, kind="stable"))
 
 
 def test_geometry_variants_are_registered_for_retrieval_only():

@@ -386,7 +386,10 @@ def encoder_comparison(ctx: ReportContext) -> list[str]:
         header += [f"{enc} ({e['open_clip_model']})", f"Δ vs `{BASELINE}`"]
     return [
         "## Encoder comparison",
-        TEXT("encoder-comparison", path=str(path), encoders=", ".join(f"`{e}`" for e in encoders)),
+        TEXT(
+            "encoder-comparison", path=str(path), encoders=", ".join(f"`{e}`" for e in encoders),
+            resamples=f"{int(summary.get('config', {}).get('bootstrap', ctx.cfg.bootstrap)):,}",
+        ),  # fmt: skip
         md_table(header, rows),
     ]
 

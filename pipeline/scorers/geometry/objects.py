@@ -28,9 +28,12 @@ geometry-aware rerankers align.
   relation share the origin of their component.
 * Structures (:func:`structure`), per set: ``offset`` — the signed 2-D offsets
   :math:`C_{ik} = x_k - x_i` (two channels), which tell *left of* from *right of*;
-  ``distance`` — :math:`\lVert x_k - x_i \rVert`, which cannot (it is invariant to
-  reflections). Each set's structure is scaled to a largest entry of 1, so a query's unit
-  layout and an image's normalised box centres are comparable.
+  ``distance`` — :math:`\lVert x_k - x_i \rVert`, the spec's pairwise distances, which
+  cannot (they are invariant to reflections: on shapes-retrieval, whose distractors swap
+  left and right, ``fgw`` and ``ridge-fgw`` fall well below their offset figures,
+  docs/trials.md), so ``offset`` is the rerankers' default. Each set's structure is
+  scaled to a largest entry of 1, so a query's unit layout and an image's normalised box
+  centres are comparable.
 
 Sets are padded to the batch's largest set with ``mask`` False; the solvers give padded
 entries zero mass.
@@ -254,19 +257,37 @@ def text_sets(store: FeatureStore, rows: np.ndarray, positions: list[torch.Tenso
     return pad_sets(splits, positions, store.dims.embed_dim)
 
 
+def grid_views(store: FeatureStore, manifest: pd.DataFrame, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per manifest row of ``rows``: (its ``object_boxes`` on the view the patch grid covers
+    [m, 4], which of them keep some area there [m] bool). Boxes on a manifest with
+    ``image_size`` are mapped through the store's resize mode (:func:`view_boxes`); without
+    one (square images, the shapes world) every box is kept as it is."""
+    boxes = [parse_boxes(manifest["object_boxes"].iloc[r]) for r in rows]
+    if "image_size" not in manifest:
+        return [(b, np.ones(len(b), dtype=bool)) for b in boxes]
+    mode = store.fingerprint.get("preprocess", {}).get("resize_mode", "shortest")
+    return [view_boxes(b, manifest["image_size"].iloc[r], mode) for b, r in zip(boxes, rows, strict=True)]
+
+
+def visible_objects(store: FeatureStore, manifest: pd.DataFrame, rows: np.ndarray, objects: str = "box-mean") -> np.ndarray:
+    """[sum m_g] bool, in row and box order: which annotated objects of manifest rows ``rows``
+    :func:`item_objects` embeds — every one from re-encoded crops (cut from the whole image),
+    and for box means those the grid's view still shows."""
+    if objects == "crops":
+        return np.ones(sum(len(parse_boxes(manifest["object_boxes"].iloc[r])) for r in rows), dtype=bool)
+    return np.concatenate([seen for _, seen in grid_views(store, manifest, rows)] or [np.zeros(0, dtype=bool)])
+
+
 def item_objects(store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray], rows: np.ndarray, suite: str = "", layer: str = "final", objects: str = "box-mean") -> ObjectSets:
     """Object sets of the images of manifest rows ``rows`` [G] (their ``object_boxes``), from
-    ``objects`` (:data:`OBJECT_SOURCES`; box means read the grid ``layer`` names)."""
+    ``objects`` (:data:`OBJECT_SOURCES`; box means read the grid ``layer`` names, over the
+    boxes the grid's view shows: :func:`grid_views`)."""
     check_source(objects, layer)
-    boxes = [parse_boxes(manifest["object_boxes"].iloc[r]) for r in rows]
     image_rows = index["image"].reshape(len(manifest), -1)[rows, 0]  # [G]
     if objects == "crops":
+        boxes = [parse_boxes(manifest["object_boxes"].iloc[r]) for r in rows]
         return crop_objects(store, crop_rows(store, index, len(manifest), suite)[rows], boxes, image_rows)
-    if "image_size" in manifest:  # boxes on the whole image -> on the view the grid covers
-        mode = store.fingerprint.get("preprocess", {}).get("resize_mode", "shortest")
-        views = [view_boxes(b, manifest["image_size"].iloc[r], mode) for b, r in zip(boxes, rows, strict=True)]
-        boxes = [b[seen] for b, seen in views]
-    return image_objects(store, image_rows, boxes, layer)
+    return image_objects(store, image_rows, [b[seen] for b, seen in grid_views(store, manifest, rows)], layer)
 
 
 def suite_objects(store: FeatureStore, manifest: pd.DataFrame, index: dict[str, np.ndarray], gallery: list[str], suite: str = "", layer: str = "final", objects: str = "box-mean") -> tuple[ObjectSets, ObjectSets]:

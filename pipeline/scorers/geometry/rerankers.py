@@ -83,7 +83,8 @@ def rerank_scores(cost: torch.Tensor, queries: ObjectSets, shape: tuple[int, int
     """[Q, K] rerank scores from the [Q * K] costs of the aligned pairs: minus the cost (an
     infinite cost, a candidate without objects, ranks below every finite one), except that
     a query without phrases, or whose candidates all have infinite cost, keeps the
-    shortlist's order: its costs say nothing, and ties would rank its target last."""
+    shortlist's order (the base order, gallery order among exact base ties): its costs say
+    nothing, and ties would rank its target last."""
     score = -cost.reshape(shape)
     blind = ~queries.mask.any(1).reshape(shape)[:, 0] | ~torch.isfinite(score).any(1)  # [Q]
     keep = -torch.arange(shape[1], dtype=score.dtype).expand(shape)  # the shortlist order

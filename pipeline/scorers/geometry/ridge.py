@@ -67,6 +67,7 @@ from pipeline.scorers.geometry.objects import (
     check_source,
     item_objects,
     require_columns,
+    visible_objects,
 )
 
 VARIANT = "ridge-fgw"
@@ -84,7 +85,9 @@ def training_pairs(store: FeatureStore, manifest, index: dict[str, np.ndarray], 
     """(phrases [N, D], objects [N, D_o], image [N]): every annotated object of the suite's
     images, once per distinct image (:func:`distinct_image_items`), its object embedding
     from ``objects`` (box means of ``layer``'s grid, or the re-encoded crops), and the
-    position of its image among those images (for image-disjoint held-out splits)."""
+    position of its image among those images (for image-disjoint held-out splits). An
+    object that the encoder's view cuts away (a box mean of a wide image's edge) has no
+    embedding, so its phrase is left out with it (:func:`visible_objects`)."""
     require_columns(manifest, ("object_names", "object_boxes"), suite)
     if "object_names" not in index:
         raise ValueError(f"the store has no object_names rows for {suite}: rerun `pipeline extract`")
@@ -96,7 +99,8 @@ def training_pairs(store: FeatureStore, manifest, index: dict[str, np.ndarray], 
         raise ValueError(f"{suite}: object_names and object_boxes differ in length on some rows")
     sets = item_objects(store, manifest, index, first, suite, layer, objects)
     obj = sets.embed[sets.mask]  # [N, D_o] in row order
-    phr = F.normalize(store.texts(names[names >= 0], grids=False).embed, dim=-1)  # [N, D]
+    seen = visible_objects(store, manifest, first, objects)  # [sum m_g], the objects in obj
+    phr = F.normalize(store.texts(names[names >= 0][seen], grids=False).embed, dim=-1)  # [N, D]
     image = torch.arange(len(first))[:, None].expand_as(sets.mask)[sets.mask]  # [N]
     return phr, obj, image
 

@@ -12,8 +12,10 @@ of the query ("blue circle"), the binding CLIP confuses.
   one vector; the paper reports that the sum interferes (CLEVR-HOPE R@10 0.230 -> 0.094),
   and the report measures whether it does here.
 
-Both rank the whole gallery (the steered cosine is as cheap as CLIP's), so ``k`` defaults
-to a shortlist longer than any gallery.
+Left alone, both rank the whole gallery by the steered cosine (as cheap as CLIP's): ``k``
+defaults to a shortlist longer than any gallery. The pipeline's ``score.options`` set
+``k: 20``, the seed's local steering: only CLIP's top 20 are re-ranked by the steered query,
+the rest keep CLIP's order.
 """
 
 from __future__ import annotations
