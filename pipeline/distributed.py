@@ -51,9 +51,10 @@ def cluster(scheduler: str) -> Iterator[Any]:
     from distributed import Client, LocalCluster
 
     if scheduler.startswith("local:"):
-        n = int(scheduler.split(":", 1)[1])
-        if n < 1:
-            raise ValueError(f"--scheduler {scheduler}: the worker count must be at least 1")
+        count = scheduler.split(":", 1)[1]
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--scheduler {scheduler}: local:N needs a worker count N of at least 1 (e.g. local:2)")
+        n = int(count)
         with (
             dask.config.set({NANNY_MALLOC: None}),
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as lc,
@@ -63,8 +64,11 @@ def cluster(scheduler: str) -> Iterator[Any]:
         return
     try:
         client = Client(scheduler, timeout="20s")
-    except OSError as e:
-        raise OSError(f"cannot reach the dask scheduler at {scheduler} ({e}); start one with `dask scheduler`") from None
+    except (OSError, ValueError, TypeError) as e:  # unreachable, or not an address at all
+        raise OSError(
+            f"--scheduler {scheduler}: cannot reach a dask scheduler there ({e}); give a scheduler's "
+            f"address (tcp://HOST:PORT, started with `dask scheduler`) or local:N for N local workers"
+        ) from None
     with client:
         yield client
 

@@ -108,8 +108,8 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
     """Open (or create) the store, write the projections, read every suite's manifest, and
     give every unique image, caption and object crop a store row.
 
-    The row arrays' chunk inventory is checked (:func:`pipeline.cache.integrity.row_inventory`);
-    with ``repair`` every chunk is decoded too, and the rows of each damaged file are cleared
+    The row arrays' chunk inventory is checked and their keys decoded
+    (:func:`pipeline.cache.integrity.key_inventory`); with ``repair`` every chunk is decoded too, and the rows of each damaged file are cleared
     (flags unset, keys restored from the suite indexes) so that they are encoded again. The
     projections and the indexes of the suites extracted are not checked: this extract rewrites
     them whole (the projections here, the indexes in :func:`finish`), which is what makes them
@@ -120,6 +120,8 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
             encoded yet).
         CorruptStoreError: the store is damaged and ``repair`` is False.
     """
+    if not cfg.suites:
+        raise ValueError("extract.suites is empty: nothing to extract; name at least one suite (`pipeline suites` lists them)")
     for suite in cfg.suites:
         SUITES.get(suite)  # unknown suites fail before any work, listing the valid ones
     sources = [resolve_source(s, cfg.world, cfg.manifests, cfg.image_roots) for s in cfg.suites]
@@ -135,7 +137,7 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
         },
     )
 
-    damage = integrity.verify(root, progress) if repair else integrity.row_inventory(root)
+    damage = integrity.verify(root, progress) if repair else integrity.key_inventory(root)
     if damage and not repair:
         raise integrity.CorruptStoreError(integrity.describe(store_path(cfg), damage))
     lost_keys = writer.clear_damage(root, damage)  # modality -> rows whose keys were lost

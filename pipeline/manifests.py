@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,12 +38,19 @@ class SuiteSource:
 def resolve_source(
     suite: str, world: str | Path, manifests: dict[str, str], image_roots: dict[str, str]
 ) -> SuiteSource:
-    """The manifest/image root of ``suite`` (overrides first, then the shapes world)."""
+    """The manifest/image root of ``suite`` (overrides first, then the shapes world).
+
+    A missing manifest is named with the fix that writes that file: ``pipeline world`` for
+    the world's own ``<world>/manifests/<suite>.parquet``; for a path that
+    ``extract.manifests`` names, the params key to correct (``pipeline world`` never writes
+    there) and, for a real suite, the ``pipeline manifest`` command that builds it.
+    """
+    own = Path(world) / "manifests" / f"{suite}.parquet"  # where `pipeline world` writes a shapes suite
     if suite in manifests:
         manifest = Path(manifests[suite])
         root = Path(image_roots.get(suite, manifest.parent))
     elif suite.startswith("shapes-"):
-        manifest = Path(world) / "manifests" / f"{suite}.parquet"
+        manifest = own
         root = Path(image_roots.get(suite, Path(world) / "images"))
     else:
         raise ValueError(
@@ -51,8 +59,17 @@ def resolve_source(
             f"extract.manifests.{suite} (and extract.image_roots.{suite}) in params.yaml"
         )
     if not manifest.is_file():
-        hint = "run `pipeline world`" if suite.startswith("shapes-") else "run `pipeline manifest`"
-        raise FileNotFoundError(f"manifest of {suite} not found at {manifest}; {hint}")
+        if suite.startswith("shapes-") and os.path.abspath(manifest) == os.path.abspath(own):
+            raise FileNotFoundError(f"manifest of {suite} not found at {manifest}; run `pipeline world`")
+        fix = (
+            f"drop the key to read the shapes world's {own}"
+            if suite.startswith("shapes-")
+            else f"build the file with `pipeline manifest --suite {suite} --root DIR --out {manifest}`"
+        )
+        raise FileNotFoundError(
+            f"manifest of {suite} not found at {manifest}, the file extract.manifests.{suite} names; "
+            f"correct that path in the params file, or {fix}"
+        )
     return SuiteSource(suite, manifest, root)
 
 
@@ -109,10 +126,19 @@ def manifest_sources(path: str | Path) -> dict[str, str]:
 
 
 def check_unique_ids(df: pd.DataFrame, what: str) -> None:
-    """Refuse a manifest whose ``item_id`` column repeats a value: a repeated item would be
-    scored and counted twice."""
+    """Refuse a manifest whose ``item_id`` column holds a null or repeats a value: an item
+    without an id is written to the scores without a name (and two of them would read as
+    one repeated ``nan``), a repeated item would be scored and counted twice. Nulls are
+    named by their row (counted from 0), since they have no id to name them by."""
     if "item_id" not in df:
         raise ValueError(f"{what}: no item_id column")
+    null = np.flatnonzero(df["item_id"].isna().to_numpy())
+    if len(null):
+        shown = ", ".join(map(str, null[:5])) + (" ..." if len(null) > 5 else "")
+        raise ValueError(
+            f"{what}: {len(null)} row(s) have a null item_id (row {shown}, counted from 0); "
+            f"give every item a unique item_id"
+        )
     repeated = df["item_id"][df["item_id"].duplicated()].unique().tolist()
     if repeated:
         shown = ", ".join(map(str, repeated[:5])) + (" ..." if len(repeated) > 5 else "")
@@ -163,6 +189,12 @@ def read_image_bytes(root: Path, rel: str) -> bytes:
     return path.read_bytes()
 
 
+def _without_buffer(reason: str) -> str:
+    """``reason`` without the ``<_io.BytesIO object at 0x...>`` PIL puts in some messages:
+    an address that changes every run and names nothing the user has."""
+    return re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", reason).strip() or "unreadable"
+
+
 MAX_ASPECT = 100  # longest side / shortest side of an image extract accepts
 
 
@@ -194,8 +226,11 @@ def decode_image(data: bytes, name: str, crop_box: Any = None) -> Image.Image:
             f"{name}: refused as a decompression bomb ({e}); shrink the image or skip it "
             f"(extract.skip_bad_images: true)"
         ) from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise BadImageError(f"corrupt or unreadable image: {name} ({e})") from None
+    except UnidentifiedImageError:
+        # PIL's own message names the in-memory buffer (``<_io.BytesIO object at 0x...>``)
+        raise BadImageError(f"corrupt or unreadable image: {name} (not a format PIL can identify)") from None
+    except (OSError, SyntaxError, ValueError) as e:
+        raise BadImageError(f"corrupt or unreadable image: {name} ({_without_buffer(str(e))})") from None
     if img.mode == "F":
         raise BadImageError(
             f"{name}: a floating-point image (mode F) has no defined 8-bit range; convert it "

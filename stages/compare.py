@@ -84,6 +84,7 @@ def run(
             variants=list(cfg.variants),
             suites=list(cfg.suites),
             seed_variants=[],
+            seed_suites=[],  # no per-seed runs here; the pipeline's own may name other suites
             replacements=[],
             replacement_variants=[],
             checkpoints=str(Path(cfg.out) / enc / "checkpoints"),

@@ -101,6 +101,9 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
         raise ValueError("score.variants and score.suites must each name at least one entry; nothing to score")
     for variant in cfg.variants:
         SCORERS.get(variant)
+    unknown = sorted(set(cfg.options) - set(SCORERS.names()))
+    if unknown:  # a misspelt variant's options would silently not apply
+        raise ValueError(f"score.options names unknown variant(s) {unknown}; valid: {', '.join(SCORERS.names())}")
     for mode in cfg.replacements:
         if mode not in REPLACEMENTS:
             raise ValueError(f"unknown score.replacements entry {mode!r}; valid: {', '.join(REPLACEMENTS)}")

@@ -244,6 +244,38 @@ def test_unknown_model_lists_the_valid_ones(good):
     refused(cli("extract", "--params", params, "--model", "ViT-Q-99", "--quiet"), "unknown encoder 'ViT-Q-99'", "valid encoders", "tiny-vit")
 
 
+def test_options_of_an_unknown_variant_are_refused(good):
+    _, params = good
+    edited(params, "score", options={"clipp": {}})
+    ok(cli("extract", "--params", params, "--quiet"))
+    refused(cli("score", "--params", params, "--quiet"), "score.options names unknown variant(s) ['clipp']", "valid:", "local-max")
+
+
+def test_unknown_score_encoder_lists_the_valid_ones(good):
+    _, params = good
+    edited(params, "score", encoder="tiny-vitt")
+    refused(cli("score", "--params", params, "--quiet"), "unknown encoder 'tiny-vitt'", "valid encoders", "tiny-vit")
+
+
+def test_empty_extract_suites_is_refused(good):
+    _, params = good
+    edited(params, "extract", suites=[])
+    refused(cli("extract", "--params", params, "--quiet"), "extract.suites is empty", "`pipeline suites`")
+
+
+@pytest.mark.parametrize("scheduler,needles", [("bogus", ["--scheduler bogus", "tcp://HOST:PORT", "local:N"]), ("local:two", ["--scheduler local:two", "local:N"])])
+def test_a_scheduler_that_is_no_address_names_the_option(good, scheduler, needles):
+    _, params = good
+    refused(cli("extract", "--params", params, "--scheduler", scheduler, "--quiet"), *needles)
+
+
+def test_weights_a_random_init_model_lacks_are_one_line(good, caplog):
+    _, params = good
+    edited(params, "extract", pretrained="openai")
+    refused(cli("extract", "--params", params, "--quiet"), "could not load weights 'openai' for tiny-vit", "pretrained: none")
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # open_clip's own line of the same failure
+
+
 # ---------------------------------------------------------------- official annotation files
 
 

@@ -25,6 +25,12 @@ def _cfg(tmp_path, suites_manifests, batch_size=4):
     )
 
 
+def as_aro(df):
+    """A SugarCrepe-style manifest relabelled with shapes-aro's categories, so that it can be
+    extracted as a second suite."""
+    return df.assign(category=[("relation", "attribution")[i % 2] for i in range(len(df))])
+
+
 @pytest.fixture
 def tiny_suite(tmp_path):
     names = make_images(tmp_path / "images", 10)
@@ -81,7 +87,7 @@ def test_dedup_across_suites_and_rerun_encodes_only_new(tmp_path, tiny_encoder, 
     import pandas as pd
 
     extra["item_id"] = [f"more-{i}" for i in extra["item_id"]]  # one id per item
-    both = pd.concat([shared, extra], ignore_index=True)
+    both = as_aro(pd.concat([shared, extra], ignore_index=True))
     both.to_parquet(tmp_path / "m" / "aro.parquet", index=False)
     cfg2 = _cfg(tmp_path, {"shapes-sugarcrepe": path, "shapes-aro": tmp_path / "m" / "aro.parquet"})
     summary = extract_stage.run(cfg2, progress=False, encoder=tiny_encoder)
@@ -124,7 +130,7 @@ def test_resume_after_crash(tmp_path, tiny_encoder, tiny_suite, monkeypatch):
     names = make_images(tmp_path / "images" / "big", 150, seed=3)
     from tests.conftest import make_choice_manifest as mk
 
-    mk(tmp_path / "m" / "big.parquet", [f"big/{n}" for n in names])
+    as_aro(mk(tmp_path / "m" / "big.parquet", [f"big/{n}" for n in names])).to_parquet(tmp_path / "m" / "big.parquet", index=False)
     cfg = _cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "big.parquet"}, batch_size=16)
     calls = {"n": 0}
     real = tiny_encoder.encode_images
@@ -154,6 +160,34 @@ def test_resume_after_crash(tmp_path, tiny_encoder, tiny_suite, monkeypatch):
     rows = store.suite_index("shapes-aro")["image"][:, 0]
     rows2 = other.suite_index("shapes-aro")["image"][:, 0]
     assert torch.equal(store.images(rows).final, other.images(rows2).final)
+
+
+def test_rows_left_between_others_are_written_on_a_later_extract(tmp_path, tiny_encoder, tiny_suite):
+    """Two images that cannot be decoded, not neighbours, leave two rows undone; every next
+    extract encodes exactly those rows again (a write of non-contiguous rows into the
+    sharded grids), and once the images are whole the store equals a clean extraction."""
+    path, _ = tiny_suite
+    cfg = _cfg(tmp_path, {"shapes-sugarcrepe": path})
+    cfg.skip_bad_images = True
+    images = tmp_path / "images"
+    whole = {n: (images / n).read_bytes() for n in ("img002.png", "img005.png")}
+    for n in whole:
+        (images / n).write_bytes(f"not an image: {n}".encode())  # two rows (content-addressed)
+    assert extract_stage.run(cfg, progress=False, encoder=tiny_encoder)["images"]["encoded"] == 10
+    assert (~FeatureStore.open(store_path(cfg)).root["image/done"][:]).sum() == 2  # blank, unflagged
+    assert extract_stage.run(cfg, progress=False, encoder=tiny_encoder)["images"]["encoded"] == 2  # tried again
+    for n, data in whole.items():
+        (images / n).write_bytes(data)
+    assert extract_stage.run(cfg, progress=False, encoder=tiny_encoder)["images"]["encoded"] == 2
+    store = FeatureStore.open(store_path(cfg))  # the whole files' bytes are new keys, new rows
+    assert store.root["image/done"][:][store.suite_index("shapes-sugarcrepe")["image"][:, 0]].all()
+    clean = _cfg(tmp_path / "clean", {"shapes-sugarcrepe": path})
+    clean.image_roots = cfg.image_roots
+    extract_stage.run(clean, progress=False, encoder=tiny_encoder)
+    other = FeatureStore.open(store_path(clean))
+    rows, rows2 = (s.suite_index("shapes-sugarcrepe")["image"][:, 0] for s in (store, other))
+    assert torch.equal(store.images(rows).final, other.images(rows2).final)
+    assert torch.equal(store.images(rows).early, other.images(rows2).early)
 
 
 def test_refuses_foreign_and_stale_stores(tmp_path, tiny_encoder, tiny_suite):
@@ -187,7 +221,7 @@ def test_refuses_foreign_and_stale_stores(tmp_path, tiny_encoder, tiny_suite):
 def test_bad_inputs_fail_clearly(tmp_path, tiny_encoder, tiny_suite):
     path, manifest = tiny_suite
     # missing image named
-    bad = manifest.copy()
+    bad = as_aro(manifest)
     bad.loc[3, "image"] = "nope.png"
     bad.to_parquet(tmp_path / "m" / "bad.parquet", index=False)
     with pytest.raises(FileNotFoundError, match=r"1 image\(s\) not found .*nope.png"):
@@ -216,7 +250,7 @@ def test_bad_inputs_fail_clearly(tmp_path, tiny_encoder, tiny_suite):
     with pytest.raises(ValueError, match="escapes"):
         extract_stage.run(_cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "bad.parquet"}), progress=False, encoder=tiny_encoder)
     # empty caption refused
-    bad = manifest.copy()
+    bad = as_aro(manifest)
     bad.at[2, "captions"] = ["a red circle", "  "]
     bad.to_parquet(tmp_path / "m" / "bad.parquet", index=False)
     with pytest.raises(ValueError, match="empty caption"):
@@ -228,7 +262,7 @@ def test_bad_inputs_fail_clearly(tmp_path, tiny_encoder, tiny_suite):
 
 def test_long_caption_truncated_and_warned_once(tmp_path, tiny_encoder, tiny_suite, caplog):
     path, manifest = tiny_suite
-    long = manifest.copy()
+    long = as_aro(manifest)
     long.at[0, "captions"] = [" ".join(["red circle"] * 40), "a blue square"]
     long.at[1, "captions"] = [" ".join(["blue star"] * 40), "a blue square"]
     long.to_parquet(tmp_path / "m" / "long.parquet", index=False)

@@ -21,7 +21,7 @@ PARAMS = {
         "variants": ["global-m"],
         "global-m": {"steps": 4, "batch_size": 8, "eval_every": 2, "seeds": [0], "lr": 1e-3},
     },
-    "score": {"variants": ["clip", "global-m"], "suites": SUITES[:4] + ["shapes-dev"]},
+    "score": {"variants": ["clip", "global-m"], "suites": SUITES[:4] + ["shapes-dev"], "seed_suites": ["shapes-dev"]},
     "compare": {
         "encoders": ["tiny-a", "tiny-b"],
         "variants": ["clip", "global-m"],

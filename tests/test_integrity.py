@@ -105,6 +105,22 @@ def test_truncated_chunk_is_named_not_a_blosc_error(damaged):
         fs.texts(np.arange(5), grids=False)
 
 
+@pytest.mark.parametrize("array,i", [("image/final", 1), ("text/tokens", 0), ("image/embed", 0), ("text/key", 0)])
+def test_a_chunk_file_cut_to_nothing_is_refused_not_read_as_zeros(damaged, reference, tiny_encoder, array, i):
+    """Zarr reads a shard file shorter than its index as a shard without chunks (zeros): the
+    open names it like an absent file, and `extract --repair` re-encodes its rows."""
+    cfg, store = damaged
+    _file(store, array, i).write_bytes(b"")
+    with pytest.raises(CorruptStoreError) as e:
+        FeatureStore.open(store)
+    per = 256 if array.endswith(("embed", "key")) else 64
+    assert f"{array} rows {i * per}-" in str(e.value) and "truncated chunk file" in str(e.value)
+    assert "pipeline extract --repair" in str(e.value)
+    extract(cfg, progress=False, encoder=tiny_encoder, repair=True)
+    assert inventory(zarr.open_group(store, mode="r")) == []
+    assert_same_store(store, reference)
+
+
 SUITE = "suites/shapes-sugarcrepe"
 
 
@@ -173,6 +189,28 @@ def test_extract_into_a_store_with_broken_metadata_names_it(damaged, tiny_encode
     assert named in str(e.value) and str(store) in str(e.value) and "delete the store and rerun `pipeline extract`" in str(e.value)
 
 
+@pytest.mark.parametrize("array", ["image/final", "text/done"])
+def test_extract_into_a_store_that_lost_an_array_names_it(damaged, tiny_encoder, array):
+    cfg, store = damaged
+    (store / array / "zarr.json").unlink()
+    with pytest.raises(CorruptStoreError) as e:
+        extract(cfg, progress=False, encoder=tiny_encoder)
+    assert f"{array} is absent" in str(e.value) and str(store) in str(e.value) and "rerun `pipeline extract`" in str(e.value)
+
+
+@pytest.mark.parametrize("array", ["text/key", "image/key"])
+def test_extract_names_a_key_chunk_that_fails_its_checksum_and_repair_restores_it(damaged, reference, tiny_encoder, array):
+    """Every extract reads every key to plan its rows: a damaged key chunk is named with its
+    repair before planning (not a bare checksum error), and `--repair` restores it."""
+    cfg, store = damaged
+    _flip(_file(store, array, 0), at=30)
+    with pytest.raises(CorruptStoreError) as e:
+        extract(cfg, progress=False, encoder=tiny_encoder)
+    assert f"{array} rows 0-" in str(e.value) and "pipeline extract --repair" in str(e.value) and str(store) in str(e.value)
+    extract(cfg, progress=False, encoder=tiny_encoder, repair=True)
+    assert_same_store(store, reference)
+
+
 def test_clean_store_opens_with_its_indexes_and_projections(reference):
     fs = FeatureStore.open(reference)
     assert inventory(fs.root) == []
@@ -222,6 +260,62 @@ def test_refused_fingerprint_lists_each_field_with_both_values(reference):
     assert f"early_layer: store {fp['early_layer']!r}, configured 7" in str(e.value)
 
 
+def test_an_edited_grid_that_keeps_the_patch_count_is_refused(damaged):
+    """The arrays cannot tell an 8 x 8 grid from a 4 x 16 one (same patch count): the dims
+    are checked against the fingerprint, whose hash the store also records."""
+    _, store = damaged
+    meta = store / "zarr.json"
+    doc = json.loads(meta.read_text())
+    h, w = doc["attributes"]["dims"]["grid"]
+    doc["attributes"]["dims"]["grid"] = [1, h * w]
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(CorruptStoreError, match=rf"dims grid \[1, {h * w}\] differs from the fingerprint's \[{h}, {w}\]"):
+        FeatureStore.open(store)
+
+
+def test_a_lost_dims_key_is_named_once(damaged):
+    _, store = damaged
+    meta = store / "zarr.json"
+    doc = json.loads(meta.read_text())
+    del doc["attributes"]["dims"]["d_t"]
+    meta.write_text(json.dumps(doc))
+    with pytest.raises(CorruptStoreError) as e:
+        FeatureStore.open(store)
+    assert str(e.value).count("dims lacks 'd_t'") == 1
+
+
+def test_an_extract_refused_for_its_fingerprint_names_each_differing_field(damaged, tiny_encoder):
+    from pipeline.cache.writer import open_for_writing
+
+    _, store = damaged
+    fs = FeatureStore.open(store)
+    with pytest.raises(ForeignCacheError) as e:
+        open_for_writing(store, {**fs.fingerprint, "early_layer": 7}, dict(fs.root.attrs["dims"]))
+    assert f"early_layer: store {fs.fingerprint['early_layer']!r}, configured 7" in str(e.value)
+    assert "replace_mismatch" in str(e.value)
+
+
+@pytest.mark.parametrize("what", ["root metadata lost", "a folder of other files"])
+def test_a_location_with_files_but_no_store_is_never_wiped(damaged, tiny_encoder, what):
+    """A store whose root zarr.json is lost is not 'no store': score names it, and extract
+    refuses to write there rather than delete every row (or a user's files) and start afresh."""
+    cfg, store = damaged
+    if what == "root metadata lost":
+        (store / "zarr.json").unlink()
+    else:
+        import shutil
+
+        shutil.rmtree(store)
+        store.mkdir()
+        (store / "notes.txt").write_text("mine")
+    before = sorted(p.relative_to(store) for p in store.rglob("*"))
+    with pytest.raises(CorruptStoreError, match="holds files but no zarr.json"):
+        FeatureStore.open(store)
+    with pytest.raises(CorruptStoreError, match="holds files but no zarr.json.*extract.out"):
+        extract(cfg, progress=False, encoder=tiny_encoder)
+    assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
+
+
 def test_nan_features_are_refused_at_write(world, tiny_encoder, tmp_path, monkeypatch):
     import torch
 
@@ -257,6 +351,31 @@ def test_second_writer_is_refused_naming_the_holder(tmp_path):
     with store_lock(store) as me:  # the dead holder's lock is stale: reclaimed
         assert me["pid"] == os.getpid()
     assert lock_path(store).read_text() == ""  # released cleanly
+
+
+def test_a_reader_missing_a_suite_says_an_extract_is_writing_it(damaged):
+    """While an extract holds the store's lock, a suite it has not indexed yet is reported as
+    being written (the usual fix, another extract, would be refused); afterwards the fix is
+    that extract."""
+    from pipeline.cache import CacheError
+    from pipeline.cache.lock import running_writer
+
+    _, store = damaged
+    assert running_writer(store) is None
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from pipeline.cache import store_lock\nimport time\nwith store_lock({str(store)!r}):\n print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert running_writer(store)["pid"] == holder.pid
+        with pytest.raises(CacheError, match=rf"an extract \(pid {holder.pid} on .*\) is writing the store now"):
+            FeatureStore.open(store).suite_index("shapes-aro")
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.raises(CacheError, match=r"run `pipeline extract --suite shapes-aro`"):
+        FeatureStore.open(store).suite_index("shapes-aro")
 
 
 def test_lock_of_another_host_needs_break_lock(tmp_path):

@@ -80,7 +80,7 @@ from pipeline.benchmarks.base import (
     bucket_split,
     choice_correct,
     hash_bucket,
-    read_json,
+    read_json_list,
     relative_image_path,
     require_file,
 )
@@ -106,10 +106,8 @@ def excluded_relations() -> frozenset[str]:
 
 
 def _read_json_list(path: Path) -> list:
-    data = read_json(path)
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list")
-    return data
+    """The file's JSON list of objects (each a dict naming ``path`` on a missing field)."""
+    return read_json_list(path)
 
 
 def _vg_row(d: dict, item: str, category: str) -> dict:
@@ -462,6 +460,7 @@ SUITES.register(
         units=relation_units,
         metric_names=("relation", "relation-micro", *(f"relation-{s}" for s in SPLITS)),
         headline="relation",
+        categories=("relation",),
         description="ARO VG-Relation: root holds visual_genome_relation.json; images under root/images/ (cropped)",
     ),
 )
@@ -474,6 +473,7 @@ SUITES.register(
         units=attribution_units,
         metric_names=("attribution", "attribution-micro", *(f"attribution-{s}" for s in SPLITS)),
         headline="attribution",
+        categories=("attribution",),
         description="ARO VG-Attribution: root holds visual_genome_attribution.json; images under root/images/ (cropped)",
     ),
 )
@@ -490,6 +490,7 @@ for _name, _file, _images in (
             units=order_units,
             metric_names=("P@1",),
             headline="P@1",
+            categories=("order",),
             description=f"ARO {_name.split('-')[1].capitalize()}-Order: root holds BLIP's {_file}; images = {_images}",
         ),
     )

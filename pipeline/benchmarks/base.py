@@ -8,7 +8,8 @@ Manifest contract (one row per test item, a pandas DataFrame stored as Parquet):
   preprocessing (ARO VG-Relation/Attribution).
 * ``captions`` (list[str]): the K caption options (K may vary across items).
 * ``correct`` (int): index of the correct option in ``captions`` (choice tasks).
-* ``category`` (str): the reporting group (SugarCrepe category, ARO subset, family ...).
+* ``category`` (str): the reporting group (SugarCrepe category, ARO subset, family ...), one
+  of ``Suite.categories`` where the suite declares them.
 * any suite-specific columns (group keys, boxes, flags such as ``length_matched``).
 
 Extra image / caption columns that extract must also encode are named in
@@ -89,6 +90,10 @@ class Suite:
             itself 0 (:func:`pipeline.scorers.base.option_scores`), where the official test
             compares every other option with one (SugarCrepe++ ITT against N); None = the
             mean preference over the other options.
+        categories: the ``category`` values a manifest of this suite may hold (the groups
+            its metrics and reports are computed over); None = any value. An item outside
+            them would drop out of every per-category figure unnoticed, so
+            :meth:`check_manifest` refuses it.
     """
 
     name: str
@@ -103,18 +108,27 @@ class Suite:
     caption_columns: tuple[str, ...] = ("captions",)
     extra: dict = field(default_factory=dict)
     pairwise_reference: int | None = None
+    categories: tuple[str, ...] | None = None
 
     def check_manifest(self, manifest: pd.DataFrame, where: str) -> None:
         """Refuse a manifest this suite cannot score correctly, naming ``where`` (the file),
-        the column and the first bad item: a missing column; an ``image`` that is not a
+        the column and the first bad item: a missing column; a null or repeated ``item_id``
+        (an item without a name cannot be reported, a repeated one would count twice); a
+        ``category`` outside :attr:`categories` (the item would fall out of every
+        per-category metric while still counting in the totals); an ``image`` that is not a
         non-empty path (a null would be counted as a missing image); ``captions`` not a list
         of at least two options for a choice item (a bare string or one caption would count
         as right by construction) or not one query for a retrieval row; a ``correct`` that is
-        not an integer index into its row's captions (-1 would silently pick the last)."""
+        null or not an integer index into its row's captions (-1 would silently pick the
+        last). One null ``correct`` turns the whole Parquet column into floats, so the null
+        rows are named before the column's type is."""
+        from pipeline.manifests import check_unique_ids
+
         need = ["item_id", "image", "captions", "category"] + (["correct"] if self.task == "choice" else [])
         absent = [c for c in need if c not in manifest]
         if absent:
             raise ValueError(f"{where}: no column {', '.join(absent)} (a {self.name} manifest needs {', '.join(need)})")
+        check_unique_ids(manifest, where)
         ids = manifest["item_id"].astype(str).to_numpy()
 
         def bad(mask: np.ndarray, what: str) -> None:
@@ -122,6 +136,18 @@ class Suite:
                 k = int(np.flatnonzero(mask)[0])
                 raise ValueError(f"{where}: item {ids[k]}: {what} ({int(mask.sum())} item(s) in all)")
 
+        if self.categories is not None:
+            category = manifest["category"]
+            outside = ~category.astype(str).isin(self.categories).to_numpy() | category.isna().to_numpy()
+            if outside.any():
+                rows = np.flatnonzero(outside)
+                null = category.isna().to_numpy()
+                shown = ", ".join(f"{ids[k]}: {'null' if null[k] else repr(category.iloc[k])}" for k in rows[:3])
+                shown += " ..." if len(rows) > 3 else ""
+                raise ValueError(
+                    f"{where}: {len(rows)} item(s) have a category that is not one of {self.name}'s "
+                    f"({shown}); valid categories: {', '.join(self.categories)}; fix the category column"
+                )
         image = manifest["image"].to_numpy(dtype=object)
         bad(np.array([not (isinstance(v, str) and v.strip()) for v in image], dtype=bool), "image must be a non-empty path")
         caps = manifest["captions"].to_numpy(dtype=object)
@@ -132,8 +158,12 @@ class Suite:
             bad(n != 1, "captions must hold exactly one query")
             return
         bad(n < 2, "captions must hold at least two options")
+        bad(manifest["correct"].isna().to_numpy(), "correct is null; it must be an integer index into captions")
         correct = manifest["correct"].to_numpy(dtype=object)
-        integral = np.array([isinstance(c, int | np.integer) and not isinstance(c, bool) for c in correct], dtype=bool)
+        if pd.api.types.is_integer_dtype(manifest["correct"]):
+            integral = np.ones(len(correct), dtype=bool)
+        else:  # an object column may mix ints with strings, floats or booleans
+            integral = np.array([isinstance(c, int | np.integer) and not isinstance(c, bool) for c in correct], dtype=bool)
         bad(~integral, "correct must be an integer index into captions")
         index = correct.astype(np.int64)
         bad((index < 0) | (index >= n), "correct must index its captions (0 .. n_captions - 1)")
@@ -183,16 +213,41 @@ def require_file(root: Path, name: str, how_to_get: str) -> Path:
     return path
 
 
+class MissingFieldError(KeyError, ValueError):
+    """A field an official annotation file's entry lacks; the message names the file and the
+    field (a plain KeyError would print as the bare key)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class _Entry(dict):
+    """One JSON object of an official file: a missing key raises :class:`MissingFieldError`
+    naming the file, the key and the keys the object has."""
+
+    __slots__ = ("_path",)
+
+    def __missing__(self, key: Any) -> Any:
+        have = ", ".join(map(repr, list(self)[:8])) + (" ..." if len(self) > 8 else "") or "none"
+        raise MissingFieldError(
+            f"{self._path}: an entry has no {key!r} field (its fields: {have}); the file is not "
+            f"in the official format, replace it with the official file"
+        )
+
+
 def read_json(path: Path) -> Any:
     """An official annotation file's JSON, read strictly.
 
     Python's ``json`` keeps the last of two equal keys in one object, which silently drops an
     item of a file keyed by index (SugarCrepe); here a duplicated key, invalid UTF-8 and a
-    syntax error each raise one ValueError naming the file and the place.
+    syntax error each raise one ValueError naming the file and the place. Objects come back
+    as dicts whose missing keys raise :class:`MissingFieldError` naming the file and the
+    field, so every loader's ``entry["field"]`` fails with the file named.
     """
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        seen: dict[str, Any] = {}
+        seen = _Entry()
+        seen._path = path
         for key, value in pairs:
             if key in seen:
                 raise ValueError(f"{path}: key {key!r} appears twice in one JSON object (an item would be lost); fix the file")
@@ -209,6 +264,32 @@ def read_json(path: Path) -> Any:
         return json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+
+
+def read_json_list(path: Path, length: int | None = None) -> list:
+    """An official file holding a JSON list of entries: objects, or lists of ``length``
+    values when ``length`` is given (What'sUp's ``[image_id, correct, wrong]``).
+
+    Raises:
+        ValueError: naming ``path`` and the first entry (by index) that has another shape,
+            which would otherwise fail inside a loader with a bare TypeError or unpacking
+            error.
+    """
+    data = read_json(path)
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list, got a JSON {type(data).__name__}")
+    if length is None:
+        wrong = [i for i, d in enumerate(data) if not isinstance(d, dict)]
+        shape = "a JSON object"
+    else:
+        wrong = [i for i, d in enumerate(data) if not (isinstance(d, list) and len(d) == length)]
+        shape = f"a list of {length} values"
+    if wrong:
+        raise ValueError(
+            f"{path}: entry {wrong[0]} is {json.dumps(data[wrong[0]])[:80]}, not {shape} "
+            f"({len(wrong)} entry(ies) in all); replace it with the official file"
+        )
+    return data
 
 
 def text_field(record: Any, key: str, path: Path, item: str) -> str:

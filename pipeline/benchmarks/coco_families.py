@@ -418,6 +418,7 @@ for _name, _build, _what in (
             units=family_units,
             metric_names=(*FAMILIES, "mean"),
             headline="mean",
+            categories=FAMILIES,  # category = family
             caption_columns=("captions", "paraphrase"),  # paraphrases: BindCLIP's paraphrase objective
             description=f"{_what}: {_ROOT_FILES}",
         ),

@@ -344,6 +344,7 @@ for _name, (_build, _what) in _ENTRIES.items():
             units=retrieval_units,
             metric_names=RETRIEVAL_METRICS,
             headline="R@1",
+            categories=("retrieval",),
             description=_what,
             caption_columns=("captions", *OBJECT_CAPTION_COLUMNS),
         ),

@@ -45,6 +45,7 @@ from pipeline.benchmarks.retrieval import (
     STEERING_COLUMNS,
     retrieval_units,
 )
+from pipeline.benchmarks.sugarcrepe import CATEGORIES as SUGARCREPE_CATEGORIES
 from pipeline.benchmarks.sugarcrepe import METRIC_NAMES as SUGARCREPE_METRICS
 from pipeline.benchmarks.sugarcrepe import sugarcrepe_units
 from pipeline.benchmarks.whatsup import CONTROLLED_METRICS, whatsup_units
@@ -155,6 +156,19 @@ _COLUMNS = {
     },
 }
 
+# The ``category`` values `pipeline world` writes (pipeline.world.suites / families /
+# retrieval / multi): check_manifest refuses any other, which would leave its item out of
+# the per-category metrics and reports.
+_CATEGORIES = {
+    "shapes-whatsup": ("left", "right", "above", "below"),  # the arrangement
+    "shapes-aro": ("relation", "attribution", "order"),
+    "shapes-sugarcrepe": SUGARCREPE_CATEGORIES,
+    "shapes-retrieval": ("retrieval",),
+    "shapes-multi": ("retrieval",),
+    "shapes-train": FAMILIES,  # the family
+    "shapes-dev": FAMILIES,
+}
+
 for _name, (_task, _units, _metrics, _headline, _what) in _SPECS.items():
     SUITES.register(
         _name,
@@ -165,6 +179,7 @@ for _name, (_task, _units, _metrics, _headline, _what) in _SPECS.items():
             units=_units,
             metric_names=_metrics,
             headline=_headline,
+            categories=_CATEGORIES[_name],
             description=f"shapes world, {_what}: root = world folder (manifests/{_name}.parquet, images/)",
             **_COLUMNS.get(_name, {}),
         ),

@@ -78,10 +78,18 @@ def length_matched(pos: list[str], neg: list[str]) -> np.ndarray:
 
 
 def read_category(path: Path, category: str) -> pd.DataFrame:
-    """One official category file -> manifest rows (JSON order)."""
+    """One official category file -> manifest rows (JSON order).
+
+    Raises:
+        ValueError: naming ``path``: not a JSON object, no item in it (``{}``: a failed
+            download would otherwise surface as a bare missing column), or an item without
+            its ``filename``, ``caption`` or ``negative_caption``.
+    """
     data = read_json(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object keyed by index (SugarCrepe format)")
+    if not data:
+        raise ValueError(f"{path}: holds no item (an empty JSON object); replace it with the official file: {SOURCE}")
     rows = []
     for key, v in data.items():
         item = f"{category}/{key}"
@@ -101,7 +109,12 @@ def read_present_categories(
     root: Path, categories: tuple[str, ...], read, benchmark: str, source: str
 ) -> pd.DataFrame:
     """Concatenate ``read(path, category)`` over the official category files present under
-    ``root``; warn about missing ones, fail if none is there."""
+    ``root``; warn about missing ones, fail if none is there.
+
+    The warning is attributed to ``root`` rather than to a line of code, so Python prints it
+    as one line (``<root>:0: UserWarning: ...``) without echoing a source line: it is about
+    the user's folder, and the ``pipeline manifest`` command shows it as it is.
+    """
     root = Path(root)
     present = [c for c in categories if (root / file_name(c)).is_file()]
     missing = [file_name(c) for c in categories if c not in present]
@@ -110,9 +123,12 @@ def read_present_categories(
             f"no {benchmark} file found under {root} (expected {', '.join(missing)}); {source}"
         )
     if missing:
-        warnings.warn(
-            f"{benchmark}: {root} lacks {', '.join(missing)}; those categories are skipped",
-            stacklevel=3,
+        warnings.warn_explicit(
+            f"{benchmark}: {root} lacks {', '.join(missing)}; those categories are skipped ({source})",
+            UserWarning,
+            filename=str(root),
+            lineno=0,
+            module=__name__,
         )
     return pd.concat([read(root / file_name(c), c) for c in present], ignore_index=True)
 
@@ -153,6 +169,7 @@ SUITES.register(
         units=sugarcrepe_units,
         metric_names=METRIC_NAMES,
         headline="total",
+        categories=CATEGORIES,
         description=(
             "SugarCrepe: root holds the official data/{add_att,add_obj,replace_att,replace_obj,"
             "replace_rel,swap_att,swap_obj}.json; images = COCO val2017 folder"

@@ -46,10 +46,18 @@ SOURCE = "download data/<category>.json from github.com/Sri-Harsha/scpp"
 
 
 def read_category(path: Path, category: str) -> pd.DataFrame:
-    """One official category file -> manifest rows (list order)."""
+    """One official category file -> manifest rows (list order).
+
+    Raises:
+        ValueError: naming ``path``: not a JSON list, no entry in it (``[]``), an entry
+            without one of its fields, or two entries with one ``id`` (the item id is built
+            from it, so the manifest would list one item twice).
+    """
     data = read_json(path)
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list (SugarCrepe++ format)")
+    if not data:
+        raise ValueError(f"{path}: holds no entry (an empty JSON list); replace it with the official file: {SOURCE}")
     rows = []
     for i, v in enumerate(data):
         item = f"{category}/{v.get('id', i) if isinstance(v, dict) else i}"
@@ -62,7 +70,15 @@ def read_category(path: Path, category: str) -> pd.DataFrame:
                 "category": category,
             }
         )
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    repeated = df["item_id"][df["item_id"].duplicated()].unique().tolist()
+    if repeated:
+        shown = ", ".join(map(str, repeated[:5])) + (" ..." if len(repeated) > 5 else "")
+        raise ValueError(
+            f"{path}: {len(repeated)} id(s) appear in more than one entry (items {shown}); "
+            f"each entry needs its own id, or the manifest would list one item twice: fix the file"
+        )
+    return df
 
 
 def build_manifest(root: Path, categories: tuple[str, ...] = CATEGORIES) -> pd.DataFrame:
@@ -131,6 +147,7 @@ SUITES.register(
         pairwise_reference=2,  # a pairwise scorer's P1 and P2 are each compared with N
         metric_names=METRIC_NAMES,
         headline="total",
+        categories=CATEGORIES,
         description=(
             "SugarCrepe++ (ITT): root holds the official data/{replace_att,replace_obj,"
             "replace_rel,swap_att,swap_obj}.json; images = COCO val2017 folder"

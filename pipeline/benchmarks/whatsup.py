@@ -56,7 +56,7 @@ from pipeline.benchmarks.base import (
     Suite,
     Units,
     choice_correct,
-    read_json,
+    read_json_list,
     relative_image_path,
     require_file,
 )
@@ -69,6 +69,12 @@ ARRANGEMENTS = tuple(a for axis in AXES for a in axis)
 CONTROLLED_METRICS = ("individual", "pair", "set")
 POOLED_SUITES = ("whatsup-a", "whatsup-b")  # the suites whose pairs the 410-pair criterion pools
 QA_METRICS = ("individual", "one-obj", "two-obj")
+QA_CATEGORIES = ("one-obj", "two-obj")  # the subsets `individual` macro-averages over
+# the official per-preposition labels each Controlled subset's file names give (read_controlled)
+CONTROLLED_CATEGORIES = {
+    "a": ("left_of", "right_of", "on", "under"),
+    "b": ("left_of", "right_of", "in-front_of", "behind"),
+}
 
 
 # ---------------------------------------------------------------------------- Controlled
@@ -87,7 +93,7 @@ def parse_controlled_name(image_path: str) -> tuple[str, str]:
 
 def read_controlled(path: Path, subset: str) -> pd.DataFrame:
     """One Controlled file -> manifest rows; ``subset`` is ``a`` or ``b``."""
-    data = read_json(path)
+    data = read_json_list(path)
     rows = []
     for i, d in enumerate(data):
         item = f"{subset}/{i}"
@@ -206,7 +212,7 @@ def qa_label(correct_caption: str, subset: str, dataset: str) -> str:
 
 def read_qa(path: Path, subset: str, dataset: str) -> pd.DataFrame:
     """One QA file (``[image_id, correct, wrong]`` entries) -> manifest rows."""
-    data = read_json(path)
+    data = read_json_list(path, length=3)
     rows = []
     for i, (image_id, good, bad) in enumerate(data):
         item = f"{subset}-obj/{i}"
@@ -243,7 +249,7 @@ def qa_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units]:
     """``one-obj``, ``two-obj`` accuracy (argmax-first) and ``individual`` = their mean."""
     correct = choice_correct(scores, manifest["correct"].to_numpy(), ties="first").astype(float)
     cat = manifest["category"].to_numpy()
-    units = {c: Units(correct[cat == c]) for c in ("one-obj", "two-obj") if (cat == c).any()}
+    units = {c: Units(correct[cat == c]) for c in QA_CATEGORIES if (cat == c).any()}
     units["individual"] = Units(correct, groups=cat)  # macro over the two subsets
     return units
 
@@ -263,6 +269,7 @@ for _subset, _file in (
             units=whatsup_units,
             metric_names=CONTROLLED_METRICS,
             headline="pair",
+            categories=CONTROLLED_CATEGORIES[_subset],
             description=(
                 f"What'sUp Controlled {_subset.upper()}: root holds {_file}; image paths are the "
                 "official data/... paths, so the image root is the folder containing data/"
@@ -280,6 +287,7 @@ for _dataset, _images in (("coco", "val2017/"), ("vg", "vg_images/")):
             units=qa_units,
             metric_names=QA_METRICS,
             headline="individual",
+            categories=QA_CATEGORIES,
             description=(
                 f"What'sUp {'COCO' if _dataset == 'coco' else 'GQA'}-spatial: root holds "
                 f"{_dataset}_qa_one_obj.json and {_dataset}_qa_two_obj.json; images under root/{_images}"

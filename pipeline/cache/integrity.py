@@ -3,7 +3,7 @@ arrays that do not match the store's dims.
 
     damage = inventory(root)          # at every open: chunk files the done flags, the suite
                                       # indexes and the projections require
-    damage = row_inventory(root)      # at every extract: the row arrays' part of it
+    damage = key_inventory(root)      # at every extract: the row arrays' part of it, keys decoded
     damage = verify(root)             # `pipeline extract --repair`: also decodes every row chunk
     check_shapes(root)                # the arrays' shapes and dtypes against attrs["dims"]
     root, attrs = open_root(loc, "r")  # refuses a root or group zarr.json that does not parse
@@ -17,7 +17,9 @@ is absent in any array of its modality is damaged. Keys are written when rows ar
 every key chunk up to the committed row count (the modality's ``rows`` attribute) must exist.
 The suite indexes (``suites/<suite>/<column>``, every column its ``kinds`` attribute names) and
 the projections (``params/*``) are written whole, so every chunk of their chunk grid must
-exist and their metadata must read. Every chunk carries a ``crc32c`` checksum (the shard
+exist and their metadata must read. A file shorter than its chunk can be (a shard shorter
+than its index reads as a shard without chunks, i.e. as zeros) is damaged like an absent one.
+Every chunk carries a ``crc32c`` checksum (the shard
 indexes carry one too), so bytes overwritten or cut off inside a file fail to decode;
 :func:`verify` decodes every row chunk to find them, and the reader names a failure of the
 others when it reads them. A :class:`Damage` names the array and the rows the damaged file
@@ -37,6 +39,7 @@ from zarr.core.sync import sync
 
 from pipeline.cache.schema import (
     ARRAYS,
+    DIMS_KEYS,
     PARAMS,
     SCHEMA_VERSION,
     CacheError,
@@ -45,6 +48,9 @@ from pipeline.cache.schema import (
 
 REPAIR = "pipeline extract --repair"  # re-encodes exactly the damaged rows
 MISSING = "missing"  # Damage.problem of an absent chunk file
+TRUNCATED = "truncated"  # Damage.problem of a chunk file too short to hold its chunk(s)
+CHECKSUM_BYTES = 4  # the crc32c every chunk, and every shard index, ends in
+INDEX_ENTRY_BYTES = 16  # a shard index's (offset, length) pair per inner chunk, two uint64
 METADATA = "metadata: "  # Damage.problem prefix of an array whose zarr.json is absent or unreadable
 
 
@@ -55,7 +61,8 @@ class CorruptStoreError(CacheError):
 @dataclass(frozen=True)
 class Damage:
     """One damaged chunk file or array: the array, the rows ``[lo, hi)`` it holds, and what
-    is wrong (:data:`MISSING`, :data:`METADATA` and the error, or the decoding error)."""
+    is wrong (:data:`MISSING`, :data:`TRUNCATED`, :data:`METADATA` and the error, or the
+    decoding error)."""
 
     array: str
     lo: int
@@ -86,6 +93,17 @@ def fix(path: Any, array: str, problem: str = MISSING) -> str:
     return f"run `{REPAIR}` to re-encode those rows"
 
 
+def orphan_message(path: Any) -> str:
+    """The refusal of a location that holds files but no root ``zarr.json``: a store whose
+    root metadata is lost (it holds the fingerprint and dims, so it cannot be rebuilt in
+    place) or a folder that is not a store; an extract into it would delete those files."""
+    return (
+        f"{path} holds files but no zarr.json: a feature store whose root metadata is lost, or "
+        f"a folder that is not a store; nothing is written there — delete or move it (an "
+        f"extract then re-encodes every row), or set extract.out to another path"
+    )
+
+
 def describe(path: Any, damage: list[Damage]) -> str:
     """One line naming the store, each damaged array with its rows, and each fix."""
     by_array: dict[str, list[Damage]] = {}
@@ -105,6 +123,8 @@ def _kind(problem: str) -> str:
     """What a :attr:`Damage.problem` is, in the words of the message."""
     if problem == MISSING:
         return "missing chunk file"
+    if problem == TRUNCATED:
+        return "truncated chunk file"
     return "missing or unreadable metadata (zarr.json)" if problem.startswith(METADATA) else "checksum/decode failure"
 
 
@@ -136,6 +156,31 @@ def _stored_keys(arr: zarr.Array) -> set[str]:
     return set(sync(listing()))  # a killed write's `*.partial` file matches no chunk key
 
 
+def min_file_bytes(arr: zarr.Array) -> int:
+    """The fewest bytes a whole chunk file of ``arr`` can have: a shard holds its index (an
+    entry per inner chunk and a checksum) and at least one inner chunk with its checksum; an
+    unsharded chunk at least its checksum. Zarr reads a shard file shorter than its index as
+    a shard without chunks, i.e. as the fill value, so a file cut to nothing (a full disk,
+    an interrupted copy) would otherwise read as zeros."""
+    if arr.shards is None:
+        return CHECKSUM_BYTES
+    inner = int(np.prod([s // c for s, c in zip(arr.shards, arr.chunks, strict=True)]))
+    return inner * INDEX_ENTRY_BYTES + 2 * CHECKSUM_BYTES
+
+
+def short_files(arr: zarr.Array, keys: list[str]) -> set[str]:
+    """Those of ``keys`` (stored chunk files of ``arr``) shorter than :func:`min_file_bytes`
+    (the sizes are read from the store's listing, no data is decoded)."""
+    import asyncio
+
+    floor = min_file_bytes(arr)
+
+    async def sizes() -> list[int]:
+        return await asyncio.gather(*(arr.store.getsize(k) for k in keys))
+
+    return {k for k, size in zip(keys, sync(sizes()), strict=True) if size < floor}
+
+
 def _flags(name: str, arr: zarr.Array, n: int, damage: list[Damage]) -> np.ndarray:
     """The first ``n`` done flags of ``arr`` (array ``name``); a chunk that fails to decode
     is recorded in ``damage`` and its rows count as not done (``--repair`` rewrites it and
@@ -156,7 +201,8 @@ def _flags(name: str, arr: zarr.Array, n: int, damage: list[Damage]) -> np.ndarr
 
 def row_inventory(root: zarr.Group) -> list[Damage]:
     """Chunk files of the row arrays that the store's keys and done flags require but that
-    are absent (no data but the done flags is decoded: this lists file names only)."""
+    are absent or too short to hold their chunks (:func:`min_file_bytes`; no data but the
+    done flags is decoded: this lists file names and sizes only)."""
     damage: list[Damage] = []
     for modality, specs in ARRAYS.items():
         if f"{modality}/done" not in root:
@@ -170,9 +216,12 @@ def row_inventory(root: zarr.Group) -> list[Damage]:
             per = file_rows(arr)
             present = _stored_keys(arr)
             needed = range(-(-n // per)) if spec.name.endswith("/key") else np.unique(np.flatnonzero(done) // per)
-            for i in needed:
-                if row_file_key(arr, int(i)) not in present:
-                    damage.append(Damage(spec.name, int(i) * per, min((int(i) + 1) * per, n), MISSING))
+            keys = {int(i): row_file_key(arr, int(i)) for i in needed}
+            short = short_files(arr, [k for k in keys.values() if k in present])
+            for i, key in keys.items():
+                problem = MISSING if key not in present else TRUNCATED if key in short else None
+                if problem:
+                    damage.append(Damage(spec.name, i * per, min((i + 1) * per, n), problem))
     return damage
 
 
@@ -281,17 +330,21 @@ def open_array(root: zarr.Group, name: str) -> zarr.Array:
 
 
 def whole_inventory(root: zarr.Group) -> list[Damage]:
-    """Chunk files absent from the arrays written whole (:func:`whole_arrays`): every chunk
-    of their chunk grid must exist (only metadata is read and file names listed)."""
+    """Chunk files absent from the arrays written whole (:func:`whole_arrays`), or too short
+    to hold their chunk: every chunk of their chunk grid must exist (only metadata is read,
+    file names listed and sizes looked up)."""
     arrays, damage = whole_arrays(root)
     for name, arr in arrays.items():
         present = _stored_keys(arr)
         grid = arr.shards or arr.chunks
         per = file_rows(arr)
-        for coords in np.ndindex(*(-(-s // c) for s, c in zip(arr.shape, grid, strict=True))):
-            if file_key(arr, coords) not in present:
+        files = {c: file_key(arr, c) for c in np.ndindex(*(-(-s // c) for s, c in zip(arr.shape, grid, strict=True)))}
+        short = short_files(arr, [k for k in files.values() if k in present])
+        for coords, key in files.items():
+            problem = MISSING if key not in present else TRUNCATED if key in short else None
+            if problem:
                 lo = coords[0] * per if coords else 0
-                damage.append(Damage(name, lo, min(lo + per, arr.shape[0]) if coords else 1, MISSING))
+                damage.append(Damage(name, lo, min(lo + per, arr.shape[0]) if coords else 1, problem))
     return damage
 
 
@@ -301,21 +354,19 @@ def inventory(root: zarr.Group) -> list[Damage]:
     return row_inventory(root) + whole_inventory(root)
 
 
-def verify(root: zarr.Group, progress: bool = False) -> list[Damage]:
-    """:func:`row_inventory` plus every row chunk decoded (checksums checked), chunk by chunk,
-    so a damaged file is pinned to the rows of its inner chunk. The projections and suite
-    indexes are not decoded: the extract that repairs rewrites them whole."""
+def decode_failures(root: zarr.Group, names: list[str], skip: set[tuple[str, int]] = frozenset(), progress: bool = False) -> list[Damage]:
+    """Every chunk of the row arrays ``names`` decoded (checksums checked), chunk by chunk,
+    so a damaged file is pinned to the rows of its inner chunk; files in ``skip`` (array,
+    first row of the file) are not read."""
     from tqdm import tqdm
 
-    damage = row_inventory(root)
-    missing = {(d.array, d.lo) for d in damage}
-    names = [spec.name for specs in ARRAYS.values() for spec in specs if spec.name in root]
+    damage = []
     for name in tqdm(names, desc="verify store", unit="array", disable=not progress):
         arr = root[name]
         step = int(arr.chunks[0])
         per = file_rows(arr)
         for lo in range(0, arr.shape[0], step):
-            if (name, (lo // per) * per) in missing:
+            if (name, (lo // per) * per) in skip:
                 continue
             try:
                 arr[lo : lo + step]
@@ -324,17 +375,43 @@ def verify(root: zarr.Group, progress: bool = False) -> list[Damage]:
     return damage
 
 
-def check_shapes(root: zarr.Group, path: Any) -> None:
-    """Refuse a store whose arrays' trailing shapes or dtypes differ from what its recorded
-    dims and this schema give, whose arrays of one modality differ in row count, or whose
-    row arrays' metadata is absent or unreadable. The image and text arrays are in every
-    store; the object arrays are checked once the ``object`` group exists."""
+def verify(root: zarr.Group, progress: bool = False) -> list[Damage]:
+    """:func:`row_inventory` plus every row chunk decoded (:func:`decode_failures`). The
+    projections and suite indexes are not decoded: the extract that repairs rewrites them
+    whole."""
+    damage = row_inventory(root)
+    names = [spec.name for specs in ARRAYS.values() for spec in specs if spec.name in root]
+    return damage + decode_failures(root, names, {(d.array, d.lo) for d in damage}, progress)
+
+
+def key_inventory(root: zarr.Group) -> list[Damage]:
+    """:func:`row_inventory` plus the key arrays decoded: every extract reads every key to
+    plan its rows, so a key chunk that fails its checksum is named (with its repair) before
+    planning rather than failing inside it."""
+    damage = row_inventory(root)
+    names = [f"{modality}/key" for modality in ARRAYS if f"{modality}/key" in root]
+    return damage + decode_failures(root, names, {(d.array, d.lo) for d in damage})
+
+
+def check_shapes(root: zarr.Group, path: Any, counts: bool = True) -> None:
+    """Refuse a store whose recorded dims differ from its fingerprint's (an edited grid that
+    keeps the patch count would lay the patches out wrongly), whose arrays' trailing shapes
+    or dtypes differ from what its dims and this schema give, whose arrays of one modality
+    differ in row count (unless ``counts`` is False: an extract checks the rest before it
+    cuts an interrupted plan's longer arrays back), or whose row arrays' metadata is absent
+    or unreadable. The image and text arrays are in every store; the object arrays are
+    checked once the ``object`` group exists."""
     dims = root.attrs.get("dims") or {}
-    problems = []
+    fingerprint = root.attrs.get("fingerprint") or {}
+    problems = [
+        f"dims {key} {dims.get(key)!r} differs from the fingerprint's {fingerprint[key]!r}"
+        for key in sorted(set(dims) | set(fingerprint))
+        if key in fingerprint and key in DIMS_KEYS and dims.get(key) != fingerprint[key]
+    ]  # the fingerprint is hashed (fingerprint_id), so it is the record to trust
     for modality, specs in ARRAYS.items():
         if modality == "object" and "object" not in root:
             continue
-        counts = {}
+        lengths = {}
         for spec in specs:
             try:
                 arr = open_array(root, spec.name)
@@ -344,7 +421,7 @@ def check_shapes(root: zarr.Group, path: Any) -> None:
             except Exception as e:  # noqa: BLE001 - a zarr.json that does not parse
                 problems.append(f"{spec.name} has unreadable metadata ({type(e).__name__}: {e})")
                 continue
-            counts[spec.name] = arr.shape[0]
+            lengths[spec.name] = arr.shape[0]
             try:
                 want = resolve_tail(spec, dims)
             except (KeyError, TypeError, IndexError) as e:
@@ -354,9 +431,10 @@ def check_shapes(root: zarr.Group, path: Any) -> None:
                 problems.append(f"{spec.name} has rows of shape {tuple(arr.shape[1:])}, dims {dims} give {want}")
             if str(arr.dtype) != spec.dtype:
                 problems.append(f"{spec.name} is {arr.dtype}, schema v{SCHEMA_VERSION} stores {spec.dtype}")
-        if len(set(counts.values())) > 1:
-            problems.append(f"{modality} arrays differ in rows ({', '.join(f'{k}: {v}' for k, v in counts.items())})")
+        if counts and len(set(lengths.values())) > 1:
+            problems.append(f"{modality} arrays differ in rows ({', '.join(f'{k}: {v}' for k, v in lengths.items())})")
     if problems:
+        problems = list(dict.fromkeys(problems))  # a lost dims key fails every array alike
         raise CorruptStoreError(
             f"{path} does not match its own dims/schema: {'; '.join(problems)}; its attributes or "
             f"arrays were edited — delete it and rerun `pipeline extract`"

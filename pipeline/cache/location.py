@@ -68,6 +68,14 @@ class StoreLocation:
         fs, root = self._fs()
         return fs.exists(f"{root}/zarr.json")
 
+    def has_content(self) -> bool:
+        """Whether anything is stored at this location (a store without its ``zarr.json``,
+        or a folder of other files, which creating a store here would delete)."""
+        if not self.remote:
+            return Path(self.path).is_dir() and any(Path(self.path).iterdir())
+        fs, root = self._fs()
+        return fs.exists(root) and bool(fs.ls(root))
+
     def open(self, mode: str) -> zarr.Group:
         """The group at this location (``mode`` as :func:`zarr.open_group`'s)."""
         if not self.remote:

@@ -86,18 +86,18 @@ def store_lock(store: str | Path, break_lock: bool = False, storage_options: dic
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise StoreLockedError(
-                f"{store} is being written by {_describe(read_holder(store))}; wait for that "
+                f"{store} is being written by {describe_holder(read_holder(store))}; wait for that "
                 f"extract to finish (its lock is {path})"
             ) from None
         previous = read_holder(store)
         here = _host()
         if previous.get("host") not in (None, here) and not break_lock:
             raise StoreLockedError(
-                f"{store} has a lock of {_describe(previous)}, another host, which this machine "
+                f"{store} has a lock of {describe_holder(previous)}, another host, which this machine "
                 f"cannot check; if that extract is gone, rerun with --break-lock"
             )
         if previous:
-            log.warning("%s: reclaiming the stale lock of %s (it is no longer running)", store, _describe(previous))
+            log.warning("%s: reclaiming the stale lock of %s (it is no longer running)", store, describe_holder(previous))
         holder = _me()
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode(), 0)
@@ -108,6 +108,27 @@ def store_lock(store: str | Path, break_lock: bool = False, storage_options: dic
             os.ftruncate(fd, 0)  # an empty lock file: released cleanly
     finally:
         os.close(fd)  # releases the flock
+
+
+def running_writer(store: str | Path) -> dict[str, Any] | None:
+    """The holder of the store's write lock while an extract holds it (None when none does,
+    or when the store is remote: its lock object cannot tell a live holder from a dead one).
+    A reader uses it to say that rows or indexes it lacks are being written now."""
+    from pipeline.cache.location import is_url
+
+    path = lock_path(store)
+    if is_url(store) or not path.exists():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return read_holder(store)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 @contextmanager
@@ -122,7 +143,7 @@ def _remote_lock(store: str, break_lock: bool, storage_options: dict[str, Any]) 
         stale = previous.get("host") == _host() and not _alive(int(previous.get("pid", -1)))
         state = "stale: that process is not running" if stale else "it may still be running"
         raise StoreLockedError(
-            f"{store} is locked by {_describe(previous)} ({state}); wait for it, or rerun with "
+            f"{store} is locked by {describe_holder(previous)} ({state}); wait for it, or rerun with "
             f"--break-lock once it is gone (lock: {path})"
         )
     holder = _me()
@@ -151,7 +172,8 @@ def _alive(pid: int) -> bool:
     return pid > 0
 
 
-def _describe(holder: dict[str, Any]) -> str:
+def describe_holder(holder: dict[str, Any]) -> str:
+    """A lock holder in words: its pid, host and start time."""
     if not holder:
         return "another process (its lock file names none yet)"
     return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('started')}"

@@ -45,7 +45,11 @@ def expected_fingerprint(store: FeatureStore, extract: ExtractConfig) -> dict[st
 def open_store(extract: ExtractConfig) -> FeatureStore:
     """Open the configured encoder's store, refusing a stale or foreign one, and one without
     object crops when ``extract.object_crops`` asks for them (a store with crops serves a
-    configuration without them: the crops are additive)."""
+    configuration without them: the crops are additive). An unknown encoder key is refused
+    with the valid ones before any path is looked at."""
+    from pipeline.encoders import ENCODERS
+
+    ENCODERS.get(extract.model)
     path = store_path(extract)
     store = FeatureStore.open(path, storage_options=extract.storage_options)
     if extract.object_crops and not store.fingerprint.get("object_crops"):

@@ -46,14 +46,17 @@ from pipeline.cache.integrity import (
     inventory,
     open_array,
     open_root,
+    orphan_message,
     suite_columns,
 )
 from pipeline.cache.location import StoreLocation
+from pipeline.cache.lock import describe_holder, running_writer
 from pipeline.cache.schema import (
     SCHEMA_VERSION,
     CacheError,
     ForeignCacheError,
     StaleCacheError,
+    fingerprint_differences,
     fingerprint_id,
 )
 from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
@@ -125,6 +128,8 @@ class FeatureStore:
         loc = StoreLocation.of(path, storage_options)
         path = loc.path
         if not loc.exists():
+            if loc.has_content():
+                raise CorruptStoreError(orphan_message(path))
             raise CacheError(f"no feature store at {path}; run `pipeline extract` first")
         root, attrs = open_root(loc, "r")
         version = attrs.get("schema_version")
@@ -147,11 +152,11 @@ class FeatureStore:
                 f"and rerun `pipeline extract`"
             )
         if expect is not None and fingerprint_id(have) != fingerprint_id(expect):
-            diff = sorted(k for k in set(have) | set(expect) if have.get(k) != expect.get(k))
-            listing = "; ".join(f"{k}: store {have.get(k)!r}, configured {expect.get(k)!r}" for k in diff)
             raise ForeignCacheError(
-                f"{path} was extracted with a different encoder configuration ({listing}); rerun "
-                f"`pipeline extract`"
+                f"{path} was extracted with a different encoder configuration "
+                f"({fingerprint_differences(have, expect)}); re-extract it with the configured "
+                f"encoder (`pipeline extract` with extract.replace_mismatch: true, or delete the "
+                f"store first), or configure the encoder it was extracted with"
             )
         check_shapes(root, path)
         damage = inventory(root)
@@ -341,10 +346,12 @@ class FeatureStore:
         """``{column: rows}`` of ``suite``; with a manifest hash, refuse a stale index. A column
         whose chunk fails its checksum, or whose metadata is lost, is refused naming the fix."""
         if suite not in self.suites():
-            raise CacheError(
-                f"suite {suite!r} is not in {self.path} (has: {', '.join(self.suites()) or 'none'}); "
-                f"run `pipeline extract --suite {suite}`"
-            )
+            holder = running_writer(self.path)
+            fix = (
+                f"an extract ({describe_holder(holder)}) is writing the store now: score once it finishes"
+                if holder is not None else f"run `pipeline extract --suite {suite}`"
+            )  # fmt: skip
+            raise CacheError(f"suite {suite!r} is not in {self.path} (has: {', '.join(self.suites()) or 'none'}); {fix}")
         group = self.root[f"suites/{suite}"]
         have = group.attrs.get("manifest_sha256")
         if manifest_sha256 is not None and have != manifest_sha256:

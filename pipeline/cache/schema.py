@@ -113,6 +113,13 @@ ARRAYS = {"image": IMAGE_ARRAYS, "text": TEXT_ARRAYS, "object": OBJECT_ARRAYS}  
 # Fingerprint keys that say what else a store holds, not which encoder wrote it: present only
 # when true, and only ever added to a store (a writer without the option keeps them).
 STORE_OPTIONS = ("object_crops",)
+DIMS_KEYS = ("grid", "d_v", "d_t", "embed_dim", "context_length")  # attrs["dims"], also in the fingerprint
+
+
+def fingerprint_differences(have: dict[str, Any], want: dict[str, Any]) -> str:
+    """"key: store X, configured Y" for every field two fingerprints differ in, ``; ``-joined."""
+    keys = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+    return "; ".join(f"{k}: store {have.get(k)!r}, configured {want.get(k)!r}" for k in keys)
 
 
 def resolve_tail(spec: ArraySpec, dims: dict[str, Any]) -> tuple[int, ...]:
@@ -145,10 +152,15 @@ def fingerprint_id(fingerprint: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def without_options(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The fingerprint less its :data:`STORE_OPTIONS`: what says which encoder wrote a store."""
+    return {k: v for k, v in fingerprint.items() if k not in STORE_OPTIONS}
+
+
 def encoder_id(fingerprint: dict[str, Any]) -> str:
     """:func:`fingerprint_id` of the fingerprint without its :data:`STORE_OPTIONS`: equal
     for two stores of the same encoder, weights, preprocessing and layers."""
-    return fingerprint_id({k: v for k, v in fingerprint.items() if k not in STORE_OPTIONS})
+    return fingerprint_id(without_options(fingerprint))
 
 
 def object_key(image: np.ndarray | bytes, box: Any) -> np.ndarray:

@@ -18,7 +18,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, BloscShuffle, Crc32cCodec
 
-from pipeline.cache.integrity import open_root
+from pipeline.cache.integrity import CorruptStoreError, check_shapes, open_root, orphan_message
 from pipeline.cache.location import StoreLocation
 from pipeline.cache.schema import (
     ARRAYS,
@@ -33,9 +33,11 @@ from pipeline.cache.schema import (
     StaleCacheError,
     chunk_rows,
     encoder_id,
+    fingerprint_differences,
     fingerprint_id,
     keys_to_hex,
     resolve_tail,
+    without_options,
 )
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,8 @@ def open_for_writing(
             fingerprint and ``replace_mismatch`` is False.
     """
     loc = StoreLocation.of(path, storage_options)
+    if not loc.exists() and loc.has_content():
+        raise CorruptStoreError(orphan_message(path))
     fid = fingerprint_id(fingerprint)
     if loc.exists() and replace_mismatch:
         _, attrs = open_root(loc, "r")
@@ -97,10 +101,10 @@ def open_for_writing(
         stored = dict(root.attrs.get("fingerprint", {}))
         if encoder_id(stored) != encoder_id(fingerprint):
             raise ForeignCacheError(
-                f"{path} was written by another encoder/weights "
-                f"({_describe(stored)}) than the one configured "
-                f"({_describe(fingerprint)}); delete it or choose another extract.out, then "
-                f"rerun `pipeline extract`"
+                f"{path} was written by another encoder configuration "
+                f"({fingerprint_differences(without_options(stored), without_options(fingerprint))}); "
+                f"delete it, set extract.replace_mismatch: true, or choose another extract.out, "
+                f"then rerun `pipeline extract`"
             )
         if fingerprint.get("object_crops") and not stored.get("object_crops"):
             log.info("adding object crops to %s", path)
@@ -110,6 +114,7 @@ def open_for_writing(
             for spec in OBJECT_ARRAYS:
                 if spec.name not in root:
                     _create(root, spec, resolve_tail(spec, dims))
+        check_shapes(root, path, counts=False)  # an absent array or edited dims named, not a KeyError
         return root
     root = loc.open("w")
     root.attrs.update(
@@ -250,15 +255,15 @@ def write_rows(root: zarr.Group, modality: str, rows: np.ndarray, arrays: dict[s
                     f"{rows[bad][:8].tolist()}{' ...' if bad.sum() > 8 else ''}; nothing of that batch "
                     f"was written (check the weights and the inputs of those rows)"
                 )
-    lo, hi = int(rows.min()), int(rows.max()) + 1
-    contiguous = hi - lo == len(rows) and np.all(np.diff(rows) == 1)
+    order = np.argsort(rows, kind="stable")  # rows ascending, split into runs of neighbours:
+    sorted_rows = rows[order]  # zarr writes a sharded array's rows by slices, not by index lists
+    starts = np.flatnonzero(np.diff(sorted_rows, prepend=sorted_rows[0] - 2) != 1)  # [n_runs]
+    ends = np.append(starts[1:], len(rows))
     for name, value in arrays.items():
         arr = root[f"{modality}/{name}"]
-        value = value.astype(arr.dtype, copy=False)
-        if contiguous:
-            arr[lo:hi] = value
-        else:
-            arr.set_orthogonal_selection((rows,), value)
+        value = value.astype(arr.dtype, copy=False)[order]
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            arr[int(sorted_rows[a]) : int(sorted_rows[b - 1]) + 1] = value[a:b]
     flags = np.ones(len(rows), dtype=bool) if done is None else np.asarray(done, dtype=bool)
     root[f"{modality}/done"].set_orthogonal_selection((rows,), flags)
 
@@ -328,8 +333,3 @@ def finalize(root: zarr.Group) -> None:
     only when it encoded rows or the stamp is absent, so a run with nothing new leaves the
     store's bytes as they were. Consolidated metadata is avoided: it goes stale on append."""
     root.attrs["updated"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-def _describe(fp: dict[str, Any]) -> str:
-    return f"{fp.get('encoder')}/{fp.get('open_clip_model')}, weights {str(fp.get('pretrained'))[:23]}"
-

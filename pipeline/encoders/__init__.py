@@ -31,6 +31,7 @@ last block's output after ``ln_final``; ``tokens[eot] @ text_projection`` equals
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -366,12 +367,15 @@ def load_encoder(
     else:
         if identity.startswith("sha256:"):
             _check_provenance(spec, config, tag)
+        logging.disable(logging.ERROR)  # open_clip logs a failed tag itself; the error below says it once
         try:
             model = create_model(config, pretrained=tag)
         except Exception as e:  # open_clip raises RuntimeError/FileNotFoundError/HF errors
             raise WeightsUnavailableError(
-                f"could not load weights {tag!r} for {spec.name}: {e}\n{spec.weights_hint}"
+                f"could not load weights {tag!r} for {spec.name}: {e}; {spec.weights_hint}"
             ) from e
+        finally:
+            logging.disable(logging.NOTSET)
     _check_activation(spec, model, config, identity)
     model = model.to(device).eval().requires_grad_(False)
     preprocess = image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False)
