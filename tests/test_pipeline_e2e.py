@@ -318,7 +318,8 @@ def test_score_refuses_a_store_from_other_weights(tiny_run, monkeypatch):
         ckpt.write_bytes(original + b"\0")  # "retrained" weights
         result = runner.invoke(app, ["score", "--params", "params.yaml", "--quiet"])
         assert result.exit_code == 1
-        assert "rerun `pipeline extract`" in result.output
+        assert "pretrained: store 'sha256:" in result.output  # the differing field, both values
+        assert "`pipeline extract` with extract.replace_mismatch: true" in result.output
     finally:
         ckpt.write_bytes(original)
 

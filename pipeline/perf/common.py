@@ -56,7 +56,7 @@ def make_suite(folder: Path, n: int, size: int, seed: int = 0) -> Path:
     for i in range(n):
         Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(folder / "images" / f"{i}.png")
         caps = [" ".join(rng.choice(words, 8)) + f" {i}" for _ in range(2)]
-        rows.append({"item_id": str(i), "image": f"{i}.png", "captions": caps, "correct": 0, "category": "bench"})
+        rows.append({"item_id": str(i), "image": f"{i}.png", "captions": caps, "correct": 0, "category": "swap-att"})  # a shapes-sugarcrepe category
     path = folder / "manifest.parquet"
     pd.DataFrame(rows).to_parquet(path, index=False)
     return path
