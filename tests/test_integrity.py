@@ -233,22 +233,24 @@ def test_repair_reencodes_exactly_the_damaged_rows(damaged, reference, tiny_enco
     assert_same_store(store, reference)
 
 
-def test_edited_dims_are_checked_against_the_arrays(damaged):
-    _, store = damaged
+def _edit_attributes(store: Path, edit) -> None:
+    """Rewrite the store's root zarr.json with ``edit(attributes)`` applied in place."""
     meta = store / "zarr.json"
     doc = json.loads(meta.read_text())
-    doc["attributes"]["dims"]["d_v"] += 8
+    edit(doc["attributes"])
     meta.write_text(json.dumps(doc))
+
+
+def test_edited_dims_are_checked_against_the_arrays(damaged):
+    _, store = damaged
+    _edit_attributes(store, lambda a: a["dims"].update(d_v=a["dims"]["d_v"] + 8))
     with pytest.raises(CorruptStoreError, match=r"image/early has rows of shape .* give"):
         FeatureStore.open(store)
 
 
 def test_edited_fingerprint_is_named_not_an_empty_difference(damaged):
     _, store = damaged
-    meta = store / "zarr.json"
-    doc = json.loads(meta.read_text())
-    doc["attributes"]["fingerprint_id"] = "0" * 16
-    meta.write_text(json.dumps(doc))
+    _edit_attributes(store, lambda a: a.update(fingerprint_id="0" * 16))
     with pytest.raises(CorruptStoreError, match="attributes were edited"):
         FeatureStore.open(store)
 
@@ -264,21 +266,15 @@ def test_an_edited_grid_that_keeps_the_patch_count_is_refused(damaged):
     """The arrays cannot tell an 8 x 8 grid from a 4 x 16 one (same patch count): the dims
     are checked against the fingerprint, whose hash the store also records."""
     _, store = damaged
-    meta = store / "zarr.json"
-    doc = json.loads(meta.read_text())
-    h, w = doc["attributes"]["dims"]["grid"]
-    doc["attributes"]["dims"]["grid"] = [1, h * w]
-    meta.write_text(json.dumps(doc))
+    h, w = json.loads((store / "zarr.json").read_text())["attributes"]["dims"]["grid"]
+    _edit_attributes(store, lambda a: a["dims"].update(grid=[1, h * w]))
     with pytest.raises(CorruptStoreError, match=rf"dims grid \[1, {h * w}\] differs from the fingerprint's \[{h}, {w}\]"):
         FeatureStore.open(store)
 
 
 def test_a_lost_dims_key_is_named_once(damaged):
     _, store = damaged
-    meta = store / "zarr.json"
-    doc = json.loads(meta.read_text())
-    del doc["attributes"]["dims"]["d_t"]
-    meta.write_text(json.dumps(doc))
+    _edit_attributes(store, lambda a: a["dims"].pop("d_t"))
     with pytest.raises(CorruptStoreError) as e:
         FeatureStore.open(store)
     assert str(e.value).count("dims lacks 'd_t'") == 1
@@ -334,14 +330,22 @@ def test_nan_features_are_refused_at_write(world, tiny_encoder, tmp_path, monkey
 # ---------------------------------------------------------------- one writer at a time
 
 
-def test_second_writer_is_refused_naming_the_holder(tmp_path):
-    store = tmp_path / "x.zarr"
+def hold_lock(store: Path) -> subprocess.Popen:
+    """Another process holding the store's write lock (it has taken it when this returns)."""
     holder = subprocess.Popen(
         [sys.executable, "-c", f"from pipeline.cache import store_lock\nimport time\nwith store_lock({str(store)!r}):\n print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
+    if holder.stdout.readline().strip() != "held":
+        holder.kill()
+        pytest.fail("the lock holder did not start")
+    return holder
+
+
+def test_second_writer_is_refused_naming_the_holder(tmp_path):
+    store = tmp_path / "x.zarr"
+    holder = hold_lock(store)
     try:
-        assert holder.stdout.readline().strip() == "held"
         with pytest.raises(StoreLockedError) as e, store_lock(store):
             pass
         assert f"pid {holder.pid} on {os.uname().nodename}" in str(e.value)
@@ -362,12 +366,8 @@ def test_a_reader_missing_a_suite_says_an_extract_is_writing_it(damaged):
 
     _, store = damaged
     assert running_writer(store) is None
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"from pipeline.cache import store_lock\nimport time\nwith store_lock({str(store)!r}):\n print('held', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    holder = hold_lock(store)
     try:
-        assert holder.stdout.readline().strip() == "held"
         assert running_writer(store)["pid"] == holder.pid
         with pytest.raises(CacheError, match=rf"an extract \(pid {holder.pid} on .*\) is writing the store now"):
             FeatureStore.open(store).suite_index("shapes-aro")
