@@ -92,6 +92,12 @@ def _echo_json(obj) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning as the CLI prints it: ``warning: <message>`` on one line (Python's default
+    adds the file, line number and source line of the code that warned)."""
+    return f"warning: {message}\n"
+
+
 @app.callback()
 def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
     logging.basicConfig(
@@ -99,6 +105,10 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug lo
         format="%(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not verbose:
+        import warnings
+
+        warnings.formatwarning = _one_line_warning
 
 
 @app.command()

@@ -265,7 +265,7 @@ def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: flo
                 bad_images.setdefault(suite, {}).update(dict.fromkeys(paths, plan.bad["image", row]))
     if bad_images and not cfg.skip_bad_images:
         listing = "; ".join(
-            f"{suite}: {len(paths)} ({', '.join(f'{p}: {why}' for p, why in list(paths.items())[:3])}"
+            f"{suite}: {len(paths)} ({', '.join(why if p in why else f'{p}: {why}' for p, why in list(paths.items())[:3])}"
             f"{' ...' if len(paths) > 3 else ''})"
             for suite, paths in bad_images.items()
         )

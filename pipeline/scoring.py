@@ -56,7 +56,11 @@ def suite_inputs(store: FeatureStore, suite: str, manifest: str | Path | None = 
     index = store.suite_index(suite)  # raises with "run extract" when the suite is absent
     manifest_path = Path(manifest if manifest is not None else attrs["manifest"])
     if not manifest_path.is_file():
-        raise FileNotFoundError(f"manifest of {suite} not found at {manifest_path}; run `pipeline world`")
+        build = "`pipeline world`" if suite.startswith("shapes-") else f"`pipeline manifest --suite {suite} --root DIR --out {manifest_path}`"
+        raise FileNotFoundError(
+            f"manifest of {suite} not found at {manifest_path}; rebuild it with {build}, or set "
+            f"extract.manifests.{suite} to where it is now"
+        )
     sha = file_sha256(manifest_path)
     if manifest is not None and sha != attrs.get("manifest_sha256"):
         raise StaleCacheError(

@@ -155,6 +155,7 @@ def test_a_corrupt_image_is_named_without_a_buffer_address(tmp_path, images):
     params = with_image(tmp_path, images, "corrupt.png", b"GIF89a not really a gif")
     line = refused(cli("extract", "--params", params, "--quiet"), "1 image(s) cannot be decoded", str(tmp_path / "images" / "corrupt.png"), "extract.skip_bad_images: true")
     assert "BytesIO" not in line and " at 0x" not in line
+    assert line.count("corrupt.png") == 1  # the reason names the file; the listing does not again
 
 
 # ---------------------------------------------------------------- official files (P9, P10)
@@ -226,6 +227,22 @@ def test_missing_category_files_are_reported_on_one_line_through_the_installed_c
     assert run.returncode == 0, run.stderr
     lines = run.stderr.splitlines()
     assert len(lines) == 1, run.stderr
-    assert lines[0].startswith(f"{tmp_path / 'sc'}:0: UserWarning: SugarCrepe: {tmp_path / 'sc'} lacks replace_obj.json, "), lines[0]
+    assert lines[0].startswith(f"warning: SugarCrepe: {tmp_path / 'sc'} lacks replace_obj.json, "), lines[0]
     assert "add_obj.json" in lines[0] and "those categories are skipped" in lines[0]
     assert "cli.py" not in lines[0]
+
+
+@pytest.mark.parametrize("suite,build", [("shapes-aro", "`pipeline world`"), ("sugarcrepe", "`pipeline manifest --suite sugarcrepe --root DIR --out ")])
+def test_a_recorded_manifest_that_is_gone_names_the_command_that_builds_it(tmp_path, suite, build):
+    """Scoring without a configured manifest reads the one the store recorded; when that
+    file is gone the fix depends on the suite: the world writes shapes suites, `pipeline
+    manifest` the real ones."""
+    from types import SimpleNamespace
+
+    from pipeline.scoring import suite_inputs
+
+    gone = tmp_path / "gone.parquet"
+    store = SimpleNamespace(suites=lambda: [suite], suite_attrs=lambda s: {"manifest": str(gone)}, suite_index=lambda s, **k: {})
+    with pytest.raises(FileNotFoundError) as e:
+        suite_inputs(store, suite)
+    assert str(gone) in str(e.value) and build in str(e.value) and f"extract.manifests.{suite}" in str(e.value)

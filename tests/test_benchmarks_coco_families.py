@@ -165,6 +165,16 @@ def test_max_per_family_and_missing_files(tmp_path):
         build_families(tmp_path / "nowhere")
 
 
+def test_an_annotation_of_an_undefined_category_names_the_file(tmp_path):
+    _coco(tmp_path)
+    path = tmp_path / "annotations" / "instances_train2017.json"
+    inst = json.loads(path.read_text())
+    inst["categories"] = [c for c in inst["categories"] if c["id"] != 4]  # the car's, referenced
+    path.write_text(json.dumps(inst))
+    with pytest.raises(ValueError, match=r"instances_train2017\.json under .*: categories defines no id 4, which an entry references"):
+        build_families(tmp_path)
+
+
 def test_plural():
     assert [plural(w) for w in ("bus", "person", "knife", "teddy bear", "dog", "skis")] == [
         "buses", "people", "knives", "teddy bears", "dogs", "skis",

@@ -235,6 +235,27 @@ class _Entry(dict):
         )
 
 
+class IdIndex(dict):
+    """One section of an official file keyed by id (COCO's categories, images): an id that an
+    entry references but the section does not define raises a ValueError naming the file and
+    the section (a plain dict would print the bare id)."""
+
+    __slots__ = ("_where",)
+
+    def __missing__(self, key: Any) -> Any:
+        raise ValueError(
+            f"{self._where} defines no id {key!r}, which an entry references; the file is cut "
+            f"short or not in the official format, replace it with the official file"
+        )
+
+
+def id_index(pairs: Any, where: str) -> IdIndex:
+    """An :class:`IdIndex` of ``(id, entry)`` pairs; ``where`` names the file and section."""
+    index = IdIndex(pairs)
+    index._where = where
+    return index
+
+
 def read_json(path: Path) -> Any:
     """An official annotation file's JSON, read strictly.
 

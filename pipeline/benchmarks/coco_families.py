@@ -63,6 +63,7 @@ from pipeline.benchmarks.base import (
     bucket_split,
     choice_correct,
     hash_bucket,
+    id_index,
     read_json,
     relative_image_path,
     require_file,
@@ -279,7 +280,7 @@ def build_families(root: Path, cfg: CocoFamiliesConfig | None = None) -> pd.Data
     cfg = cfg or CocoFamiliesConfig()
     cap_data = read_json(require_file(root, cfg.captions, COCO_SOURCE))
     inst = read_json(require_file(root, cfg.instances, COCO_SOURCE))
-    cats = {c["id"]: c for c in inst["categories"]}
+    cats = id_index(((c["id"], c) for c in inst["categories"]), f"{cfg.instances} under {root}: categories")
     super_of = {c["name"]: c["supercategory"] for c in cats.values()}
     supers: dict[str, list[str]] = {}
     for c in cats.values():

@@ -123,13 +123,7 @@ def read_present_categories(
             f"no {benchmark} file found under {root} (expected {', '.join(missing)}); {source}"
         )
     if missing:
-        warnings.warn_explicit(
-            f"{benchmark}: {root} lacks {', '.join(missing)}; those categories are skipped ({source})",
-            UserWarning,
-            filename=str(root),
-            lineno=0,
-            module=__name__,
-        )
+        warnings.warn(f"{benchmark}: {root} lacks {', '.join(missing)}; those categories are skipped ({source})", stacklevel=3)
     return pd.concat([read(root / file_name(c), c) for c in present], ignore_index=True)
 
 

@@ -168,17 +168,21 @@ def min_file_bytes(arr: zarr.Array) -> int:
     return inner * INDEX_ENTRY_BYTES + 2 * CHECKSUM_BYTES
 
 
-def short_files(arr: zarr.Array, keys: list[str]) -> set[str]:
-    """Those of ``keys`` (stored chunk files of ``arr``) shorter than :func:`min_file_bytes`
-    (the sizes are read from the store's listing, no data is decoded)."""
+def file_problems(arr: zarr.Array, keys: list[str]) -> dict[str, str]:
+    """``{key: MISSING or TRUNCATED}`` for those of ``keys`` (chunk files ``arr`` requires)
+    that are absent or shorter than :func:`min_file_bytes`: the store's listing and file
+    sizes only, no data is decoded."""
     import asyncio
 
+    present = _stored_keys(arr)
+    stored = [k for k in keys if k in present]
     floor = min_file_bytes(arr)
 
     async def sizes() -> list[int]:
-        return await asyncio.gather(*(arr.store.getsize(k) for k in keys))
+        return await asyncio.gather(*(arr.store.getsize(k) for k in stored))
 
-    return {k for k, size in zip(keys, sync(sizes()), strict=True) if size < floor}
+    short = {k for k, size in zip(stored, sync(sizes()), strict=True) if size < floor}
+    return {k: MISSING if k not in present else TRUNCATED for k in keys if k not in present or k in short}
 
 
 def _flags(name: str, arr: zarr.Array, n: int, damage: list[Damage]) -> np.ndarray:
@@ -214,14 +218,10 @@ def row_inventory(root: zarr.Group) -> list[Damage]:
                 continue  # a lost flag chunk reads as "not done": the rows are re-encoded
             arr = root[spec.name]
             per = file_rows(arr)
-            present = _stored_keys(arr)
             needed = range(-(-n // per)) if spec.name.endswith("/key") else np.unique(np.flatnonzero(done) // per)
             keys = {int(i): row_file_key(arr, int(i)) for i in needed}
-            short = short_files(arr, [k for k in keys.values() if k in present])
-            for i, key in keys.items():
-                problem = MISSING if key not in present else TRUNCATED if key in short else None
-                if problem:
-                    damage.append(Damage(spec.name, i * per, min((i + 1) * per, n), problem))
+            problems = file_problems(arr, list(keys.values()))
+            damage += [Damage(spec.name, i * per, min((i + 1) * per, n), problems[k]) for i, k in keys.items() if k in problems]
     return damage
 
 
@@ -335,16 +335,14 @@ def whole_inventory(root: zarr.Group) -> list[Damage]:
     file names listed and sizes looked up)."""
     arrays, damage = whole_arrays(root)
     for name, arr in arrays.items():
-        present = _stored_keys(arr)
         grid = arr.shards or arr.chunks
         per = file_rows(arr)
         files = {c: file_key(arr, c) for c in np.ndindex(*(-(-s // c) for s, c in zip(arr.shape, grid, strict=True)))}
-        short = short_files(arr, [k for k in files.values() if k in present])
+        problems = file_problems(arr, list(files.values()))
         for coords, key in files.items():
-            problem = MISSING if key not in present else TRUNCATED if key in short else None
-            if problem:
+            if key in problems:
                 lo = coords[0] * per if coords else 0
-                damage.append(Damage(name, lo, min(lo + per, arr.shape[0]) if coords else 1, problem))
+                damage.append(Damage(name, lo, min(lo + per, arr.shape[0]) if coords else 1, problems[key]))
     return damage
 
 
