@@ -255,13 +255,15 @@ def write_rows(root: zarr.Group, modality: str, rows: np.ndarray, arrays: dict[s
                     f"{rows[bad][:8].tolist()}{' ...' if bad.sum() > 8 else ''}; nothing of that batch "
                     f"was written (check the weights and the inputs of those rows)"
                 )
-    order = np.argsort(rows, kind="stable")  # rows ascending, split into runs of neighbours:
-    sorted_rows = rows[order]  # zarr writes a sharded array's rows by slices, not by index lists
-    starts = np.flatnonzero(np.diff(sorted_rows, prepend=sorted_rows[0] - 2) != 1)  # [n_runs]
-    ends = np.append(starts[1:], len(rows))
+    ascending = bool(np.all(np.diff(rows) > 0))  # a batch's rows usually are: no reordering copy
+    order = None if ascending else np.argsort(rows, kind="stable")
+    sorted_rows = rows if order is None else rows[order]  # split into runs of neighbours: zarr
+    starts = np.flatnonzero(np.diff(sorted_rows, prepend=sorted_rows[0] - 2) != 1)  # writes a sharded
+    ends = np.append(starts[1:], len(rows))  # array's rows by slices, not by index lists
     for name, value in arrays.items():
         arr = root[f"{modality}/{name}"]
-        value = value.astype(arr.dtype, copy=False)[order]
+        value = value.astype(arr.dtype, copy=False)
+        value = value if order is None else value[order]
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
             arr[int(sorted_rows[a]) : int(sorted_rows[b - 1]) + 1] = value[a:b]
     flags = np.ones(len(rows), dtype=bool) if done is None else np.asarray(done, dtype=bool)
