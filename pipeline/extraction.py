@@ -43,7 +43,6 @@ from pipeline.extract_pixels import _encode_images, _encode_objects, _Writer
 from pipeline.manifests import (
     BadImageError,
     cells,
-    check_unique_ids,
     file_sha256,
     read_image_bytes,
     read_manifest,
@@ -152,7 +151,6 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
     for src in sources:
         suite = SUITES.get(src.suite)
         df = read_manifest(src.manifest)
-        check_unique_ids(df, f"{src.suite} manifest {src.manifest}")
         suite.check_manifest(df, f"{src.suite} manifest {src.manifest}")
         columns: dict[str, tuple[str, list[list[str]]]] = {}
         crops = df["crop_box"].tolist() if "crop_box" in df else [None] * len(df)
