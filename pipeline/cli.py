@@ -419,5 +419,46 @@ def probes_command(params: Params = None) -> None:
     write_bench("probes", f"pipeline probes --params {params}", result, folder="reports")
 
 
+def _given_value(argv: list[str], opts: list[str]) -> str | None:
+    """What the command line gave an option (``--batch-size abc`` or ``--batch-size=abc``),
+    for naming it in the one-line error; None when it is not found."""
+    for i, token in enumerate(argv):
+        for opt in opts:
+            if token == opt and i + 1 < len(argv):
+                return argv[i + 1]
+            if token.startswith(opt + "="):
+                return token[len(opt) + 1 :]
+    return None
+
+
+def run(argv: list[str] | None = None) -> None:
+    """The ``pipeline`` entry point: ``app`` with a command-line mistake (a value of the
+    wrong type, an unknown option or command, a missing value) printed as one line
+    ``error: ...`` naming the option, the value given and where the help is, exit 2,
+    instead of typer's boxed usage block; ``pipeline`` alone still prints the help.
+
+    The usage-error classes are taken from ``typer.BadParameter``'s bases, so they are the
+    ones the installed typer raises (click's own, or the copy newer typers carry)."""
+    usage_error = typer.BadParameter.__mro__[1]  # click's UsageError
+    no_args_is_help = getattr(sys.modules[usage_error.__module__], "NoArgsIsHelpError", ())
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = app(args=argv, prog_name="pipeline", standalone_mode=False)
+    except no_args_is_help as e:  # typer has printed the help already; click leaves it here
+        if e.format_message().strip():
+            typer.echo(e.format_message(), err=True)
+        code = e.exit_code
+    except usage_error as e:
+        message = " ".join(e.format_message().split()).rstrip(".")
+        param = getattr(e, "param", None)
+        given = _given_value(argv, list(param.opts)) if param is not None else None
+        if given is not None:
+            message += f" (given: {given!r})"
+        where = e.ctx.command_path if e.ctx is not None else "pipeline"
+        typer.secho(f"error: {message}; see `{where} --help`", fg=typer.colors.RED, err=True)
+        code = e.exit_code
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    run()

@@ -204,6 +204,46 @@ def test_negative_batch_size_on_the_command_line(good):
     refused(cli("extract", "--params", params, "--batch-size", "-3", "--quiet"), "the command line: extract.batch_size = -3", "expected greater than 0")
 
 
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["extract", "--batch-size", "abc"], ["'--batch-size'", "valid integer", "given: 'abc'", "`pipeline extract --help`"]),
+        (["extract", "--batch-size=abc"], ["'--batch-size'", "given: 'abc'"]),
+        (["extract", "--bogus"], ["No such option: --bogus", "`pipeline extract --help`"]),
+        (["extarct"], ["No such command 'extarct'", "`pipeline --help`"]),
+    ],
+    ids=["batch-size-word", "batch-size-equals-word", "unknown-option", "unknown-command"],
+)
+def test_command_line_mistakes_are_one_line(args, names, capsys):
+    """The installed ``pipeline`` entry point (``cli.run``): a usage mistake is one
+    ``error:`` line naming the option, the value and the help, exit 2, no boxed block."""
+    from pipeline.cli import run
+
+    with pytest.raises(SystemExit) as exit_info:
+        run(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert "╭" not in err and "Traceback" not in err
+    for name in names:
+        assert name in err, f"{name!r} not in {err!r}"
+
+
+def test_the_entry_point_runs_commands_and_prints_help(capsys):
+    """``cli.run`` passes a good command line through (exit 0) and, given nothing, prints
+    the help as ``pipeline`` always did."""
+    from pipeline.cli import run
+
+    with pytest.raises(SystemExit) as exit_info:
+        run(["suites"])
+    assert exit_info.value.code == 0
+    assert "shapes-retrieval" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        run([])
+    printed = capsys.readouterr()
+    assert exit_info.value.code == 2 and "Usage: pipeline" in printed.out + printed.err
+
+
 def test_section_written_as_a_list(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text("extract:\n  - model\n  - tiny-vit\n")
