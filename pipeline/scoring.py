@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from pipeline.benchmarks import SUITES
-from pipeline.benchmarks.base import Suite, gallery_images
+from pipeline.benchmarks.base import Suite, extracted_items, gallery_images
 from pipeline.cache import FeatureStore, StaleCacheError
 from pipeline.features import module_device, to_device
 from pipeline.manifests import cells, file_sha256, read_manifest
@@ -91,7 +91,7 @@ def skip_reasons(manifest: pd.DataFrame, index: dict[str, np.ndarray], attrs: di
 
 def drop_missing(manifest: pd.DataFrame, index: dict[str, np.ndarray]) -> tuple[pd.DataFrame, dict[str, np.ndarray], int]:
     """Items whose image was missing at extract (row -1) are left out, and counted."""
-    keep = (index["image"] >= 0).all(axis=1) if index["image"].ndim == 2 else index["image"] >= 0
+    keep = extracted_items(index)
     n_missing = int((~keep).sum())
     if n_missing == 0:
         return manifest, index, 0

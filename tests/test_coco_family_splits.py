@@ -170,6 +170,29 @@ def test_the_pair_loader_reads_only_the_selected_split(coco_store):
         load_pairs(coco_store, "coco-families[colour=red]")
 
 
+def test_pairs_without_an_extracted_image_are_left_out_and_counted(coco_store, monkeypatch):
+    """A pair whose image was skipped at extract (row -1) is neither trained nor selected
+    on (it would read another item's image through row -1): it is left out, with a warning."""
+    from pipeline.training.pairs import load_pairs
+
+    whole = load_pairs(coco_store, "coco-families[train]")
+    split = pd.read_parquet(coco_store.suite_attrs("coco-families")["manifest"])["split"].to_numpy()
+    first_train = int(np.flatnonzero(split == "train")[0])
+    real_index = coco_store.suite_index
+
+    def index_with_a_skipped_image(suite, **kw):
+        index = {k: np.array(v) for k, v in real_index(suite, **kw).items()}
+        index["image"][first_train] = -1
+        return index
+
+    monkeypatch.setattr(coco_store, "suite_index", index_with_a_skipped_image)
+    with pytest.warns(UserWarning, match="coco-families: 1 of .* pairs have no image"):
+        cut = load_pairs(coco_store, "coco-families[train]")
+    assert len(cut) == len(whole) - 1 and (cut.image >= 0).all()
+    assert cut.manifest["item_id"].tolist() == whole.manifest["item_id"].tolist()[1:]
+    assert (cut.images.embed[cut.image] == whole.images.embed[whole.image[1:]]).all()
+
+
 def _split_cfg(tmp_path, **kw) -> TrainConfig:
     """Two steps on coco-families[train], selected on coco-families[validation]."""
     base = dict(train_suite="coco-families[train]", dev_suite="coco-families[validation]", seeds=[0],

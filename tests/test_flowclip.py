@@ -161,6 +161,21 @@ def test_padded_tokens_and_padded_patches_change_nothing():
     torch.testing.assert_close(model.score_matrix(padded, longer), model.score_matrix(image, text), rtol=0, atol=1e-6)
 
 
+def test_icer_reads_the_first_max_tokens_content_tokens():
+    """methods.md truncates captions to 32 tokens: with ``max_tokens`` 3 a caption of 8
+    content tokens scores as its first 3 followed by eot; with the default all 8 count."""
+    long = texts([8], seed=1)
+    short = texts([3], seed=1)
+    short.tokens[:, :4], short.ids[:, :4], short.embed = long.tokens[:, :4], long.ids[:, :4], long.embed
+    image = images(1)
+    cut, full = trained_like("flowclip", max_tokens=3), trained_like("flowclip")
+    torch.testing.assert_close(cut.score(image, long), full.score(image, short), rtol=0, atol=1e-6)
+    torch.testing.assert_close(cut.score_matrix(image, long), full.score_matrix(image, short), rtol=0, atol=1e-6)
+    assert not torch.allclose(full.score(image, long), full.score(image, short))
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        fm.FlowClipConfig(max_tokens=0)
+
+
 def test_batch_neighbours_change_nothing_and_the_matrix_agrees_with_pairs():
     model = trained_like("flowclip-cimr")
     image, text = images(5), texts([1, 2, 3, 8, 4], seed=1)
@@ -406,6 +421,13 @@ def test_training_reduces_the_loss_and_writes_the_layout(tmp_path, tiny_store, v
     assert isinstance(scorer, fm.FlowClip)
     dev = SUITES.get("shapes-dev").metrics(manifest, score_choice(scorer, tiny_store, index, 256))
     assert {k: round(float(v), 6) for k, v in dev.items()} == rec["dev"]  # the checkpoint scores as selected
+
+    # the checkpoint names the encoder whose features it was fitted on; another one is refused
+    seed0 = root / "seed0" / "config.json"
+    assert json.loads(seed0.read_text())["store_encoder"] == rec["store_encoder"]
+    (root / "config.json").write_text(json.dumps({**rec, "store_encoder": "another-encoder"}))
+    with pytest.raises(ValueError, match="fitted on features of another encoder .*another-encoder"):
+        load_scorer(variant, tiny_store, tmp_path)
 
 
 def test_the_same_seed_gives_the_same_weights(tmp_path, tiny_store):

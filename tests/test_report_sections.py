@@ -244,6 +244,33 @@ def test_the_flowclip_section_draws_the_patch_sensitivity(full_context):
         assert np.abs(m["map"]).max() > 0
 
 
+def test_patch_maps_follow_the_scored_items_when_an_image_was_skipped(full_context, monkeypatch):
+    """With an item's image skipped at extract (row -1) the report's manifest lacks that
+    item; each pictured item's map is still its own (read through the cut index)."""
+    from pipeline.scorers.flowclip import sensitivity
+
+    suite, store, scorer = "shapes-sugarcrepe", full_context.store, full_context.scorer("flowclip")
+    entry = full_context.results[suite]
+    items = [(suite, 1, 0, 1), (suite, 2, 0, 1)]
+    before = sensitivity.patch_maps(scorer, store, {suite: entry}, items)
+    real_index = store.suite_index
+
+    def index_with_item0_skipped(name, **kw):
+        index = {k: np.array(v) for k, v in real_index(name, **kw).items()}
+        if name == suite:
+            index["image"][0] = -1
+        return index
+
+    monkeypatch.setattr(store, "suite_index", index_with_item0_skipped)
+    cut = {suite: {**entry, "manifest": entry["manifest"].iloc[1:].reset_index(drop=True)}}
+    after = sensitivity.patch_maps(scorer, store, cut, [(suite, 0, 0, 1), (suite, 1, 0, 1)])
+    for a, b in zip(before, after, strict=True):
+        assert a["gold"] == b["gold"] and a["image"] == b["image"]
+        np.testing.assert_array_equal(a["map"], b["map"])
+    with pytest.raises(ValueError, match="rerun `pipeline extract`"):  # an index the manifest does not follow
+        sensitivity.patch_maps(scorer, store, {suite: entry}, items)
+
+
 def test_a_new_section_appears_in_its_order(world, tmp_path, monkeypatch):
     """A section registered anywhere (here: this test) is assembled at its order key."""
     monkeypatch.setattr(SECTIONS, "_entries", dict(SECTIONS._entries))

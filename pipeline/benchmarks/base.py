@@ -179,6 +179,13 @@ def gallery_images(manifest: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(manifest["image"].tolist()))
 
 
+def extracted_items(index: dict[str, np.ndarray]) -> np.ndarray:
+    """[n] bool: the suite's items every image of which was extracted (an image skipped at
+    extract, missing or unreadable, has row -1): the items a suite is scored on."""
+    image = np.asarray(index["image"])
+    return (image >= 0).all(axis=1) if image.ndim == 2 else image >= 0
+
+
 def choice_correct(
     scores: np.ndarray, correct: np.ndarray, ties: Literal["first", "wrong"]
 ) -> np.ndarray:

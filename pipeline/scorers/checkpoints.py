@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from pipeline.cache import FeatureStore
+from pipeline.cache.schema import encoder_id
 from pipeline.scorers.base import SCORERS, Scorer, create_scorer
 
 
@@ -37,7 +38,7 @@ def load_scorer(
     """Build ``variant`` for this store; ``options`` are its factory's keyword options
     (``score.options``); trained scorers load their checkpoint and the options chosen at
     training time (``config.json`` ``scorer_kwargs``, e.g. q0, which win). A checkpoint
-    that records the store it was fitted on (``store_fingerprint``) is refused for another."""
+    fitted on features this store does not hold is refused (:func:`_check_fitted_on`)."""
     options = dict(options or {})
     try:
         scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **options)
@@ -54,17 +55,32 @@ def load_scorer(
         raise FileNotFoundError(f"{variant} is trained but {ckpt} does not exist; run `{how}`")
     config = ckpt_dir / "config.json"
     record = json.loads(config.read_text()) if config.is_file() else {}
-    fitted_on = record.get("store_fingerprint")
-    if fitted_on is not None and fitted_on != store.root.attrs.get("fingerprint_id"):
-        raise ValueError(
-            f"{ckpt} was fitted on another feature store ({fitted_on}); refit it on this one "
-            f"({store.root.attrs.get('fingerprint_id')})"
-        )
+    _check_fitted_on(record, store, ckpt, variant, ckpt_dir)
     kwargs = record.get("scorer_kwargs", {})
     if kwargs:
         scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **{**options, **kwargs})
     scorer.load_state_dict(load_file(ckpt))
     return scorer.eval()
+
+
+def _check_fitted_on(record: dict, store: FeatureStore, ckpt: Path, variant: str, ckpt_dir: Path) -> None:
+    """Refuse a checkpoint fitted on features this store does not hold: ``store_encoder``
+    (trained variants: their weights sit on this encoder's features and are combined with
+    its frozen projections, so any store of the same encoder, weights and layers serves) or
+    ``store_fingerprint`` (the ridge map: fitted on the store's object embeddings, which its
+    options, e.g. re-encoded crops, change)."""
+    how = "pipeline ridge" if ckpt_dir.name == "ridge-fgw" else f"pipeline train --variant {ckpt_dir.name}"
+    checks = (
+        ("store_encoder", encoder_id(store.fingerprint), "features of another encoder"),
+        ("store_fingerprint", store.root.attrs.get("fingerprint_id"), "another feature store"),
+    )
+    for key, have, what in checks:
+        fitted_on = record.get(key)
+        if fitted_on is not None and fitted_on != have:
+            raise ValueError(
+                f"{ckpt} ({variant}) was fitted on {what} ({key} {fitted_on}, this store's {have} at "
+                f"{store.path}); rerun `{how}` on this store"
+            )
 
 
 def seed_checkpoints(variant: str, checkpoints: str | Path) -> list[Path]:

@@ -61,6 +61,7 @@ from tqdm import tqdm
 
 from pipeline.benchmarks.base import SuiteSelection
 from pipeline.cache import FeatureStore
+from pipeline.cache.schema import encoder_id
 from pipeline.config import TrainConfig
 from pipeline.features import to_device
 from pipeline.scorers import create_scorer
@@ -216,7 +217,7 @@ def train_seed(
         "scorer": asdict(model.config) if dataclasses.is_dataclass(getattr(model, "config", None)) else {},
         "train": asdict(cfg),
         "store": str(store.path),
-        "store_fingerprint_id": store.root.attrs.get("fingerprint_id"),
+        "store_encoder": encoder_id(store.fingerprint),  # load_scorer refuses another encoder's store
         "train_seconds": round(train_seconds, 1),
     }
     (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")

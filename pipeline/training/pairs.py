@@ -21,6 +21,7 @@ read by both. Only the selected rows' features are read.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.benchmarks.base import SuiteSelection
+from pipeline.benchmarks.base import SuiteSelection, extracted_items
 from pipeline.benchmarks.coco_families import FAMILIES
 from pipeline.cache import FeatureStore
 from pipeline.features import ImageFeatures, TextFeatures
@@ -97,7 +98,9 @@ def load_pairs(store: FeatureStore, suite: str | SuiteSelection) -> PairData:
     ``suite`` is a suite name or a selection of its rows (``coco-families[train]``,
     ``suite[column=value]``, possibly cut to a seeded sample;
     :class:`~pipeline.benchmarks.base.SuiteSelection`); the manifest of the result holds
-    the selected rows only, renumbered from 0.
+    the selected rows only, renumbered from 0. Pairs whose image was skipped at extract
+    (missing or unreadable; row -1) are left out with a warning counting them: a pair is
+    trained and selected on with its own image or not at all.
 
     Refuses a suite whose index is older than its manifest, one without a ``family``
     column, one with families outside :data:`~pipeline.benchmarks.coco_families.FAMILIES`
@@ -115,6 +118,16 @@ def load_pairs(store: FeatureStore, suite: str | SuiteSelection) -> PairData:
     store.suite_index(suite, manifest_sha256=file_sha256(path))  # refuse a stale index
     m = read_manifest(path)
     keep = selection.mask(m)  # [n_all] the selected rows
+    without_image = keep & ~extracted_items(index)
+    if without_image.any():  # skipped at extract: no image to train or select on
+        warnings.warn(
+            f"{suite}: {int(without_image.sum())} of {int(keep.sum())} pairs have no image (skipped at "
+            "extract) and are left out of training and dev selection",
+            stacklevel=2,
+        )
+        keep &= ~without_image
+        if not keep.any():
+            raise ValueError(f"{suite}: no pair has an extracted image; rerun `pipeline extract`")
     index = {k: np.asarray(v)[keep] for k, v in index.items()}  # every column is per item
     m = m[keep].reset_index(drop=True)
     n = len(m)

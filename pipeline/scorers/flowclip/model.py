@@ -31,8 +31,10 @@ Choices the seed leaves open, marked *(ours)* in :class:`FlowClipConfig`:
 * e(q) is a log-*mean*-exp at temperature τ = 0.05 (the ``local-softmax`` temperature): a soft
   maximum between the mean and the max response; the ``log R`` cancels in e(q') - e(q).
 * Padded patches are all-zero grid rows; they enter neither the mean response, the context
-  nor e(q). Captions are not truncated; the token axis is trimmed to the batch's longest
-  caption, which changes nothing (padding is masked).
+  nor e(q). ICER reads a caption's first 32 content tokens (``max_tokens``; methods.md's
+  notation truncates every caption to 32, as BindCLIP and the local baselines read them);
+  the token axis is trimmed to the batch's longest caption, which changes nothing (padding
+  is masked).
 * M, M_tok and W are linear maps without bias; P_v stays frozen (a non-persistent buffer).
 
 Variants (each trained separately, each owns its checkpoint; state-dict names are shared,
@@ -62,6 +64,7 @@ class FlowClipConfig:
     icer: bool = True  # the local ICER branch; False = GCC only (`global-m`), no ICER parameters
     lam: float = 1.0  # λ in s = GCC + λ·ICER, fixed, not learned (ours; 0 recovers the global branch)
     tau: float = 0.05  # temperature τ of the pooled evidence e(q) over patches (ours)
+    max_tokens: int = 32  # content tokens of a caption ICER reads (methods.md: captions truncated to 32)
     pair_chunk: int = 512  # (image, caption) pairs per ICER pass in score_matrix: passes this small stay in the CPU's cache
 
     def __post_init__(self) -> None:
@@ -71,6 +74,8 @@ class FlowClipConfig:
             raise ValueError(f"tau must be > 0, got {self.tau!r}")
         if self.pair_chunk < 1:
             raise ValueError(f"pair_chunk must be >= 1, got {self.pair_chunk!r}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
 
 
 # ---------------------------------------------------------------------------- building blocks
@@ -206,9 +211,12 @@ def icer(
     return (delta * m).sum(-1) / m.sum(-1).clamp_min(1.0) * has_patches  # [G, K]
 
 
-def token_states(text: TextFeatures) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, N, d_t] token states and [B, N] content mask, N = the longest caption (sot..eot)."""
+def token_states(text: TextFeatures, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, N, d_t] token states and [B, N] content mask of each caption's first
+    ``max_tokens`` content tokens; N = the longest caption (sot..eot), at most sot plus
+    ``max_tokens``."""
     n = max(int(text.mask.sum(-1).max()), 1) if len(text) else 1
+    n = min(n, 1 + max_tokens)  # content starts after sot
     return text.tokens[:, :n].float(), text.content_mask[:, :n]
 
 
@@ -234,7 +242,7 @@ class GlobalCalibration(nn.Module):
 class EvidenceRefinement(nn.Module):
     """ICER's parameters: ``M_tok`` (init: CLIP's text projection) and ``W`` (init: 0)."""
 
-    def __init__(self, dims: FeatureDims, proj: Projections, tau: float) -> None:
+    def __init__(self, dims: FeatureDims, proj: Projections, tau: float, max_tokens: int = 32) -> None:
         super().__init__()
         D = dims.embed_dim
         text_projection = torch.as_tensor(proj.text_projection).float()  # [d_t, D]
@@ -245,12 +253,12 @@ class EvidenceRefinement(nn.Module):
         self.M_tok = nn.Parameter(text_projection.T.clone())  # [D, d_t]: q_i = M_tok h_i
         self.W = nn.Parameter(torch.zeros(D, D))  # [D, D]: q'_i = q_i + W c⊥_i
         self.register_buffer("visual_proj", visual_proj.clone(), persistent=False)  # [d_v, D] frozen P_v
-        self.tau = tau
+        self.tau, self.max_tokens = tau, max_tokens
         self.shortcut = True  # skip the products while ICER vanishes (see :meth:`vanishes`)
 
     def queries(self, text: TextFeatures) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, N, D] token queries ``q_i = M_tok h_i`` and their [B, N] content mask."""
-        h, mask = token_states(text)  # [B, N, d_t], [B, N]
+        h, mask = token_states(text, self.max_tokens)  # [B, N, d_t], [B, N]
         return h @ self.M_tok.T, mask  # [B, N, D]
 
     def keys(self, image: ImageFeatures) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,7 +320,7 @@ class FlowClip(Scorer):
         super().__init__()
         self.config = config
         self.gcc = GlobalCalibration(dims.embed_dim)
-        self.icer = EvidenceRefinement(dims, proj, config.tau) if config.icer else None
+        self.icer = EvidenceRefinement(dims, proj, config.tau, config.max_tokens) if config.icer else None
         self.register_buffer("logit_scale", torch.as_tensor(proj.logit_scale).float().clone())
 
     @property

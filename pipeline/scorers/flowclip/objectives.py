@@ -18,7 +18,10 @@
       L_CIMR = mean_b softplus(γ - (m(I_b) - m(I_donor(b))))
 
   Text-only terms of s cancel in each margin; the loss asks the matched image for the
-  larger margin. :func:`donor_index` picks the donor from the batch.
+  larger margin. The trainer passes margins in logit units, ``m = t · (s(I, pos) - s(I, neg))``
+  (:mod:`pipeline.scorers.flowclip.training`), so γ is a margin in HNB's units *(ours)*.
+  :func:`donor_index` picks the donor from the batch: the next item of another identity
+  *(ours: the seed says only "a donor image of a different identity")*.
 """
 
 from __future__ import annotations

@@ -103,9 +103,11 @@ def patch_maps(
     scorer, store, results: dict[str, Any], items: list[tuple[str, int, int, int]]
 ) -> list[dict[str, Any]]:
     """:func:`patch_sensitivity` (centred) of ``items`` (:func:`sensitivity_items`), read from
-    the store through each suite's index: per item its suite, row, image path, category, gold
+    the store through each suite's index (cut, like the report's manifest, to the items whose
+    images were extracted): per item its suite, row, image path, category, gold
     and foil captions, margin, ``map`` ([grid_h, grid_w] per-patch changes) and ``total``
     (their sum). Items of suites the store lacks are skipped."""
+    from pipeline.benchmarks.base import extracted_items
     from pipeline.scoring import item_image_rows
 
     gh, gw = store.dims.grid
@@ -114,7 +116,15 @@ def patch_maps(
         if suite not in store.suites():
             continue
         picked = [(i, a, b) for s, i, a, b in items if s == suite]
+        manifest: pd.DataFrame = results[suite]["manifest"]
         index = store.suite_index(suite)
+        kept = extracted_items(index)  # the report's manifest holds the scored items only
+        if int(kept.sum()) != len(manifest):
+            raise ValueError(
+                f"{suite}: the store holds {int(kept.sum())} items with images, the report's manifest "
+                f"{len(manifest)}; rerun `pipeline extract` and `pipeline score`"
+            )
+        index = {k: np.asarray(v)[kept] for k, v in index.items()}
         rows = np.array([i for i, _, _ in picked])
         caps = index["captions"][rows]  # [b, K]
         k = np.arange(len(rows))
@@ -128,7 +138,6 @@ def patch_maps(
             store.texts(caps[k, gold_opt]),
             store.texts(caps[k, foil_opt]),
         )
-        manifest: pd.DataFrame = results[suite]["manifest"]
         for j, (i, a, b) in enumerate(picked):
             row = manifest.iloc[i]
             out.append(

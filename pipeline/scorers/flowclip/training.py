@@ -46,7 +46,7 @@ class FlowClipObjective:
     """Flow-CLIP's objective options (``train.<variant>.objective`` in ``params.yaml``)."""
 
     logit_scale: float | None = None  # HNB/CIMR logit scale t on scores; None = CLIP's own (fixed; ours)
-    paraphrases: bool = True  # each item's paraphrase joins the batch captions as an extra positive
+    paraphrases: bool = True  # each item's paraphrase joins the batch captions as an extra positive (ours: the seed's several positives per identity)
     cimr_weight: float = 1.0  # weight of CIMR in the total (flowclip-cimr only)
     gamma: float = 1.0  # CIMR margin γ in logit units (ours)
 
