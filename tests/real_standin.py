@@ -80,7 +80,7 @@ def _whatsup(root: Path) -> None:
             for arr in arrangements:
                 others = [a for a in arrangements if a != arr]
                 data.append({"image_path": f"data/{folder}/{obj}_{arr}_{ref}.jpeg", "caption_options": [f"A {obj} {prep[a]} a {ref}" for a in [arr, *others]]})
-        _write(root / "whatsup" / name, data)
+        _write(root / "whatsup" / "data" / name, data)  # the official layout: every file in data/
 
 
 def _coco(root: Path, split: str, ids: range) -> None:
@@ -112,8 +112,8 @@ def write_real_standin(root: Path, shared: Path, n_items: int = 6, missing: dict
         "aro-coco-order": (root / "aro", root / "coco2014"),
         "sugarcrepe": (root / "sugarcrepe", root / "coco" / "val2017"),
         "sugarcrepe-pp": (root / "sugarcrepe_pp", root / "coco" / "val2017"),
-        "whatsup-a": (root / "whatsup", root / "whatsup"),
-        "whatsup-b": (root / "whatsup", root / "whatsup"),
+        "whatsup-a": (root / "whatsup" / "data", root / "whatsup"),
+        "whatsup-b": (root / "whatsup" / "data", root / "whatsup"),
         "coco-families": (root / "coco", root / "coco"),
         "coco-families-dev": (root / "coco", root / "coco"),
         "coco-objects": (root / "coco", root / "coco"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from pipeline.benchmarks import SUITES
@@ -192,6 +193,19 @@ def test_incomplete_sets_warn_and_missing_arrangement_is_wrong(tmp_path):
     assert units["pair"].values.tolist() == [1, 1, 1, 0] and units["set"].values.tolist() == [1, 0]
 
 
+@pytest.mark.parametrize("subset", ["a", "b"])
+def test_sets_without_their_second_axis_are_wrong_not_left_right_only(tmp_path, subset):
+    """Every on/under (in-front/behind) item gone, e.g. its images skipped at extract: a set
+    still needs four arrangements, so none is correct (official: 0 of N/4), with a warning;
+    the left/right pairs keep their own accuracy."""
+    m = _controlled(tmp_path, subset)
+    lr = m[m["arrangement"].isin(["left", "right"])].reset_index(drop=True)
+    with pytest.warns(UserWarning, match="complete sets of 4"):
+        units = whatsup_units(lr, _scores(np.ones(len(lr), bool)))
+    assert units["individual"].statistic() == 1.0 and units["pair"].values.tolist() == [1, 1]
+    assert units["set"].values.tolist() == [0, 0]
+
+
 def test_escaping_and_missing_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="controlled_images_dataset.json.*whatsup_vlms"):
         SUITES.get("whatsup-a").build_manifest(tmp_path)
@@ -224,6 +238,15 @@ def test_qa_loaders_paths_and_labels(tmp_path):
     vg = _qa(tmp_path, "vg")
     assert vg["image"].iloc[0] == "vg_images/42.jpg"
     assert vg["preposition"].tolist() == ["left", "top", "left", "top", "front"]
+
+
+def test_qa_entries_longer_than_three_use_their_first_three(tmp_path):
+    """The official loader reads ``d[0], d[1], d[2]``: extra values do not refuse the file."""
+    plain = _qa(tmp_path, "coco")
+    for name in ("coco_qa_one_obj.json", "coco_qa_two_obj.json"):
+        path = tmp_path / name
+        path.write_text(json.dumps([[*d, {"extra": 1}] for d in json.loads(path.read_text())]))
+    pd.testing.assert_frame_equal(SUITES.get("whatsup-coco").build_manifest(tmp_path), plain)
 
 
 def test_qa_individual_is_mean_of_subset_accuracies(tmp_path):

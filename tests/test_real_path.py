@@ -47,10 +47,14 @@ RETRIEVAL_ONLY = {"fgw", "hungarian", "fgw-hungarian", "ridge-fgw"}  # rerankers
 CHOICE_ONLY = {"bindclip", "bindclip-lesion"}  # pairwise caption scorers do not rank images
 
 
-def _params(real: dict, roots: dict[str, tuple[Path, Path]]) -> dict:
-    """``real/params.yaml`` with the stand-in folders, tiny-vit on the CPU and a few steps."""
+def _params(real: dict, roots: dict[str, tuple[Path, Path]], data: Path) -> dict:
+    """``real/params.yaml`` with the stand-in folders (``data`` in place of ``/data``, checked
+    to be where the params file points), tiny-vit on the CPU and a few steps."""
     p = json.loads(json.dumps(real))  # a deep copy
     suites = [s for s in p["extract"]["suites"] if s in roots]
+    for s in suites:  # the stand-in is laid out as the params file expects the official files under /data
+        expected = (p["manifests"]["roots"][s], p["extract"]["image_roots"][s])
+        assert tuple(data / Path(e).relative_to("/data") for e in expected) == tuple(map(Path, roots[s])), s
     p["manifests"]["roots"] = {s: str(roots[s][0]) for s in suites}
     p["manifests"]["image_share"] = {s: 0.6 for s in p["manifests"]["image_share"]}  # 15 of 24 images
     p["extract"].update(
@@ -85,7 +89,7 @@ def real_run(tmp_path_factory, shared_benchmarks):
     (project / "real").mkdir()
     shutil.copyfile(ROOT / "real" / "dvc.yaml", project / "real" / "dvc.yaml")
     roots = write_real_standin(project / "data", shared_benchmarks, missing=MISSING)
-    params = _params(yaml.safe_load((ROOT / "real" / "params.yaml").read_text()), roots)
+    params = _params(yaml.safe_load((ROOT / "real" / "params.yaml").read_text()), roots, project / "data")
     (project / "real" / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     _run(["git", "init", "-q"], project)
     _run(["dvc", "init", "-q", "--subdir"], project / "real")

@@ -40,6 +40,25 @@ def test_pooled_whatsup_beside_the_seed_and_individual_beside_the_paper(tmp_path
     assert "clip 1 → bindclip 4, discordant 3 / 0" in text and "20 pairs" in text
 
 
+def test_order_figures_from_the_fallback_tagger_are_marked(tmp_path):
+    """ARO Order's options made without spaCy/nltk (``order_tagger`` heuristic) are not the
+    official items: the measured P@1 beside the published one says so; official ones do not."""
+    from pipeline.benchmarks.aro import build_order
+    from tests.test_benchmarks_aro import _karpathy
+
+    _karpathy(tmp_path)
+    m = build_order(tmp_path / "coco_karpathy_test.json", tagger="heuristic")
+    scores = np.tile([1.0, 0, 0, 0, 0], (len(m), 1))
+    ours = lambda manifest: [  # noqa: E731
+        line for line in "\n".join(published(_ctx(tmp_path, {"aro-coco-order": {"manifest": manifest, "scores": {"clip": scores}}}))).splitlines()
+        if line.startswith("| aro-coco-order")
+    ]
+    rows = ours(m)
+    assert len(rows) == 2 and all("100.00 (heuristic-tagger options, not the official ones)" in r for r in rows)
+    rows = ours(m.assign(order_tagger="official"))
+    assert len(rows) == 2 and not any("tagger" in r for r in rows)
+
+
 def test_no_table_without_real_suites(tmp_path):
     results = {"shapes-whatsup": {"manifest": None, "scores": {"clip": np.zeros((4, 4))}}}
     blocks = published(_ctx(tmp_path, results))

@@ -295,8 +295,9 @@ def read_json(path: Path) -> Any:
 
 
 def read_json_list(path: Path, length: int | None = None) -> list:
-    """An official file holding a JSON list of entries: objects, or lists of ``length``
-    values when ``length`` is given (What'sUp's ``[image_id, correct, wrong]``).
+    """An official file holding a JSON list of entries: objects, or lists of at least
+    ``length`` values when ``length`` is given (What'sUp's ``[image_id, correct, wrong]``;
+    the official loader reads the first three, so a longer entry is accepted).
 
     Raises:
         ValueError: naming ``path`` and the first entry (by index) that has another shape,
@@ -310,7 +311,7 @@ def read_json_list(path: Path, length: int | None = None) -> list:
         wrong = [i for i, d in enumerate(data) if not isinstance(d, dict)]
         shape = "a JSON object"
     else:
-        wrong = [i for i, d in enumerate(data) if not (isinstance(d, list) and len(d) == length)]
+        wrong = [i for i, d in enumerate(data) if not (isinstance(d, list) and len(d) >= length)]
         shape = f"a list of {length} values"
     if wrong:
         raise ValueError(

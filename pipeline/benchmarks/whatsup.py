@@ -133,17 +133,21 @@ def whatsup_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units
     unknown = sorted(set(arr) - set(ARRANGEMENTS))
     if unknown:
         raise ValueError(f"unknown arrangements {unknown}; valid: {ARRANGEMENTS}")
-    axes = [ax for ax in AXES if set(ax) & set(arr)]
+    # a set spans left/right and the suite's other axis; with no item of that axis left (all
+    # its images skipped at extract) no set is complete, as in the official eval_dict
+    others = [ax for ax in AXES[1:] if set(ax) & set(arr)]
+    axes = [AXES[0], *others]
     # C[key][arrangement] = correct, missing arrangements count as wrong (official eval_dict)
     table: dict[str, dict[str, bool]] = {}
     for key, a, c in zip(manifest["pair_key"], arr, correct, strict=True):
         table.setdefault(key, {})[a] = bool(c)
     pairs = [table[k].get(x, False) and table[k].get(y, False) for k in table for x, y in axes]
-    sets = [all(table[k].get(a, False) for ax in axes for a in ax) for k in table]
-    if len(manifest) != 2 * len(axes) * len(table):
+    sets = [bool(others) and all(table[k].get(a, False) for ax in axes for a in ax) for k in table]
+    set_size = 2 * max(len(axes), 2)
+    if len(manifest) != set_size * len(table):
         warnings.warn(
             f"What'sUp: {len(manifest)} items over {len(table)} keys are not complete sets of "
-            f"{2 * len(axes)}; pair/set are over the {len(pairs)} pairs / {len(sets)} sets present "
+            f"{set_size}; pair/set are over the {len(pairs)} pairs / {len(sets)} sets present "
             "(the official N/2, N/4 denominators apply to complete data only)",
             stacklevel=2,
         )
@@ -211,10 +215,11 @@ def qa_label(correct_caption: str, subset: str, dataset: str) -> str:
 
 
 def read_qa(path: Path, subset: str, dataset: str) -> pd.DataFrame:
-    """One QA file (``[image_id, correct, wrong]`` entries) -> manifest rows."""
+    """One QA file (``[image_id, correct, wrong]`` entries; values after the third are
+    ignored, as the official loader ignores them) -> manifest rows."""
     data = read_json_list(path, length=3)
     rows = []
-    for i, (image_id, good, bad) in enumerate(data):
+    for i, (image_id, good, bad) in enumerate(d[:3] for d in data):
         item = f"{subset}-obj/{i}"
         image = (
             f"val2017/{str(image_id).zfill(12)}.jpg"
