@@ -158,7 +158,7 @@ def extract(
     batch_size: Annotated[int | None, typer.Option(help="images per forward pass")] = None,
     device: Device = None,
     repair: Annotated[bool, typer.Option(help="decode every chunk first and re-encode the rows of damaged or missing chunk files")] = False,
-    break_lock: Annotated[bool, typer.Option(help="take over a write lock another host left behind")] = False,
+    break_lock: Annotated[bool, typer.Option(help="take over a write lock another host left behind, or the lock object a killed extract left on a remote store")] = False,
     scheduler: Annotated[str | None, typer.Option(help="dask.distributed scheduler address, or local:N for a LocalCluster of N single-threaded workers")] = None,
     quiet: Quiet = False,
 ) -> None:
@@ -175,7 +175,7 @@ def extract(
              "batch_size": batch_size, "device": device},  # fmt: skip
         )
         _check_device(cfg.device)
-        if scheduler:
+        if scheduler is not None:
             from pipeline.distributed import extract_distributed
 
             _echo_json(extract_distributed(cfg, scheduler, progress=not quiet, repair=repair, break_lock=break_lock))
@@ -203,7 +203,7 @@ def score(
         cfg = _narrowed(load_config(ScoreConfig, params, "score", {"variants": variant, "suites": suite, "encoder": model, "device": device}), variant, suite)
         _check_device(cfg.device)
         ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
-        records = _score_on(cfg, ext, scheduler, not quiet) if scheduler else stage.run(cfg, ext, progress=not quiet)
+        records = _score_on(cfg, ext, scheduler, not quiet) if scheduler is not None else stage.run(cfg, ext, progress=not quiet)
         for rec in records:
             typer.echo(json.dumps(rec))
     except USER_ERRORS as e:
@@ -213,14 +213,17 @@ def score(
 def _score_on(cfg, ext, scheduler: str, progress: bool) -> list[dict]:
     """The score stage on a dask cluster: one ``pure=False`` task per (variant, suite), each
     the stage itself narrowed to that pair (its per-seed runs and image replacements
-    included), writing the same files a single process writes."""
+    included), writing the same files a single process writes (relative paths made
+    absolute here, so a worker started in another folder writes them where this one would)."""
     from dataclasses import replace
 
     from distributed import as_completed
     from tqdm import tqdm
 
-    from pipeline.distributed import cluster
+    from pipeline.distributed import cluster, for_workers, worker_watch
     from stages import score as stage
+
+    cfg, ext = for_workers(cfg), for_workers(ext)
 
     seed_suites = set(cfg.seed_suites or cfg.suites)
     tasks = []
@@ -232,7 +235,7 @@ def _score_on(cfg, ext, scheduler: str, progress: bool) -> list[dict]:
                 replacement_variants=[], replacements=list(cfg.replacements) if v in cfg.replaced else [],
             ))  # fmt: skip
     records = []
-    with cluster(scheduler) as client:
+    with cluster(scheduler, quiet=not progress) as client, worker_watch(client, scheduler):
         futures = [client.submit(stage.run, t, ext, False, pure=False) for t in tasks]
         for future in tqdm(as_completed(futures), total=len(futures), desc=f"score on {scheduler}", disable=not progress):
             records += future.result()

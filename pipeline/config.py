@@ -282,7 +282,15 @@ def load_config(cls: type[C], params: str | Path | None, section: str, overrides
     values = dict(_section(params, section))
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     cfg = _build(cls, values, section, params)  # the file's values, blamed on the file
-    return _build(cls, {**values, **given}, section) if given else cfg
+    cfg = _build(cls, {**values, **given}, section) if given else cfg
+    out = getattr(cfg, "out", None) if section == "extract" else None
+    if isinstance(out, str) and out.startswith("memory://"):  # the library's in-process stores (tests)
+        where = "the command line" if "out" in given else (params or "the defaults")
+        raise ParamsError(
+            f"{where}: extract.out = {out!r}: a memory:// store lives inside one process and is gone when "
+            "the command ends; give a folder or a shared URL (file://, s3://, gs://)"
+        )
+    return cfg
 
 
 def read_params(params: str | Path | None) -> dict[str, Any]:

@@ -14,6 +14,9 @@ lost mid-block) rewrites only its own files with the same bytes. Tasks are submi
 (a worker that joins later, on its first task), and keeps it for the next ones
 (:func:`worker_encoder`). Workers open the store themselves: it must be on a path
 or URL every worker sees (a shared disk, or an fsspec URL with ``extract.storage_options``).
+The client makes every relative path absolute first (:func:`for_workers`), and each task
+checks that the rows it writes hold the keys the client planned (:func:`encode_block`), so
+a worker that sees another store at that address fails instead of writing into it.
 
 The DVC stage does not use this module: ``pipeline extract`` imports it only with
 ``--scheduler``.
@@ -21,11 +24,18 @@ The DVC stage does not use this module: ``pipeline extract`` imports it only wit
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
+import socket
+import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -40,16 +50,104 @@ NANNY_MALLOC = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 BLOCK_ROWS = {"text": 256, "image": 256, "object": 256}  # rows per task: one chunk of the unsharded arrays
 _ENCODERS: dict[tuple, Any] = {}  # per worker process: encoder arguments -> Encoder
 _LOADS = {"n": 0}  # encoders this process has loaded (the once-per-worker test reads it)
+CONNECT_SECONDS = 20  # how long the client waits for a scheduler to answer
+PATH_FIELDS = ("checkpoint", "world", "out", "manifests", "image_roots", "checkpoints", "scores_out", "metrics_out")
+NO_WORKER_SECONDS = 30  # a cluster without workers this long is reported (the run waits for one)
+
+
+def for_workers(cfg: Any) -> Any:
+    """``cfg`` (an extract or score config) with every relative local path made absolute
+    against this process's working directory, and ``pretrained`` too when it names a file
+    here: a worker started elsewhere (``dask worker`` in another folder) would resolve a
+    relative path against its own folder and read or write another store. URLs stay as
+    they are."""
+    from pipeline.cache.location import is_url
+
+    def absolute(value: str) -> str:
+        return value if is_url(value) or Path(value).is_absolute() else str(Path(value).resolve())
+
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in PATH_FIELDS and isinstance(value, str):
+            changes[f.name] = absolute(value)
+        elif f.name in PATH_FIELDS and isinstance(value, dict):
+            changes[f.name] = {k: absolute(v) for k, v in value.items()}
+    pretrained = getattr(cfg, "pretrained", None)
+    if isinstance(pretrained, str) and Path(pretrained).is_file():
+        changes["pretrained"] = str(Path(pretrained).resolve())
+    return dataclasses.replace(cfg, **changes)
+
+
+def _refuse(scheduler: str, reason: str) -> OSError:
+    return OSError(
+        f"--scheduler {scheduler}: {reason}; give a dask scheduler's address (tcp://HOST:PORT, "
+        f"started with `dask scheduler`; 8786 by default, not the dashboard's 8787) or local:N for N local workers"
+    )
+
+
+def _probe(scheduler: str) -> None:
+    """Fail at once when nothing listens at a ``tcp://`` address (dask's own client retries
+    a refused connection until its timeout)."""
+    parts = urlsplit(scheduler if "://" in scheduler else f"tcp://{scheduler}")
+    if parts.scheme != "tcp":
+        return
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError as e:
+        raise _refuse(scheduler, f"not an address ({e})") from None
+    if not host or port is None:
+        raise _refuse(scheduler, "not an address (no host or port)")
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as e:
+        raise _refuse(scheduler, f"nothing answers there ({e.strerror or e})") from None
+
+
+def _connect(scheduler: str):
+    """``Client(scheduler)``, given up after :data:`CONNECT_SECONDS` even where dask's own
+    timeout does not end the wait (a port that accepts the connection but is not a
+    scheduler, e.g. the dashboard's HTTP port, leaves the handshake waiting forever)."""
+    from distributed import Client
+
+    _probe(scheduler)
+    done: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            done["client"] = Client(scheduler, timeout=f"{CONNECT_SECONDS}s")
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            done["error"] = e
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(CONNECT_SECONDS + 5)
+    if thread.is_alive():
+        raise _refuse(scheduler, f"no dask scheduler answered within {CONNECT_SECONDS + 5} s")
+    if "error" in done:
+        e = done["error"]
+        if isinstance(e, (OSError, ValueError, TypeError, MemoryError, TimeoutError)):
+            reason = "not a dask scheduler's reply" if isinstance(e, MemoryError) else f"cannot reach a dask scheduler there ({e})"
+            raise _refuse(scheduler, reason) from None
+        raise e
+    return done["client"]
 
 
 @contextmanager
-def cluster(scheduler: str) -> Iterator[Any]:
+def cluster(scheduler: str, quiet: bool = False) -> Iterator[Any]:
     """A ``distributed.Client`` for ``scheduler``: ``local:N`` starts (and afterwards stops)
     a ``LocalCluster`` of N single-threaded worker processes; anything else is a scheduler
-    address to connect to."""
+    address to connect to (refused in one line when nothing there answers as a scheduler).
+    ``quiet`` keeps dask's own INFO logging off the terminal."""
     import dask
     from distributed import Client, LocalCluster
 
+    if quiet:
+        logging.getLogger("distributed").setLevel(logging.WARNING)
+    if not scheduler.strip():
+        raise _refuse(repr(scheduler), "empty")
+    if scheduler.lower().startswith("local:") and not scheduler.startswith("local:"):
+        raise _refuse(scheduler, "write local:N in lower case")
     if scheduler.startswith("local:"):
         count = scheduler.split(":", 1)[1]
         if not count.isdigit() or int(count) < 1:
@@ -62,15 +160,42 @@ def cluster(scheduler: str) -> Iterator[Any]:
         ):
             yield client
         return
-    try:
-        client = Client(scheduler, timeout="20s")
-    except (OSError, ValueError, TypeError) as e:  # unreachable, or not an address at all
-        raise OSError(
-            f"--scheduler {scheduler}: cannot reach a dask scheduler there ({e}); give a scheduler's "
-            f"address (tcp://HOST:PORT, started with `dask scheduler`) or local:N for N local workers"
-        ) from None
-    with client:
+    with _connect(scheduler) as client:
         yield client
+
+
+@contextmanager
+def worker_watch(client: Any, scheduler: str) -> Iterator[None]:
+    """While the block runs, warn (once per outage) when the cluster has had no worker for
+    :data:`NO_WORKER_SECONDS`: its tasks then wait for a worker to join, and the user is
+    told so instead of watching a frozen progress bar."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        since, told = None, False
+        while not stop.wait(2):
+            try:
+                n = len(client.scheduler_info().get("workers", {}))
+            except Exception:  # noqa: BLE001 - the client is closing
+                return
+            if n:
+                since, told = None, False
+            elif since is None:
+                since = time.monotonic()
+            elif not told and time.monotonic() - since >= NO_WORKER_SECONDS:
+                warnings.warn(
+                    f"{scheduler} has had no worker for {NO_WORKER_SECONDS} s; the tasks wait for one to "
+                    "join (start `dask worker`), or stop this run: the store resumes where it stopped",
+                    stacklevel=1,
+                )
+                told = True
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 def worker_encoder(cfg: ExtractConfig):
@@ -94,8 +219,12 @@ def preload(cfg: ExtractConfig) -> int:
     return _LOADS["n"]
 
 
-def encode_block(cfg: ExtractConfig, modality: str, rows: np.ndarray, sources: list) -> dict[str, Any]:
+def encode_block(cfg: ExtractConfig, modality: str, rows: np.ndarray, sources: list, keys: np.ndarray) -> dict[str, Any]:
     """One task: encode ``rows`` of ``modality`` into the store of ``cfg`` (opened here).
+
+    ``keys`` ([b, 16] uint8) are the content keys the client planned at those rows; a store
+    that holds other keys there is not the client's (another store at the same address as
+    this worker sees it) and is refused before anything is written.
 
     Returns the block's undecodable rows (as ``[modality, row, reason]``), this worker's pid
     and how many encoders it has loaded so far."""
@@ -104,7 +233,16 @@ def encode_block(cfg: ExtractConfig, modality: str, rows: np.ndarray, sources: l
     from pipeline.extraction import encode_rows
 
     enc = worker_encoder(cfg)
-    root = StoreLocation.of(store_path(cfg), cfg.storage_options).open("r+")
+    path = store_path(cfg)
+    root = StoreLocation.of(path, cfg.storage_options).open("r+")
+    stored = root[f"{modality}/key"]
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    if hi > stored.shape[0] or not np.array_equal(stored[lo:hi][rows - lo], keys):
+        raise ValueError(
+            f"{path} on worker {socket.gethostname()} (pid {os.getpid()}) is not the store the client planned: its "
+            f"{modality} rows {lo}-{hi - 1} hold other content; give extract.out as a path or URL that names one "
+            "store on every machine (a shared disk or an fsspec URL)"
+        )
     bad = encode_rows(enc, root, modality, rows, sources, cfg, progress=False)
     return {"bad": [[m, int(r), why] for (m, r), why in bad.items()], "pid": os.getpid(), "loads": _LOADS["n"]}
 
@@ -126,9 +264,10 @@ def extract_distributed(
     from pipeline.encoders import load_encoder
     from pipeline.extraction import finish, prepare
 
+    cfg = for_workers(cfg)
     torch.set_num_threads(cfg.threads)
-    enc = load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)  # fingerprint, dims, projections
-    with store_lock(store_path(cfg), break_lock, cfg.storage_options), cluster(scheduler) as client:
+    with cluster(scheduler, quiet=not progress) as client, store_lock(store_path(cfg), break_lock, cfg.storage_options):
+        enc = load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)  # fingerprint, dims, projections
         root, plan = prepare(cfg, enc, repair, progress)
         if any(len(rows) for rows, _ in plan.todo.values()):
             client.run(preload, cfg)  # every worker loads the model now, in parallel, and fails early
@@ -136,18 +275,21 @@ def extract_distributed(
         futures, sizes = [], {}
         for modality, (rows, sources) in plan.todo.items():
             position = {int(r): i for i, r in enumerate(rows)}
+            key_of_row = {r: k for k, r in plan.row_of.get(modality, {}).items()}
             for block in writer.task_blocks(rows, BLOCK_ROWS[modality]):
                 picked = [sources[position[int(r)]] for r in block]
+                keys = np.frombuffer(b"".join(bytes.fromhex(key_of_row[int(r)]) for r in block), dtype=np.uint8).reshape(len(block), -1)
                 key = f"encode-{modality}-{int(block[0])}-{int(block[-1])}-{os.getpid()}-{time.time_ns()}"
-                futures.append(client.submit(encode_block, cfg, modality, block, picked, pure=False, key=key))
+                futures.append(client.submit(encode_block, cfg, modality, block, picked, keys, pure=False, key=key))
                 sizes[key] = len(block)
         total = sum(len(rows) for rows, _ in plan.todo.values())
         bar = tqdm(total=total, desc=f"extract on {scheduler}", unit="row", disable=not progress)
         results = []
-        for future in as_completed(futures):
-            out = future.result()
-            results.append(out)
-            bar.update(sizes[future.key])
+        with worker_watch(client, scheduler):
+            for future in as_completed(futures):
+                out = future.result()
+                results.append(out)
+                bar.update(sizes[future.key])
         bar.close()
         for out in results:
             plan.bad.update({(m, r): why for m, r, why in out["bad"]})

@@ -309,6 +309,12 @@ def test_a_scheduler_that_is_no_address_names_the_option(good, scheduler, needle
     refused(cli("extract", "--params", params, "--scheduler", scheduler, "--quiet"), *needles)
 
 
+def test_a_memory_store_is_refused_by_the_command(good):
+    """memory:// lives inside one process: a command would write it and lose it."""
+    _, params = good
+    refused(cli("extract", "--params", params, "--out", "memory://features", "--quiet"), "extract.out = 'memory://features'", "one process")
+
+
 def test_weights_a_random_init_model_lacks_are_one_line(good, caplog):
     _, params = good
     edited(params, "extract", pretrained="openai")

@@ -4,10 +4,12 @@ worker; a client killed mid-run resumes to the same store."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,8 +51,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_real_scheduler_and_two_workers(reference):
+def test_real_scheduler_and_two_workers(reference, monkeypatch):
+    """Workers started in another folder than the client's, the store named by a relative
+    path: the client makes it absolute, so the workers write the client's store."""
     tmp, ref = reference
+    (tmp / "workers-cwd").mkdir(exist_ok=True)
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     procs = [subprocess.Popen([BIN / "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
@@ -59,16 +64,18 @@ def test_real_scheduler_and_two_workers(reference):
         time.sleep(2)
         for _ in range(2):
             procs.append(subprocess.Popen([BIN / "dask", "worker", address, "--nthreads", "1", "--no-dashboard", "--nworkers", "1"],
-                                          cwd=Path(__file__).resolve().parents[1],
+                                          cwd=tmp / "workers-cwd",
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
         from distributed import Client
 
         with Client(address, timeout="30s") as client:
             client.wait_for_workers(2, timeout=60)
-        cfg = _cfg(tmp, "real")
+        monkeypatch.chdir(tmp)
+        cfg = dataclasses.replace(_cfg(tmp, "real"), out="real")  # relative to the client's folder
         summary = extract_distributed(cfg, address, progress=False)
         assert summary["workers"] == 2 and summary["encoder_loads"] == 2
-        assert_same_store(store_path(cfg), ref)
+        assert_same_store(tmp / "real" / "tiny-vit.zarr", ref)
+        assert not (tmp / "workers-cwd" / "real").exists()
     finally:
         for p in procs[::-1]:
             p.terminate()
@@ -126,3 +133,75 @@ def test_local_workers_keep_glibcs_adaptive_malloc(monkeypatch):
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)  # the nanny copies it from the parent too
     with cluster("local:1") as client:
         assert client.submit(_worker_malloc_env, pure=False).result() is None
+
+
+def test_a_task_refuses_a_store_that_is_not_the_planned_one(reference):
+    """A worker that sees another store at the client's address (a relative path resolved
+    in another folder, another mount) is refused before it writes: the rows' keys differ."""
+    import numpy as np
+
+    from pipeline.distributed import encode_block
+
+    tmp, ref = reference
+    cfg = dataclasses.replace(_cfg(tmp, "ref"), out=str(ref.parent))
+    rows = np.arange(4)
+    with pytest.raises(ValueError, match="is not the store the client planned: its image rows 0-3 hold other content"):
+        encode_block(cfg, "image", rows, [], np.zeros((4, 16), np.uint8))
+    import zarr
+
+    assert zarr.open_group(str(ref), mode="r")["image/done"][:4].all()  # nothing was touched
+
+
+def _listener(reply: bytes | None) -> tuple[socket.socket, int]:
+    """A TCP port that accepts and then says ``reply`` (or nothing, ever): not a scheduler."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            if reply:
+                conn.sendall(reply)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+@pytest.mark.parametrize("reply", [None, b"SSH-2.0-OpenSSH_9.6\r\n" * 64], ids=["silent", "talks-first"])
+def test_a_port_that_is_no_scheduler_is_refused_in_time(monkeypatch, reply):
+    import pipeline.distributed as dist
+
+    monkeypatch.setattr(dist, "CONNECT_SECONDS", 3)
+    server, port = _listener(reply)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(OSError, match=rf"--scheduler tcp://127.0.0.1:{port}: .*not the dashboard's 8787"), dist.cluster(f"tcp://127.0.0.1:{port}"):
+            pass
+    finally:
+        server.close()
+    assert time.monotonic() - t0 < 15
+
+
+@pytest.mark.parametrize("scheduler,reason", [("tcp://127.0.0.1:{port}", "nothing answers there"), ("", "empty"), ("LOCAL:2", "lower case")])
+def test_an_unusable_scheduler_is_refused_at_once(scheduler, reason):
+    from pipeline.distributed import cluster
+
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match=reason), cluster(scheduler.format(port=_free_port())):
+        pass
+    assert time.monotonic() - t0 < 6
+
+
+def test_a_cluster_without_workers_is_reported(monkeypatch):
+    from distributed import Client, LocalCluster
+
+    import pipeline.distributed as dist
+
+    monkeypatch.setattr(dist, "NO_WORKER_SECONDS", 1)
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as lc, Client(lc) as client:
+        with pytest.warns(UserWarning, match="has had no worker for 1 s; the tasks wait"), dist.worker_watch(client, "here"):
+            time.sleep(5)

@@ -69,6 +69,19 @@ def test_url_store_missing_chunk_is_named(suite, tiny_encoder):
         FeatureStore.open(store_path(cfg))
 
 
+def test_a_file_url_and_its_path_share_one_flock(tmp_path):
+    """``file://`` is a local folder: its lock is the path's ``flock``, so an extract given
+    the URL and one given the path refuse each other, and a killed holder's lock is stale
+    by construction (no --break-lock needed)."""
+    path = tmp_path / "features" / "x.zarr"
+    for first, second in ((f"file://{path}", path), (path, f"file://{path}")):
+        with store_lock(first):
+            with pytest.raises(StoreLockedError, match="is being written by pid"), store_lock(second):
+                pass
+    with store_lock(f"file://{path}"):  # released above: taken again at once
+        pass
+
+
 def test_url_store_lock_refuses_a_second_writer_and_breaks(suite):
     store = f"memory://{uuid.uuid4().hex}/features/x.zarr"
     with store_lock(store):

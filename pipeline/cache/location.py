@@ -125,6 +125,17 @@ class StoreLocation:
             fs.rm_file(target)
 
 
+def local_path(path: str | Path) -> Path | None:
+    """The local file-system path of ``path``: itself when it is a path, the path part of a
+    ``file://`` URL (the same folder, so both spellings share one lock), None for any other
+    URL."""
+    if not is_url(path):
+        return Path(path)
+    if str(path).startswith("file://"):
+        return Path(fsspec_path(path))
+    return None
+
+
 def fsspec_path(url: str | Path) -> str:
     """The filesystem path part of an fsspec URL (``memory://a/b`` -> ``/a/b``)."""
     import fsspec

@@ -13,11 +13,16 @@ shared file system) cannot be checked from here; while its ``flock`` is held it 
 like a local one, and ``break_lock`` takes it over when the file system does not carry
 ``flock`` across hosts and the holder is known to be gone.
 
-A remote store (an fsspec URL) has no ``flock``: its lock is the object ``<store>.lock``
-holding the same record, written when the lock is taken and deleted when it is released.
-While it exists the store is refused; a holder that died leaves it behind, which the message
-says (stale when its host is this machine and its pid is not running), and ``break_lock``
-takes it over.
+A ``file://`` URL is a local path: its lock is that path's ``flock``ed lock file, so an
+extract given the path and one given the URL exclude each other.
+
+A remote store (any other fsspec URL) has no ``flock``: its lock is the object
+``<store>.lock`` holding the same record, written when the lock is taken and deleted when it
+is released. While it exists the store is refused; a holder that died leaves it behind,
+which the message says (stale when its host is this machine and its pid is not running),
+and ``break_lock`` takes it over. An object store offers no atomic create here, so two
+extracts started within the same moment can both find no lock object and both proceed: the
+remote lock refuses a second writer that starts while the first runs, not a simultaneous one.
 """
 
 from __future__ import annotations
@@ -72,12 +77,13 @@ def store_lock(store: str | Path, break_lock: bool = False, storage_options: dic
             host and start time), or the lock file names another host and ``break_lock`` is
             False.
     """
-    from pipeline.cache.location import is_url
+    from pipeline.cache.location import local_path
 
-    if is_url(store):
+    if local_path(store) is None:
         with _remote_lock(str(store), break_lock, storage_options or {}) as holder:
             yield holder
         return
+    store = local_path(store)
     path = lock_path(store)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -114,10 +120,13 @@ def running_writer(store: str | Path) -> dict[str, Any] | None:
     """The holder of the store's write lock while an extract holds it (None when none does,
     or when the store is remote: its lock object cannot tell a live holder from a dead one).
     A reader uses it to say that rows or indexes it lacks are being written now."""
-    from pipeline.cache.location import is_url
+    from pipeline.cache.location import local_path
 
+    if local_path(store) is None:
+        return None
+    store = local_path(store)
     path = lock_path(store)
-    if is_url(store) or not path.exists():
+    if not path.exists():
         return None
     fd = os.open(path, os.O_RDONLY)
     try:
