@@ -96,6 +96,15 @@ def test_overwritten_bytes_inside_a_shard_fail_their_checksum(damaged, cache):
     assert any(d.array == "image/final" for d in verify(fs.root))
 
 
+def test_a_failed_read_names_the_rows_of_the_failing_chunk_not_the_read(damaged):
+    """A read of 300 rows over a shard whose first inner chunk (rows 0-63) fails its
+    checksum names those 64 rows, not the whole read."""
+    _, store = damaged
+    _flip(_file(store, "image/early", 0), at=200)
+    with pytest.raises(CorruptStoreError, match=r"image/early rows 0-63 \(checksum"):
+        FeatureStore.open(store).images(np.arange(N))
+
+
 def test_truncated_chunk_is_named_not_a_blosc_error(damaged):
     _, store = damaged
     path = _file(store, "text/embed", 0)

@@ -236,11 +236,21 @@ class FeatureStore:
         return (parts[0] if len(parts) == 1 else np.concatenate(parts))[inverse]
 
     def _slice(self, name: str, arr: zarr.Array, start: int, stop: int) -> np.ndarray:
-        """Rows ``start:stop`` of ``arr``; a codec failure is damage: named, with the fix."""
+        """Rows ``start:stop`` of ``arr``; a codec failure is damage: named, with the fix,
+        and pinned to the rows of the inner chunks that fail (each chunk of the read is
+        decoded again on its own, on this error path only)."""
         try:
             return arr[start:stop]
         except Exception as e:  # noqa: BLE001
-            raise self._refuse(name, start, stop, e) from None
+            step = int(arr.chunks[0])
+            failing = []
+            for lo in range(start - start % step, stop, step):
+                try:
+                    arr[lo : lo + step]
+                except Exception:  # noqa: BLE001
+                    failing.append((max(lo, start), min(lo + step, stop)))
+            lo, hi = (failing[0][0], failing[-1][1]) if failing else (start, stop)
+            raise self._refuse(name, lo, hi, e) from None
 
     def _cached_rows(self, name: str, arr: zarr.Array, uniq: np.ndarray) -> np.ndarray:
         """Sorted unique rows ``uniq`` of ``arr`` through the block cache: the blocks not held
