@@ -14,7 +14,9 @@ the ridge section's) and the width of the compared space (the map's top directio
 all of them); ``--inverse`` (with
 ``--lam``) fits the map the other way, from object embeddings to phrase embeddings, and compares
 in the phrase space (phrases centred and whitened, objects mapped) — a diagnostic: the spec's map
-goes from phrases to objects. It reads ``cache/features`` and never writes there. The geometry
+goes from phrases to objects. ``--fuse W`` ranks each shortlist by the reranker's score plus
+W times CLIP's cosine, each standardised over the shortlist (a diagnostic: the spec reranks by
+the structural score alone). It reads ``cache/features`` and never writes there. The geometry
 rows of ``docs/trials.md`` rerun this way.
 """
 
@@ -43,6 +45,7 @@ def main() -> None:
     ap.add_argument("--shrinkage", type=float, default=None, help="with --lam: the whitening's shrinkage (default: the ridge section's)")
     ap.add_argument("--rank", type=int, default=0, help="with --lam: compare in the map's top RANK directions (default 0: all)")
     ap.add_argument("--inverse", action="store_true", help="with --lam: fit the map from objects to phrases and compare in the phrase space")
+    ap.add_argument("--fuse", type=float, default=None, help="rank shortlists by the standardised reranker score + FUSE x the standardised CLIP cosine")
     args = ap.parse_args()
 
     import torch
@@ -100,8 +103,20 @@ def main() -> None:
             scorer._gallery = oracle
 
         scorer.prepare = oracle_prepare
+    if args.fuse is not None:
+        import pipeline.scoring as scoring
+
+        merge = scoring.merge_reranked
+
+        def fused(base_s, shortlist, reranked):
+            def z(x):
+                return (x - x.mean(1, keepdim=True)) / x.std(1, keepdim=True).clamp_min(1e-12)
+
+            return merge(base_s, shortlist, z(reranked) + args.fuse * z(base_s.gather(1, shortlist).double()))
+
+        scoring.merge_reranked = fused
     clip = load_scorer("clip", store, score.checkpoints)
-    out = {"variant": args.variant, "options": options, "lam": args.lam, "suites": {}}
+    out = {"variant": args.variant, "fuse": args.fuse, "options": options, "lam": args.lam, "suites": {}}
     for suite_name in args.suite or ["shapes-retrieval", "shapes-multi"]:
         suite = SUITES.get(suite_name)
         manifest, index = suite_inputs(store, suite_name)
