@@ -49,7 +49,7 @@ from pipeline.config import ExtractConfig
 NANNY_MALLOC = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 BLOCK_ROWS = {"text": 256, "image": 256, "object": 256}  # rows per task: one chunk of the unsharded arrays
 _ENCODERS: dict[tuple, Any] = {}  # per worker process: encoder arguments -> Encoder
-_LOADS = {"n": 0}  # encoders this process has loaded (the once-per-worker test reads it)
+_LOADS: dict[tuple, int] = {}  # per worker process: encoder arguments -> times loaded (the once-per-worker test reads it)
 CONNECT_SECONDS = 20  # how long the client waits for a scheduler to answer
 PATH_FIELDS = ("checkpoint", "world", "out", "manifests", "image_roots", "checkpoints", "scores_out", "metrics_out")
 NO_WORKER_SECONDS = 30  # a cluster without workers this long is reported (the run waits for one)
@@ -204,19 +204,24 @@ def worker_encoder(cfg: ExtractConfig):
 
     from pipeline.encoders import load_encoder
 
-    key = (cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
+    key = encoder_key(cfg)
     if key not in _ENCODERS:
         torch.set_num_threads(1)  # single-threaded workers: one core each
         _ENCODERS[key] = load_encoder(*key)
-        _LOADS["n"] += 1
+        _LOADS[key] = _LOADS.get(key, 0) + 1
     return _ENCODERS[key]
 
 
+def encoder_key(cfg: ExtractConfig) -> tuple:
+    """The arguments that say which encoder a worker holds for ``cfg``."""
+    return (cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
+
+
 def preload(cfg: ExtractConfig) -> int:
-    """Load this worker's encoder (``Client.run`` on every worker); returns the count of
-    encoders it has loaded, not the encoder (which would travel back to the client)."""
+    """Load this worker's encoder (``Client.run`` on every worker); returns how often this
+    process has loaded it, not the encoder (which would travel back to the client)."""
     worker_encoder(cfg)
-    return _LOADS["n"]
+    return _LOADS[encoder_key(cfg)]
 
 
 def encode_block(cfg: ExtractConfig, modality: str, rows: np.ndarray, sources: list, keys: np.ndarray) -> dict[str, Any]:
@@ -227,7 +232,7 @@ def encode_block(cfg: ExtractConfig, modality: str, rows: np.ndarray, sources: l
     this worker sees it) and is refused before anything is written.
 
     Returns the block's undecodable rows (as ``[modality, row, reason]``), this worker's pid
-    and how many encoders it has loaded so far."""
+    and how often it has loaded this encoder."""
     from pipeline.cache import store_path
     from pipeline.cache.location import StoreLocation
     from pipeline.extraction import encode_rows
@@ -244,7 +249,7 @@ def encode_block(cfg: ExtractConfig, modality: str, rows: np.ndarray, sources: l
             "store on every machine (a shared disk or an fsspec URL)"
         )
     bad = encode_rows(enc, root, modality, rows, sources, cfg, progress=False)
-    return {"bad": [[m, int(r), why] for (m, r), why in bad.items()], "pid": os.getpid(), "loads": _LOADS["n"]}
+    return {"bad": [[m, int(r), why] for (m, r), why in bad.items()], "pid": os.getpid(), "loads": _LOADS[encoder_key(cfg)]}
 
 
 def extract_distributed(
@@ -253,8 +258,9 @@ def extract_distributed(
     """:func:`pipeline.extraction.extract` with the encoding spread over a dask cluster.
 
     Returns extract's summary plus ``scheduler``, ``workers`` (worker processes that ran a
-    task), ``tasks`` and ``encoder_loads`` (encoders loaded, summed over workers: one per
-    worker when each loaded once).
+    task), ``tasks`` and ``encoder_loads`` (loads of this run's encoder, summed over those
+    workers: one per worker when each loaded it once; encoders a long-lived worker loaded for
+    other runs do not count).
     """
     import torch
     from distributed import as_completed

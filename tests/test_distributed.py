@@ -205,3 +205,16 @@ def test_a_cluster_without_workers_is_reported(monkeypatch):
     with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as lc, Client(lc) as client:
         with pytest.warns(UserWarning, match="has had no worker for 1 s; the tasks wait"), dist.worker_watch(client, "here"):
             time.sleep(5)
+
+
+def test_encoder_loads_count_this_runs_encoder_only(reference, monkeypatch):
+    """A long-lived worker that loaded another model for an earlier run does not count it
+    as a second load of this run's encoder."""
+    import pipeline.distributed as dist
+
+    tmp, _ = reference
+    monkeypatch.setattr(dist, "_ENCODERS", {})
+    monkeypatch.setattr(dist, "_LOADS", {})
+    first = _cfg(tmp, "ref")
+    other = dataclasses.replace(first, init_seed=1)
+    assert dist.preload(first) == 1 and dist.preload(other) == 1 and dist.preload(first) == 1
