@@ -361,16 +361,25 @@ def decode_failures(root: zarr.Group, names: list[str], skip: set[tuple[str, int
     damage = []
     for name in tqdm(names, desc="verify store", unit="array", disable=not progress):
         arr = root[name]
-        step = int(arr.chunks[0])
-        per = file_rows(arr)
-        for lo in range(0, arr.shape[0], step):
-            if (name, (lo // per) * per) in skip:
-                continue
-            try:
-                arr[lo : lo + step]
-            except Exception as e:  # noqa: BLE001 - any codec failure is damage, named below
-                damage.append(Damage(name, lo, min(lo + step, arr.shape[0]), f"{type(e).__name__}: {e}"))
+        files = {lo for array, lo in skip if array == name}
+        damage += [Damage(name, lo, hi, problem) for lo, hi, problem in chunk_failures(arr, 0, arr.shape[0], files)]
     return damage
+
+
+def chunk_failures(arr: zarr.Array, start: int, stop: int, skip_files: set[int] = frozenset()) -> list[tuple[int, int, str]]:
+    """``(lo, hi, problem)`` of every inner chunk of ``arr`` overlapping rows
+    ``[start, stop)`` that fails to decode, each decoded on its own (clipped to the range);
+    chunks of the files in ``skip_files`` (their first rows) are not read."""
+    step, per = int(arr.chunks[0]), file_rows(arr)
+    failures = []
+    for lo in range(start - start % step, stop, step):
+        if (lo // per) * per in skip_files:
+            continue
+        try:
+            arr[lo : lo + step]
+        except Exception as e:  # noqa: BLE001 - any codec failure is damage, named by the caller
+            failures.append((max(lo, start), min(lo + step, stop, arr.shape[0]), f"{type(e).__name__}: {e}"))
+    return failures
 
 
 def verify(root: zarr.Group, progress: bool = False) -> list[Damage]:

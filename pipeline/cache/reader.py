@@ -42,6 +42,7 @@ from pipeline.cache.integrity import (
     CorruptStoreError,
     Damage,
     check_shapes,
+    chunk_failures,
     describe,
     inventory,
     open_array,
@@ -242,13 +243,7 @@ class FeatureStore:
         try:
             return arr[start:stop]
         except Exception as e:  # noqa: BLE001
-            step = int(arr.chunks[0])
-            failing = []
-            for lo in range(start - start % step, stop, step):
-                try:
-                    arr[lo : lo + step]
-                except Exception:  # noqa: BLE001
-                    failing.append((max(lo, start), min(lo + step, stop)))
+            failing = chunk_failures(arr, start, stop)
             lo, hi = (failing[0][0], failing[-1][1]) if failing else (start, stop)
             raise self._refuse(name, lo, hi, e) from None
 
