@@ -35,7 +35,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -89,15 +88,15 @@ def _refuse(scheduler: str, reason: str) -> OSError:
 def _probe(scheduler: str) -> None:
     """Fail at once when nothing listens at a ``tcp://`` address (dask's own client retries
     a refused connection until its timeout)."""
-    parts = urlsplit(scheduler if "://" in scheduler else f"tcp://{scheduler}")
-    if parts.scheme != "tcp":
-        return
+    from distributed.comm.addressing import parse_address, parse_host_port
+
     try:
-        host, port = parts.hostname, parts.port
+        scheme, location = parse_address(scheduler)
+        if scheme != "tcp":
+            return
+        host, port = parse_host_port(location)
     except ValueError as e:
         raise _refuse(scheduler, f"not an address ({e})") from None
-    if not host or port is None:
-        raise _refuse(scheduler, "not an address (no host or port)")
     try:
         socket.create_connection((host, port), timeout=5).close()
     except OSError as e:
