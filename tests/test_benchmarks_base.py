@@ -1,21 +1,15 @@
-"""The suite registry contract and the shared intake helpers of pipeline.benchmarks.base."""
+"""The suite registry contract and the shared intake helpers (pipeline.benchmarks.base, pipeline.benchmarks.intake)."""
 
 from __future__ import annotations
 
 import re
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from pipeline.benchmarks import SUITES
-from pipeline.benchmarks.base import (
-    Units,
-    check_images,
-    choice_correct,
-    relative_image_path,
-    require_file,
-)
+from pipeline.benchmarks.base import Units, choice_correct
+from pipeline.benchmarks.intake import relative_image_path, require_file
 
 REAL = ["aro-relation", "aro-attribution", "aro-coco-order", "aro-flickr-order", "sugarcrepe", "sugarcrepe-pp",
         "whatsup-a", "whatsup-b", "whatsup-coco", "whatsup-vg", "coco-families", "coco-families-dev"]  # fmt: skip
@@ -55,16 +49,6 @@ def test_relative_image_path_refuses_escapes():
     for bad in ("/etc/passwd", "../x.jpg", "a/../../x.jpg", "C:/x.jpg", ""):
         with pytest.raises(ValueError, match="item it7"):
             relative_image_path(bad, "it7")
-
-
-def test_check_images_names_the_missing(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "x.png").write_bytes(b"")
-    m = pd.DataFrame(
-        {"image": ["a/x.png", "a/y.png", "a/y.png"], "flipped": [None, ["a/x.png", "z.png"], None]}
-    )
-    assert check_images(m, tmp_path) == ["a/y.png"]
-    assert check_images(m, tmp_path, columns=("image", "flipped")) == ["a/y.png", "z.png"]
 
 
 def test_require_file_message(tmp_path):

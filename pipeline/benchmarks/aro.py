@@ -80,10 +80,8 @@ from pipeline.benchmarks.base import (
     bucket_split,
     choice_correct,
     hash_bucket,
-    read_json_list,
-    relative_image_path,
-    require_file,
 )
+from pipeline.benchmarks.intake import read_json_list, relative_image_path, require_file
 
 VG_SOURCE = "download it with gdown as in dataset_zoo/aro_datasets.py of github.com/mertyg/vision-language-models-are-bows"
 BLIP_SOURCE = "download it from storage.googleapis.com/sfr-vision-language-research/datasets/ (BLIP annotations)"

@@ -56,18 +56,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.benchmarks.base import (
-    SUITES,
-    Suite,
-    Units,
-    bucket_split,
-    choice_correct,
-    hash_bucket,
-    id_index,
-    read_json,
-    relative_image_path,
-    require_file,
-)
+from pipeline.benchmarks.base import SUITES, Suite, Units, bucket_split, choice_correct, hash_bucket
+from pipeline.benchmarks.intake import id_index, read_json, relative_image_path, require_file
 
 FAMILIES = (
     "entity",

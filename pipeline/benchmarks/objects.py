@@ -45,13 +45,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.benchmarks.base import (
-    SUITES,
-    Suite,
-    read_json,
-    relative_image_path,
-    require_file,
-)
+from pipeline.benchmarks.base import SUITES, Suite
+from pipeline.benchmarks.intake import read_json, relative_image_path, require_file
 from pipeline.benchmarks.phrases import split_phrases
 from pipeline.benchmarks.retrieval import (
     OBJECT_CAPTION_COLUMNS,

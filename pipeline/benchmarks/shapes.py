@@ -37,8 +37,9 @@ import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks.aro import attribution_units, order_units, relation_units
-from pipeline.benchmarks.base import SUITES, Suite, Units, relative_image_path
+from pipeline.benchmarks.base import SUITES, Suite, Units
 from pipeline.benchmarks.coco_families import FAMILIES, family_units
+from pipeline.benchmarks.intake import relative_image_path
 from pipeline.benchmarks.retrieval import (
     OBJECT_CAPTION_COLUMNS,
     RETRIEVAL_METRICS,

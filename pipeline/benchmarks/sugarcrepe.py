@@ -24,15 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.benchmarks.base import (
-    SUITES,
-    Suite,
-    Units,
-    choice_correct,
-    read_json,
-    relative_image_path,
-    text_field,
-)
+from pipeline.benchmarks.base import SUITES, Suite, Units, choice_correct
+from pipeline.benchmarks.intake import read_json, relative_image_path, text_field
 
 CATEGORIES = (
     "replace-obj",

@@ -30,14 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.benchmarks.base import (
-    SUITES,
-    Suite,
-    Units,
-    read_json,
-    relative_image_path,
-    text_field,
-)
+from pipeline.benchmarks.base import SUITES, Suite, Units
+from pipeline.benchmarks.intake import read_json, relative_image_path, text_field
 from pipeline.benchmarks.sugarcrepe import read_present_categories
 
 CATEGORIES = ("replace-obj", "replace-att", "replace-rel", "swap-obj", "swap-att")

@@ -51,15 +51,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.benchmarks.base import (
-    SUITES,
-    Suite,
-    Units,
-    choice_correct,
-    read_json_list,
-    relative_image_path,
-    require_file,
-)
+from pipeline.benchmarks.base import SUITES, Suite, Units, choice_correct
+from pipeline.benchmarks.intake import read_json_list, relative_image_path, require_file
 
 SOURCE = "download it with gdown as listed in dataset_zoo/aro_datasets.py of github.com/amitakamath/whatsup_vlms"
 # The opposite-arrangement axes; a suite uses the horizontal axis and whichever other axis
