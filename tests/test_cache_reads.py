@@ -102,7 +102,7 @@ def test_gather_edge_cases(written):
 def test_unwritten_rows_are_refused(tmp_path):
     root = writer.open_for_writing(tmp_path / "s.zarr", {"encoder": "test-reads"}, DIMS)
     writer.plan_rows(root, "image", _keys(3, 0))  # rows planned, never written
-    with pytest.raises(StaleCacheError, match="never written"):
+    with pytest.raises(StaleCacheError, match="not marked done"):
         FeatureStore.open(tmp_path / "s.zarr").images(np.array([0, 2]))
 
 

@@ -17,6 +17,7 @@ from pipeline.cache import (
     CorruptStoreError,
     FeatureStore,
     ForeignCacheError,
+    StaleCacheError,
     StoreLockedError,
     store_lock,
     store_path,
@@ -239,6 +240,21 @@ def test_repair_reencodes_exactly_the_damaged_rows(damaged, reference, tiny_enco
     assert summary["images"]["encoded"] == 64 + (N - 256)  # shard 0's rows and the lost chunk's
     assert set(summary["repaired"]) == {"image/embed", "image/early", "text/key"}
     assert inventory(zarr.open_group(store, mode="r")) == [] and verify(zarr.open_group(store, mode="r")) == []
+    assert_same_store(store, reference)
+
+
+def test_a_lost_done_chunk_is_named_at_read_and_plain_extract_restores_the_store(damaged, reference, tiny_encoder):
+    """A complete store that loses a chunk of its done flags reads those rows as not done:
+    the reader refuses them (naming both causes and the command), and a plain extract
+    re-encodes exactly those rows, giving the uninterrupted store back."""
+    cfg, store = damaged
+    _file(store, "image/done", 1).unlink()  # rows 256-299
+    with pytest.raises(StaleCacheError) as e:
+        FeatureStore.open(store).images(np.arange(N), grids=False)
+    assert f"{N - 256} image rows are not marked done" in str(e.value) and "image/done" in str(e.value)
+    assert "rerun `pipeline extract`" in str(e.value) and str(store) in str(e.value)
+    summary = extract(cfg, progress=False, encoder=tiny_encoder)
+    assert summary["images"]["encoded"] == N - 256
     assert_same_store(store, reference)
 
 

@@ -275,8 +275,9 @@ class FeatureStore:
         done = self._done[modality][np.asarray(rows, dtype=np.int64)]
         if not done.all():
             raise StaleCacheError(
-                f"{self.path}: {int((~done).sum())} {modality} rows were never written "
-                f"(interrupted extract); rerun `pipeline extract` to resume"
+                f"{self.path}: {int((~done).sum())} {modality} rows are not marked done (an "
+                f"interrupted extract, or a lost chunk of {modality}/done); rerun `pipeline extract`, "
+                f"which re-encodes exactly those rows"
             )
 
     def images(self, rows: np.ndarray, grids: bool = True) -> ImageFeatures:
@@ -328,7 +329,8 @@ class FeatureStore:
 
         Raises:
             CacheError: the store holds no object crops (the message names the option).
-            StaleCacheError: some rows were never written (interrupted extract).
+            StaleCacheError: some rows are not marked done (an interrupted extract, or a
+                lost chunk of the done flags).
         """
         if not self.has_object_crops:
             raise CacheError(
