@@ -106,6 +106,26 @@ def test_unwritten_rows_are_refused(tmp_path):
         FeatureStore.open(tmp_path / "s.zarr").images(np.array([0, 2]))
 
 
+def test_plan_rows_cuts_an_uncommitted_tail_back_before_planning(tmp_path):
+    """A run killed after resizing the arrays and writing new keys, but before committing the
+    row count, leaves a longer tail; the next plan cuts it back and plans anew, so a key of
+    that tail and a new key never share a row, and each row holds its own key."""
+    root = writer.open_for_writing(tmp_path / "s.zarr", {"encoder": "test-reads"}, DIMS)
+    old = _keys(3, 0)
+    writer.plan_rows(root, "image", old)  # 3 rows committed
+    tail = _keys(2, 7)  # the killed run's two new keys: arrays resized, keys written, not committed
+    for spec in writer.ARRAYS["image"]:
+        arr = root[spec.name]
+        arr.resize((5, *arr.shape[1:]))
+    writer.append_keys(root, "image", 3, tail)
+    assert root["image"].attrs["rows"] == 3
+    keys = np.concatenate([old, tail[:1], _keys(1, 9)])  # one key of the tail, one never seen
+    rows, todo = writer.plan_rows(root, "image", keys)
+    assert rows.tolist() == [0, 1, 2, 3, 4] and todo.tolist() == [0, 1, 2, 3, 4]  # none written yet
+    assert root["image"].attrs["rows"] == 5 and root["image/early"].shape[0] == 5
+    assert np.array_equal(root["image/key"][:], keys)
+
+
 @pytest.mark.parametrize("budget", [1 << 30, 300_000])  # everything kept; two grid blocks (evicting)
 def test_cached_reads_equal_written(written, budget):
     plain, data = written

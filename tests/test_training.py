@@ -84,6 +84,27 @@ def test_training_layout_determinism_and_resume(tmp_path, tiny_store):
     assert all(torch.equal(les.state_dict()[k], w0[k]) for k in w0)
 
 
+def test_each_seed_sets_both_the_initialisation_and_the_batch_order(tmp_path, tiny_store, monkeypatch):
+    """A seed draws its own initial weights and its own batch order: two seeds trained at a
+    vanishing learning rate keep initial weights far apart; with the initialisation pinned to
+    one for every seed, their per-step losses still differ (other batches)."""
+    from pipeline.training.loop import train_variant
+
+    quick = dict(seeds=[0, 1], steps=3, eval_every=3, objective={"q0_grid": []})
+    train_variant(_cfg(tmp_path / "init", lr=1e-9, **quick), tiny_store, progress=False)
+    w0, w1 = (_weights(tmp_path / "init" / "bindclip" / f"seed{s}" / "model.safetensors") for s in (0, 1))
+    assert max(float((w0[k] - w1[k]).abs().max()) for k in w0) > 1e-3  # initial weights apart
+
+    seed_all = torch.manual_seed
+    monkeypatch.setattr(torch, "manual_seed", lambda seed: seed_all(0))  # one initialisation
+    train_variant(_cfg(tmp_path / "order", **quick), tiny_store, progress=False)
+    totals = [
+        [s["total"] for s in json.loads((tmp_path / "order" / "bindclip" / f"seed{k}" / "train_log.json").read_text())["steps"]]
+        for k in (0, 1)
+    ]
+    assert totals[0] != totals[1]  # the same initial weights, other batches
+
+
 def test_training_reduces_the_loss(tmp_path, tiny_store):
     from pipeline.training.loop import train_variant
 
