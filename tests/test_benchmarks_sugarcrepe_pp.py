@@ -153,6 +153,12 @@ def test_tot_on_unit_embeddings():
     # item 2: P2 == N, cos(P1,P2) = cos(P1,N) = 0 -> tie, wrong
     assert tot_correct(p1, p2, n).tolist() == [True, False, False]
     assert tot_accuracy(p1, p2, n) == pytest.approx(1 / 3)
+    # each of the two comparisons alone is not enough: P1 = e0, P2 = (e0 + e1)/sqrt2 (cos .71);
+    # N near e1 beats P1-P2 from P2's side (cos(P2,N) = .83 > .71 > cos(P1,N) = .20), N near
+    # e0 from P1's side (cos(P1,N) = .98 > .71 > cos(P2,N) = .55): both wrong
+    both = np.array([(e[0] + e[1]) / np.sqrt(2)] * 2)
+    near = np.array([0.2 * e[0] + e[1], e[0] - 0.2 * e[1]]) / np.sqrt(1.04)
+    assert tot_correct(np.array([e[0], e[0]]), both, near).tolist() == [False, False]
 
 
 def test_missing_files_raise_with_source(tmp_path):

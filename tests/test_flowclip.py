@@ -134,6 +134,10 @@ def test_context_is_orthogonal_to_the_query_and_weights_are_normalised():
     torch.testing.assert_close((c_perp * q_hat).sum(-1), torch.zeros(3, 5), rtol=0, atol=1e-6)
     flat = torch.zeros(1, 2, 7)  # equal responses: no patch is above the mean, a row of zeros
     assert torch.equal(fm.context_weights(flat, torch.ones(1, 7, dtype=torch.bool)), flat)
+    # by hand: responses .1 .2 .4 .5 on valid patches (mean .3; the padded 9.0 is not in it)
+    # leave .1 and .2 above the mean on the last two: weights 1/3 and 2/3
+    hand = fm.context_weights(torch.tensor([[[0.1, 0.2, 0.4, 0.5, 9.0]]]), torch.tensor([[True] * 4 + [False]]))
+    torch.testing.assert_close(hand, torch.tensor([[[0.0, 0.0, 1 / 3, 2 / 3, 0.0]]]))
 
 
 def test_pooled_evidence_lies_between_the_mean_and_the_max_response():
