@@ -4,6 +4,7 @@ hand-computed readouts, consensus, masking/truncation, and the parameter breakdo
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -12,7 +13,9 @@ from pipeline.features import FeatureDims, ImageFeatures, TextFeatures
 from pipeline.scorers import create_scorer
 from pipeline.scorers.bindclip.model import (
     BindClipConfig,
+    column_marginal,
     consensus,
+    cross_caption_residual,
     parameter_breakdown,
     patch_coords,
     readouts,
@@ -198,6 +201,75 @@ def test_span_gate_weights_the_span_means():
     _, gated = readouts(Q, r, mask, d, coords, var_floor=1e-4, gate=torch.tensor([[[1.0, 1.0, 0.0, 1.0]]]))
     torch.testing.assert_close(plain[0, 0, 0], torch.tensor(0.25 / 4))  # r_1 (0.5 - 0.25) / (4 r)
     torch.testing.assert_close(gated[0, 0, 0], torch.tensor(0.5 / 4))  # r_1 (0.75 - 0.25) / (4 r)
+
+
+def test_patch_centres_on_a_grid():
+    """Patch centres in [0, 1], row-major, x across and y down."""
+    want = [[1 / 6, 0.25], [0.5, 0.25], [5 / 6, 0.25], [1 / 6, 0.75], [0.5, 0.75], [5 / 6, 0.75]]
+    torch.testing.assert_close(patch_coords((2, 3)), torch.tensor(want))
+
+
+def test_absolute_frame_term_by_hand():
+    """'cube on the left': token 0 reads the absolute direction (+x) of the others' centroid
+    against the picture's centre, <(1, 0), (0.75, 0.5) - 1/2> = 0.25; token 1 reads nothing.
+    E_sp = r_0 0.25 / (r_0 + r_1) = 0.125."""
+    coords = patch_coords((1, 2))  # x = 0.25, 0.75
+    Q = torch.zeros(1, 1, 2, 1, 2)  # [B, X, N, V, R]
+    Q[0, 0, 0, 0, 0] = Q[0, 0, 1, 0, 1] = 0.1  # token 0 left, token 1 right
+    r, mask = torch.full((1, 1, 2), 0.1), torch.ones(1, 1, 2, dtype=torch.bool)
+    d = torch.zeros(1, 1, 2, 5)
+    d[0, 0, 0, 3] = 1.0  # token 0's absolute direction: +x
+    _, e_sp = readouts(Q, r, mask, d, coords, var_floor=1e-4)
+    torch.testing.assert_close(e_sp[0, 0, 0], torch.tensor(0.125))
+
+
+def test_spread_contrast_by_hand():
+    """The relation word reads the spread difference of its spans: subject on one patch
+    (variance 0), object over two patches 0.5 apart (variance 1/16): sigma+ - sigma- =
+    1/2 log((1/16 + floor) / floor), weighted r_1 / (3 r)."""
+    coords = patch_coords((1, 2))
+    Q = torch.zeros(1, 1, 3, 1, 2)
+    Q[0, 0, 0, 0, 0] = 0.1  # subject: the left patch only
+    Q[0, 0, 1, 0] = 0.05  # relation word over both
+    Q[0, 0, 2, 0] = 0.05  # object over both
+    r, mask = torch.full((1, 1, 3), 0.1), torch.ones(1, 1, 3, dtype=torch.bool)
+    d = torch.zeros(1, 1, 3, 5)
+    d[0, 0, 1, 2] = 1.0  # the relation word reads the spread (dspread) only
+    _, e_sp = readouts(Q, r, mask, d, coords, var_floor=1e-4)
+    want = 0.5 * math.log((1 / 16 + 1e-4) / 1e-4) / 3
+    torch.testing.assert_close(e_sp[0, 0, 0], torch.tensor(want))
+
+
+def test_cross_caption_residual_by_hand():
+    """u = clip(1 - E_w[cos], 0, 1) with w = softmax over (cos to the other caption's tokens,
+    0 for the null) / tau_x: a token equal to the other's one token (cos 1, tau_x 0.5) keeps
+    1 - e^2 / (e^2 + 1); an opposite one (E_w[cos] < 0) is clipped to 1; padding gets 0."""
+    e0 = torch.tensor([1.0, 0.0])
+    t_x = torch.stack([e0, -e0, e0])[None]  # [B=1, N=3, h=2]
+    t_y = e0[None, None]  # [1, M=1, 2]
+    m_x, m_y = torch.tensor([[True, True, False]]), torch.tensor([[True]])
+    u = cross_caption_residual(t_x, t_y, m_x, m_y, tau_x=0.5)
+    e2 = math.exp(2.0)
+    torch.testing.assert_close(u, torch.tensor([[1 - e2 / (e2 + 1), 1.0, 0.0]]))
+
+
+def test_column_marginal_by_hand():
+    """Cells share 1 - nu_v in proportion to sum_i r_i softmax_c(S_ic / tau): one token with
+    compatibilities (0, 1) at tau 0.5 puts 1/(1 + e^2) and e^2/(1 + e^2) of 0.5 on the cells."""
+    S = torch.tensor([[[0.0, 1.0]]])  # [B, 2N=1, L*R=2]
+    c = column_marginal(S, torch.tensor([[0.4]]), nu_v=0.5, tau=0.5)
+    e2 = math.exp(2.0)
+    torch.testing.assert_close(c, torch.tensor([[0.5 / (1 + e2), 0.5 * e2 / (1 + e2)]]))
+
+
+def test_consensus_std_is_over_the_depths_as_they_are():
+    """q = |mean| / (std + floor) with the depths' own (population) standard deviation:
+    moves 1 and 3 give mean 2, std 1, q = 2 / 1.05."""
+    move, q, gamma = consensus(torch.tensor([[[1.0], [3.0]]]), floor=0.05, q0=1.0)
+    q_want = 2 / 1.05
+    torch.testing.assert_close(q, torch.tensor([[q_want]]))
+    torch.testing.assert_close(gamma, torch.tensor([[q_want**4 / (q_want**4 + 1)]]))
+    torch.testing.assert_close(move, 2 * gamma)
 
 
 def test_consensus_contracts_disagreeing_depths():
