@@ -14,6 +14,7 @@ from pipeline.benchmarks.base import bucket_split, hash_bucket
 from pipeline.benchmarks.coco_families import (
     FAMILIES,
     CocoFamiliesConfig,
+    _geometric_items,
     build_families,
     family_units,
     plural,
@@ -113,6 +114,22 @@ def test_geometric_families_are_true_by_the_boxes(manifest):
     assert sorted(row["ground_words"]) == ["horse", "person"]
     boxes = dict(zip(row["ground_words"], row["ground_boxes"], strict=True))
     assert boxes["person"] == pytest.approx([0.4, 0.1, 0.6, 0.4])
+
+
+@pytest.mark.parametrize(
+    "family,first,near,far",
+    [  # boxes [x0, y0, x1, y1]; the second object 0.03 (under min_gap 0.05) or 0.06 away
+        ("relative-geometry", [0.1, 0.4, 0.3, 0.6], [0.33, 0.4, 0.5, 0.6], [0.36, 0.4, 0.5, 0.6]),
+        ("vertical", [0.4, 0.1, 0.6, 0.3], [0.4, 0.33, 0.6, 0.6], [0.4, 0.36, 0.6, 0.6]),
+        ("depth", [0.2, 0.2, 0.6, 0.8], [0.3, 0.3, 0.5, 0.77], [0.3, 0.3, 0.5, 0.74]),
+    ],
+)
+def test_spatial_families_need_the_minimum_gap(family, first, near, far):
+    """A pair closer than ``min_gap`` is ambiguous to a viewer and gives no item; the same
+    pair ``min_gap`` apart does."""
+    cfg = CocoFamiliesConfig(min_gap=0.05)
+    assert family not in _geometric_items([("dog", first), ("cat", near)], cfg, "k")
+    assert family in _geometric_items([("dog", first), ("cat", far)], cfg, "k")
 
 
 def test_grounding_of_caption_families(manifest):

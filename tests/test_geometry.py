@@ -196,6 +196,18 @@ def test_a_query_without_phrases_keeps_the_shortlist_order():
     assert scores[1].argsort(descending=True).tolist() == [1, 0, 2]
 
 
+def test_a_query_whose_candidates_all_lack_objects_keeps_the_shortlist_order():
+    """Every candidate of query 0 has an infinite cost (none has objects): the costs say
+    nothing, and ranking by them would tie the target with the rest (last under the
+    pessimistic tie rule), so the shortlist's order stays; query 1 is reranked."""
+    q = _sets([[A], [A]], [[[0, 0]], [[0, 0]]])
+    inf = float("inf")
+    cost = torch.tensor([inf, inf, inf, 0.5, 0.1, inf], dtype=torch.float64)  # [Q * K], K = 3
+    scores = rerank_scores(cost, q.index(torch.tensor([0, 0, 0, 1, 1, 1])), (2, 3))
+    assert scores[0].tolist() == [0.0, -1.0, -2.0]
+    assert scores[1].argsort(descending=True).tolist() == [1, 0, 2]
+
+
 @pytest.mark.parametrize("name", ["fgw", "hungarian", "fgw-hungarian"])
 def test_rerankers_never_change_the_order_outside_the_shortlist(geo, name):
     store, manifest, index = geo
