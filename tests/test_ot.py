@@ -131,9 +131,9 @@ def test_masks_give_zero_mass_and_match_unpadded_problem():
     # pad to 8 x 9 with garbage (including inf) in padded cells
     Cp = torch.full((2, 8, 9), float("inf"), dtype=C.dtype)
     Cp[:, :5, :6] = C
-    ap = torch.zeros(2, 8, dtype=C.dtype)
+    ap = torch.rand(2, 8, dtype=C.dtype)  # nonzero garbage on padded rows and columns is ignored
     ap[:, :5] = a
-    bp = torch.rand(2, 9, dtype=C.dtype)  # nonzero garbage on padded columns is ignored
+    bp = torch.rand(2, 9, dtype=C.dtype)
     bp[:, :6] = b
     mr = torch.arange(8) < 5
     mc = torch.arange(9) < 6

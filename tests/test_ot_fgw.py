@@ -95,6 +95,21 @@ def test_equals_pot_with_weights_and_asymmetric_structures():
         assert abs(float(value[b]) - v) < 1e-10
 
 
+def test_equals_pot_with_general_asymmetric_structures():
+    """Structures neither symmetric nor antisymmetric (random entries): the gradient's two
+    cross terms C1 G C2^T and C1^T G C2 differ, and both must be there."""
+    P = _problems(B=12, seed=5)
+    g = torch.Generator().manual_seed(6)
+    C1 = torch.rand(P["C1"].shape, generator=g, dtype=torch.float64)
+    C2 = torch.rand(P["C2"].shape, generator=g, dtype=torch.float64)
+    masks = {"mask_rows": P["mask_rows"], "mask_cols": P["mask_cols"]}
+    value, plan = fused_gromov_wasserstein_batched(P["M"], C1, C2, alpha=0.5, **masks)
+    for b, (n, m) in enumerate(zip(P["n"], P["m"], strict=True)):
+        v, T = _pot(P["M"][b, :n, :m].numpy(), C1[b, :n, :n].numpy(), C2[b, :m, :m].numpy(), 0.5)
+        assert abs(float(value[b]) - v) < 1e-10
+        np.testing.assert_allclose(plan[b, :n, :m].numpy(), T, atol=1e-10)
+
+
 def test_alpha_zero_is_exact_ot():
     P = _problems(seed=4)
     masks = {"mask_rows": P["mask_rows"], "mask_cols": P["mask_cols"]}
