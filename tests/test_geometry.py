@@ -376,6 +376,35 @@ def test_restricting_to_the_maps_range_drops_what_no_phrase_predicts():
     assert ranking_auc(P, Y, five) > 0.98 and ranking_auc(P, Y, five) > ranking_auc(P, Y, full) + 0.015
 
 
+def test_held_out_training_objects_come_from_images_the_map_never_saw(monkeypatch):
+    """The ridge stage's selection holds out every fifth training image with all its objects:
+    no image gives objects to both the fit and the held-out comparison."""
+    import pipeline.scorers.geometry.ridge as ridge
+
+    image = torch.tensor([0, 0, 0, 1, 1, 2, 3, 4, 4, 4, 5, 6, 7, 8, 9, 9, 9])  # [N] objects' images
+    g = torch.Generator().manual_seed(0)
+    P, Y = torch.randn(len(image), 6, generator=g), torch.randn(len(image), 6, generator=g)
+    P[:, 0] = torch.arange(len(image), dtype=P.dtype)  # a row's id, readable from the row
+    monkeypatch.setattr(ridge, "training_pairs", lambda *a, **k: (P, Y, image))
+    rows: dict[str, torch.Tensor] = {}
+    fit_map = ridge.fit_map
+
+    def spy_fit(Pf, Yf, lam, shrinkage):
+        rows["fit"] = Pf[:, 0].long()
+        return fit_map(Pf, Yf, lam, shrinkage)
+
+    def spy_auc(Ph, Yh, fitted, pairs=None):
+        rows["held"] = Ph[:, 0].long()
+        return 0.5
+
+    monkeypatch.setattr(ridge, "fit_map", spy_fit)
+    monkeypatch.setattr(ridge, "ranking_auc", spy_auc)
+    ridge.heldout_aucs(None, None, {}, "s", lam=1.0, shrinkage=0.1, ranks=[0])
+    fit, held = set(image[rows["fit"]].tolist()), set(image[rows["held"]].tolist())
+    assert held == {4, 9} and fit == set(range(10)) - held  # every fifth image, whole
+    assert len(rows["fit"]) + len(rows["held"]) == len(image)
+
+
 def test_ridge_fgw_rank_sets_the_width_of_its_whitening(geo):
     store = geo[0]
     assert _scorer("ridge-fgw", store, rank=3).whiten.shape == (store.dims.embed_dim, 3)

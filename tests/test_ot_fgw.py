@@ -306,6 +306,13 @@ def test_bad_arguments_raise():
         )
     with pytest.raises(ValueError, match="C2"):
         fused_gromov_wasserstein_batched(P["M"], P["C1"], P["C1"][:, :2, :2])
+    for bad in (-1.0, float("nan"), float("inf")):  # a negative or non-finite weight
+        p = torch.full((2, 3), 1 / 3, dtype=torch.float64)
+        p[0, 1] = bad
+        with pytest.raises(ValueError, match="p must be finite and >= 0"):
+            fused_gromov_wasserstein_batched(P["M"], P["C1"], P["C2"], p=p)
+        with pytest.raises(ValueError, match="q must be finite and >= 0"):
+            emd_batched(P["M"], q=p)
 
 
 def test_hungarian_recovers_a_planted_permutation_and_never_matches_padding():

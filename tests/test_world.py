@@ -635,3 +635,12 @@ def test_bad_config_errors(tmp_path):
     with pytest.raises(ValueError, match="image_size"):
         build_world(replace(TINY, image_size=4), out=tmp_path, progress=False)
     assert not (tmp_path / "manifests").exists()  # nothing written on a bad config
+
+
+def test_scene_streams_are_separate_per_seed_index_and_purpose():
+    """One generator per (seed, index, purpose): changing any one of the three gives another
+    stream, the same three the same stream."""
+    draw = lambda *key: scene_rng(*key).random(4).tolist()  # noqa: E731
+    assert draw(0, 3, "layout") == draw(0, 3, "layout")
+    others = [draw(1, 3, "layout"), draw(0, 4, "layout"), draw(0, 3, "colour")]
+    assert all(o != draw(0, 3, "layout") for o in others)
