@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -182,6 +183,30 @@ def test_params_that_would_silently_run_something_else_are_refused(tmp_path, tex
     params = tmp_path / "params.yaml"
     params.write_text(text)
     refused(cli("extract", "--params", params, "--quiet"), str(params), *needles)
+
+
+@pytest.mark.parametrize(
+    "section,text,needle",
+    [
+        ("ridge", "shrinkage: 0", "ridge.shrinkage = 0: expected greater than 0"),
+        ("ridge", "shrinkage: 1.5", "ridge.shrinkage = 1.5: expected less than or equal to 1"),
+        ("ridge", "ranks: []", "ridge.ranks"),
+        ("ridge", "ranks: [8, -1]", "ridge.ranks.1 = -1: expected greater than or equal to 0"),
+        ("manifests", "image_share: {coco-families: 0}", "expected greater than 0"),
+        ("manifests", "image_share: {coco-families: 1.5}", "expected less than or equal to 1"),
+    ],
+    ids=["shrinkage-0", "shrinkage-1.5", "ranks-empty", "ranks-negative", "share-0", "share-1.5"],
+)
+def test_out_of_range_values_are_refused_at_load(tmp_path, section, text, needle):
+    """Bounds are checked when params load, naming the key and the bound, not later inside
+    the stage that uses the value."""
+    from pipeline.config import ManifestsConfig, ParamsError, RidgeConfig, load_config
+
+    params = tmp_path / "params.yaml"
+    params.write_text(f"{section}:\n  {text}\n")
+    cls = {"ridge": RidgeConfig, "manifests": ManifestsConfig}[section]
+    with pytest.raises(ParamsError, match=re.escape(needle)):
+        load_config(cls, params, section)
 
 
 def test_a_yaml_merge_may_override_what_it_brings(tmp_path):
