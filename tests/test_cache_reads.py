@@ -176,6 +176,18 @@ def test_block_cache_budget():
     assert cache.used == 80
     cache.put(("x", 3), np.zeros(101, np.uint8))  # larger than the whole budget: not kept
     assert cache.get(("x", 3)) is None and cache.used == 80
+    cache.put(("x", 4), np.zeros(90, np.uint8))  # 170 > 100: both old blocks go, not just one
+    assert cache.get(("x", 0)) is None and cache.get(("x", 2)) is None and cache.used == 90
+
+
+def test_image_keys_tell_crops_of_one_image_apart():
+    """ARO's VG items crop one image file to different boxes: each crop is its own row."""
+    from pipeline.cache.schema import image_key
+
+    data = b"the same image file"
+    keys = [image_key(data).tobytes(), image_key(data, [0, 0, 10, 10]).tobytes(), image_key(data, [5, 5, 20, 20]).tobytes()]
+    assert len(set(keys)) == 3
+    assert image_key(data, [0, 0, 10, 10]).tobytes() == keys[1]  # the same crop, the same row
 
 
 def test_cache_reads_budget_is_checked(written):
