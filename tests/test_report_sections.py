@@ -530,3 +530,19 @@ def test_rates_print_in_percent_and_ranks_as_they_are():
     assert metric_ci("mean-rank", 7.5, 6.25, 8.75) == "7.50 [6.25, 8.75]"
     assert metric_diff("mean-rank", -1.5, -2.25, -0.5) == "-1.50 [-2.25, -0.50]"
     assert metric_value("mean-rank", float("nan")) == "–"
+
+
+def test_compare_puts_the_baseline_and_the_variant_in_their_places(world):
+    """Frozen CLIP all right, the variant all wrong: base 1, value 0, diff -1 (and the
+    mean over tasks the same), whatever the names' order."""
+    from pipeline.benchmarks import SUITES as REGISTRY
+    from pipeline.report.compare import compare, compare_mean
+
+    results = make_results(world, {"v": "wrong", "clip": "right"}, suites=["shapes-sugarcrepe"])
+    entry = results["shapes-sugarcrepe"]
+    metrics = list(REGISTRY.get("shapes-sugarcrepe").units(entry["manifest"], entry["scores"]["clip"]))
+    c = compare(results, "shapes-sugarcrepe", metrics[0], "v", n_resamples=200)
+    assert (c.base, c.value, c.diff) == (1.0, 0.0, -1.0)
+    m = compare_mean(results, [("shapes-sugarcrepe", k) for k in metrics], "v", n_resamples=200)
+    assert (m.base, m.value) == (1.0, 0.0) and m.diff == pytest.approx(-1.0)
+    assert compare_mean(results, [("shapes-sugarcrepe", metrics[0]), ("shapes-dev", "all")], "v") is None
