@@ -163,7 +163,8 @@ class DictTagger:
     """A fixed tagger (stands in for spaCy in tests)."""
 
     name = "dict"
-    TAGS = {"man": "NN", "horse": "NN", "field": "NN", "brown": "JJ", "green": "JJ"}
+    TAGS = {"man": "NN", "horse": "NN", "field": "NN", "brown": "JJ", "green": "JJ",
+            "horses": "NNS", "bob": "NNP", "alps": "NNPS", "greener": "JJR", "biggest": "JJS"}  # fmt: skip
 
     def pos(self, text):
         return [(w, self.TAGS.get(w.lower(), "IN")) for w in self.words(text)]
@@ -223,6 +224,7 @@ def test_shuffler_draws_the_official_random_streams():
         "A man and a horse.",
         "Field",
         "A green brown field.",
+        "Bob rides the biggest horses near greener Alps.",  # every noun and adjective tag
     ]
     state = (np.random.get_state(), random.getstate())
     try:
