@@ -644,3 +644,16 @@ def test_scene_streams_are_separate_per_seed_index_and_purpose():
     assert draw(0, 3, "layout") == draw(0, 3, "layout")
     others = [draw(1, 3, "layout"), draw(0, 4, "layout"), draw(0, 3, "colour")]
     assert all(o != draw(0, 3, "layout") for o in others)
+
+
+def test_order_options_never_tie_by_their_text():
+    """ARO Order's four perturbations of a shapes caption are redrawn until no option equals
+    the original or an earlier one (without the redraw, these captions give ties)."""
+    from pipeline.world.captions import order_options
+
+    captions = ["a red circle left of a blue square", "a green triangle and a red circle",
+                "a small red square above a large blue circle"]  # fmt: skip
+    rng = np.random.default_rng(0)
+    for text in captions * 25:
+        options = order_options(text, rng)
+        assert len(options) == 5 and options[0] == text and len(set(options)) == 5, options
