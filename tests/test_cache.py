@@ -298,3 +298,19 @@ def test_chunk_rows_follow_the_row_size():
             rows = chunk_rows(spec, resolve_tail(spec, dims))
             assert SHARD_ROWS % rows == 0
             assert rows == 1 or rows * np.prod(resolve_tail(spec, dims)) * 2 <= CHUNK_BYTES
+
+
+def test_truncation_counts_at_the_context_boundary():
+    """A context of 10 holds 8 BPE tokens besides sot and eot: a caption of exactly 8 is
+    whole, one of 9 is cut, and cut it equals the first, so their item ties."""
+    from types import SimpleNamespace
+
+    from open_clip.tokenizer import _tokenizer
+
+    from pipeline.extraction import _truncation
+
+    captions = {"k8": " ".join(["red"] * 8), "k9": " ".join(["red"] * 9)}
+    assert [len(_tokenizer.encode(t)) for t in captions.values()] == [8, 9]
+    enc = SimpleNamespace(dims=SimpleNamespace(context_length=10))
+    cells = [(SimpleNamespace(suite="s"), {"captions": ("text", [["k8", "k9"]])}, None)]
+    assert _truncation(enc, cells, captions) == {"s": {"n_truncated": 1, "n_truncation_ties": 1}}
