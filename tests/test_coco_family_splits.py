@@ -162,6 +162,13 @@ def test_the_pair_loader_reads_only_the_selected_split(coco_store):
     pos_all = everything.texts.embed[everything.pos[rows]]
     assert (train.texts.embed[train.pos] == pos_all).all()
     assert (train.family == everything.family[rows]).all()
+    # COCO has no counterfactual or mirrored images and captions: those stay absent (-1),
+    # never local row 0 (which would train the image and reflection objectives on another item)
+    for field in ("cf", "flip", "flip_pos", "flip_neg"):
+        assert (getattr(everything, field) == -1).all(), field
+    absent = everything.manifest["paraphrase"].isna().to_numpy()  # caption families have none
+    assert absent.any() and not absent.all()
+    assert ((everything.para == -1).numpy() == absent).all()
     same = load_pairs(coco_store, "coco-families[split=validation]")
     assert same.manifest["item_id"].tolist() == dev.manifest["item_id"].tolist()
     with pytest.raises(ValueError, match="values: holdout, train, validation"):
