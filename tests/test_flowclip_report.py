@@ -567,3 +567,20 @@ def test_sensitivity_items_are_chosen_deterministically():
         ("shapes-whatsup", 0, 0, 1),  # wrong: option 1 scored highest
     ]
     assert sensitivity.sensitivity_items(results, "global-m") == []
+
+
+def test_ladder_and_seed_tables_put_each_figure_in_its_column():
+    """The ladder's first delta is the step from the rung before (+1.0 points here), the
+    second the difference from frozen CLIP (+5.0); seed spreads print in points (60.0 ± 5.0)."""
+    from pipeline.report.tasks import MEANS
+    from pipeline.scorers.flowclip.report import ladder_part, seeds_part
+
+    step = lambda d: {"diff": d, "lo": d - 0.01, "hi": d + 0.01, "p": 0.5}  # noqa: E731
+    row = {"value": 0.6, "lo": 0.55, "hi": 0.65, "vs_previous": step(0.01), "vs_clip": step(0.05)}
+    steps = {"rungs": ["flowclip"], **{m: {"rows": [], "tasks": [], "missing": []} for m in MEANS}}
+    steps["all-task"] = {"rows": [row], "tasks": ["t"], "missing": []}
+    line = next(x for x in "\n".join(ladder_part(steps, 1000)).splitlines() if x.startswith("| `flowclip`"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[2].startswith("+1.0") and cells[3].startswith("+5.0"), cells
+    table = "\n".join(seeds_part({"v": {"seeds": [0, 1], "all-task": {"mean": 0.6, "sd": 0.05}}}, {}))
+    assert "60.0 ± 5.0" in table
