@@ -546,3 +546,21 @@ def test_compare_puts_the_baseline_and_the_variant_in_their_places(world):
     m = compare_mean(results, [("shapes-sugarcrepe", k) for k in metrics], "v", n_resamples=200)
     assert (m.base, m.value) == (1.0, 0.0) and m.diff == pytest.approx(-1.0)
     assert compare_mean(results, [("shapes-sugarcrepe", metrics[0]), ("shapes-dev", "all")], "v") is None
+
+
+def test_training_seeds_keep_each_value_under_its_seed(world, tmp_path):
+    """Seed 0 and 2 all right, seed 1 all wrong and not scored on What'sUp: its What'sUp cell
+    is "–", seed 2's 100.0 stays under seed 2, and the spread leaves the missing seed out."""
+    from pipeline.scorers.bindclip.report import training_seeds
+
+    variants = {"bindclip@seed0": "right", "bindclip@seed1": "wrong", "bindclip@seed2": "right"}
+    results = make_results(world, variants)
+    del results["shapes-whatsup"]["scores"]["bindclip@seed1"]
+    blocks = training_seeds(make_context(world, tmp_path, variants, results=results))
+    cells = {
+        row.split("|")[1].strip(): [c.strip() for c in row.split("|")[2:-1]]
+        for row in blocks[1].splitlines()
+        if row.startswith("| shapes-")
+    }
+    assert cells["shapes-whatsup individual"] == ["100.0", "–", "100.0", "0.0"]
+    assert cells["shapes-sugarcrepe swap-att"] == ["100.0", "0.0", "100.0", "100.0"]

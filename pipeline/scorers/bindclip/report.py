@@ -141,7 +141,8 @@ def local_baselines(ctx: ReportContext) -> list[str]:
 
 def training_seeds(ctx: ReportContext) -> list[str]:
     """The headline rows per training seed (``bindclip@seed<k>``; not the image-replacement
-    runs) and their spread."""
+    runs) and their spread. Each value sits under its own seed; a seed not scored on a suite
+    prints "–" and stays out of the spread."""
     seeds = sorted(v for v in ctx.scored if v.startswith(f"{VARIANT}@seed"))
     if not seeds:
         return []
@@ -151,14 +152,15 @@ def training_seeds(ctx: ReportContext) -> list[str]:
         if not entry:
             continue
         s = SUITES.get(suite)
-        vals = [
-            s.metrics(entry["manifest"], entry["scores"][v]).get(metric)
+        vals = {
+            v: s.metrics(entry["manifest"], entry["scores"][v]).get(metric)
             for v in seeds
             if v in entry["scores"]
-        ]
-        spread = pct(max(vals) - min(vals)) if vals else "–"
+        }
+        present = [x for x in vals.values() if x is not None]
+        spread = pct(max(present) - min(present)) if present else "–"
         rows[f"{suite} {metric}"] = {
-            **{v: pct(x) for v, x in zip(seeds, vals, strict=False)},
+            **{v: pct(vals.get(v)) for v in seeds},
             "spread (max−min)": spread,
         }
     if not rows:
