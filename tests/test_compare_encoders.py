@@ -145,3 +145,35 @@ def test_one_encoder_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="at least two distinct encoders"):
         compare.run(CompareConfig(encoders=["toy", "toy"]), ToyClipConfig(), ExtractConfig(), {}, ScoreConfig(), WorldConfig())
+
+
+def test_each_encoder_column_holds_its_own_mean_and_difference(tmp_path):
+    """A hand-made summary with a different number in every field: each row prints encoder
+    A's mean and Δ, then encoder B's, under their headers; the baseline has no Δ."""
+    from pipeline.config import ReportConfig
+    from pipeline.report.sections import encoder_comparison
+    from pipeline.report.tasks import SHAPES
+
+    def means(k: float, diff: bool) -> dict:
+        m = {"value": k, "lo": k - 0.01, "hi": k + 0.01}
+        return {**m, "diff": k / 10, "diff_lo": k / 10 - 0.001, "diff_hi": k / 10 + 0.001} if diff else m
+
+    encoders = {
+        enc: {"open_clip_model": f"{enc}-vit", "variants": {
+            v: {"means": {"all-task": means(base + 0.1 * j, v != "clip"), "binding": means(base + 0.1 * j + 0.05, v != "clip")}}
+            for j, v in enumerate(("clip", "global-m"))
+        }}  # fmt: skip
+        for enc, base in (("enc-a", 0.2), ("enc-b", 0.6))
+    }
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"encoders": encoders, "variants": ["clip", "global-m"]}))
+
+    class Ctx:
+        cfg = ReportConfig(encoders=str(path))
+        layout = SHAPES
+
+    table = [[c.strip() for c in line.strip("|").split("|")] for line in encoder_comparison(Ctx())[-1].splitlines()]
+    assert table[0] == ["variant", "mean", "enc-a (enc-a-vit)", "Δ vs `clip`", "enc-b (enc-b-vit)", "Δ vs `clip`"]
+    rows = {(r[0], r[1]): r[2:] for r in table[2:]}
+    assert rows["`clip`", "all-task"] == ["20.0 [19.0, 21.0]", "–", "60.0 [59.0, 61.0]", "–"]
+    assert rows["`global-m`", "binding"] == ["35.0 [34.0, 36.0]", "+3.5 [+3.4, +3.6]", "75.0 [74.0, 76.0]", "+7.5 [+7.4, +7.6]"]

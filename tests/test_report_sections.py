@@ -564,3 +564,21 @@ def test_training_seeds_keep_each_value_under_its_seed(world, tmp_path):
     }
     assert cells["shapes-whatsup individual"] == ["100.0", "–", "100.0", "0.0"]
     assert cells["shapes-sugarcrepe swap-att"] == ["100.0", "0.0", "100.0", "100.0"]
+
+
+def test_metrics_csv_rows_hold_the_cis_the_tables_print(world):
+    """Every long row of ``plots/metrics.csv`` carries the estimate and CI its table cell prints,
+    in the metric's own units, with lo <= value <= hi (random scores: a CI of some width)."""
+    from pipeline.config import ReportConfig
+    from pipeline.report.markdown import metric_ci
+    from pipeline.report.sections import suite_table
+
+    results = make_results(world, {"clip": "random", "v": "random"}, suites=["shapes-sugarcrepe"])
+    table, rows = suite_table("shapes-sugarcrepe", results["shapes-sugarcrepe"], ReportConfig(bootstrap=200))
+    split = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
+    header, body = split[0], split[2:]
+    cells = {(r[0], m): c.split("<br>")[0] for r in body for m, c in zip(header[1:], r[1:], strict=True)}
+    assert len(rows) == sum(c != "–" for c in cells.values()) and any(r["lo"] < r["hi"] for r in rows)
+    for r in rows:
+        assert r["lo"] <= r["value"] <= r["hi"]
+        assert cells[r["variant"], r["metric"]] == metric_ci(r["metric"], r["value"], r["lo"], r["hi"])
