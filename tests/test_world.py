@@ -548,6 +548,69 @@ def test_relations_hand_cases():
     assert truth(flip_claim(Side(red, "left")), scene.flipped()) is True
 
 
+def test_overlap_counts_visibility_on_the_object_behind():
+    """A big square over most of a small one: the small one (behind) keeps ~20% visible; with
+    the small one in front, the big one behind keeps ~80%. The overlap is over the smaller
+    (a 480-px raster: the shapes span enough pixels for 1% accuracy)."""
+    from pipeline.world.scenes import overlap
+
+    small, big = Obj("square", "red", "small", 0.6, 0.5, 0.1, 0), Obj("square", "blue", "large", 0.5, 0.5, 0.2, 1)
+    (s0, s_y0, s1, s_y1), (b0, b_y0, b1, b_y1) = small.box(), big.box()
+    inter = (b1 - s0) * (s_y1 - s_y0)  # the small square's right part, its full height
+    frac, visible = overlap(big, small, n=480)
+    assert frac == pytest.approx(inter / ((s1 - s0) * (s_y1 - s_y0)), abs=0.01)
+    assert visible == pytest.approx(1 - frac, abs=0.01) and visible < 0.3
+    frac, visible = overlap(replace(small, z=2), big, n=480)
+    assert visible == pytest.approx(1 - inter / ((b1 - b0) * (b_y1 - b_y0)), abs=0.01) and visible > 0.7
+
+
+def test_a_clear_relation_runs_along_its_dominant_axis():
+    """Offset >= CLEAR along the relation, and at most 0.6 of it across (either sign)."""
+    from pipeline.world.scenes import CLEAR, relation_clear
+
+    a = _obj(0.3, 0.5)
+    assert relation_clear(a, _obj(0.5, 0.61), "left") and relation_clear(a, _obj(0.5, 0.39), "left")
+    assert not relation_clear(a, _obj(0.5, 0.63), "left") and not relation_clear(a, _obj(0.5, 0.37), "left")
+    assert not relation_clear(a, _obj(0.3 + CLEAR - 0.01, 0.5), "left")
+    assert relation_clear(_obj(0.5, 0.3), _obj(0.61, 0.5), "above")
+    assert not relation_clear(_obj(0.5, 0.3), _obj(0.63, 0.5), "above")
+
+
+def test_a_scene_refuses_an_overlap_that_hides_the_object_behind(monkeypatch):
+    """Overlapping shapes pass when the overlap is clear (>= 2 DEPTH_OVERLAP) and the back
+    object keeps at least 55% visible; two shapes at one depth never pass."""
+    from pipeline.world import scenes
+
+    a, b = _obj(0.45, 0.5), _obj(0.5, 0.5, 1, "square", "blue")
+    scene = Scene("t", (a, b), None)
+    for got, ok in (((0.2, 0.56), True), ((0.2, 0.54), False), ((0.09, 0.9), False), ((0.0, 1.0), True)):
+        monkeypatch.setattr(scenes, "overlap", lambda *_, got=got: got)
+        assert scenes.scene_ok(scene) is ok, got
+    assert not scenes.scene_ok(Scene("t", (a, replace(b, z=0)), None))
+
+
+def test_grounding_leaves_out_the_words_of_an_absent_object():
+    """"a red circle and no blue square" of a scene holding both: only the circle's words
+    are grounded, though the square's words name exactly one object too."""
+    red, blue = Ref("circle", "red"), Ref("square", "blue")
+    a, b = _obj(0.2, 0.5), _obj(0.6, 0.5, 1, "square", "blue")
+    claim = Has((red,), (blue,))
+    words, boxes, _ = grounding(claim, say(claim, 0), Scene("t", (a, b), None))
+    assert words == ["red", "circle"] and boxes == [[round(c, 6) for c in a.box()]] * 2
+    words, _, _ = grounding(claim, say(claim, 0), Scene("t", (a, b), None), by_word=True)
+    assert words == ["red", "circle"]
+
+
+def test_a_bare_shape_name_only_where_the_shape_is_unique():
+    from pipeline.world.captions import ref_of
+
+    rng = np.random.default_rng(0)
+    lone = Scene("t", (_obj(0.2, 0.5), _obj(0.6, 0.5, 1, "square", "blue")), None)
+    assert ref_of(lone.objects[0], lone, rng, p_bare=1.0) == Ref("circle")
+    two = Scene("t", (_obj(0.2, 0.5), _obj(0.6, 0.5, 1, "circle", "blue")), None)
+    assert {ref_of(two.objects[0], two, rng, p_size=0.0, p_bare=1.0) for _ in range(20)} == {Ref("circle", "red")}
+
+
 def test_caption_templates_and_converse():
     red, blue = Ref("circle", "red"), Ref("square", "blue")
     assert caption(Rel(red, "left", blue), 0) == "a red circle to the left of a blue square"
