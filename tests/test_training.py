@@ -4,6 +4,7 @@ training hook: its grounding maps and the objectives it adds."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -301,6 +302,60 @@ def test_neg_grounding_rows_sit_in_the_negative_block(tiny_store):
         expected = worst_group(region_grounding(e.plan, e.r, item, row, cells), p.family[item], math.inf)
     assert both == pytest.approx(float(expected), rel=1e-5)
     assert both != pytest.approx(plain, rel=1e-3)
+
+
+def test_grounded_tokens_past_the_truncation_are_left_out(tiny_store):
+    """A scorer truncating captions at the second shape word's row has no plan row for that
+    word: grounding keeps the words before it (pos rows < N, neg rows shifted by N) and
+    drops it, rather than reading the first row of the negative block."""
+    from pipeline.scorers.bindclip.objectives import region_grounding, worst_group
+
+    trainer, data, batch, _ = _probe(tiny_store, ("grounding",), group_tau=math.inf, ground_negatives=True)
+    cut = int(data.pos.row[:16].max())  # the second shape word's row in every item
+    assert cut > int(data.pos.row[:16].min()) and cut > int(data.neg.row[:8].max())
+    _, _, _, model = _probe(tiny_store, ("grounding",))
+    model.config = dataclasses.replace(model.config, max_tokens=cut)
+    with torch.no_grad():
+        got = trainer.loss(model, data, batch)[1]["grounding"]
+        p = data.pairs
+        e = model.explain(p.images.index(p.image[batch]), p.texts.index(p.pos[batch]), p.texts.index(p.neg[batch]))
+        assert (e.plan.shape[1] - 1) // 2 == cut
+        kept = data.pos.row[:16] < cut
+        item = torch.cat([torch.arange(8).repeat_interleave(2)[kept], torch.arange(8)])
+        row = torch.cat([data.pos.row[:16][kept], data.neg.row[:8] + cut])
+        cells = torch.cat([data.pos.cells[:16][kept], data.neg.cells[:8]])
+        expected = worst_group(region_grounding(e.plan, e.r, item, row, cells), p.family[item], math.inf)
+    assert int(kept.sum()) == 8 and got == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_consistency_items_caps_the_copies_at_the_first_items(tiny_store):
+    """consistency_items = 3: reflection and paraphrase compare the first 3 items of the batch
+    only, while the image objective keeps all 8."""
+    from pipeline.scorers.bindclip.objectives import consistency, image_contrast, worst_group
+
+    on = ("image", "reflection", "paraphrase")
+    trainer, data, batch, model = _probe(tiny_store, on, group_tau=math.inf, consistency_items=3)
+    with torch.no_grad():
+        logged = trainer.loss(model, data, batch)[1]
+        p, first = data.pairs, batch[:3]
+        s0 = model.score_pair(p.images.index(p.image[batch]), p.texts.index(p.pos[batch]), p.texts.index(p.neg[batch]))
+        s_cf = model.score_pair(p.images.index(p.cf[batch]), p.texts.index(p.pos[batch]), p.texts.index(p.neg[batch]))
+        s_flip = model.score_pair(p.images.index(p.flip[first]), p.texts.index(p.flip_pos[first]), p.texts.index(p.flip_neg[first]))
+        s_para = model.score_pair(p.images.index(p.image[first]), p.texts.index(p.para[first]), p.texts.index(p.neg[first]))
+        fam = p.family[batch]
+    assert logged["image"] == pytest.approx(float(worst_group(image_contrast(s0, s_cf), fam, math.inf)), rel=1e-4)
+    assert logged["reflection"] == pytest.approx(float(worst_group(consistency(s_flip, s0[:3]), fam[:3], math.inf)), rel=1e-4, abs=1e-6)
+    assert logged["paraphrase"] == pytest.approx(float(worst_group(consistency(s_para, s0[:3]), fam[:3], math.inf)), rel=1e-4, abs=1e-6)
+
+
+def test_q0_selection_takes_the_best_dev_mean_and_the_first_listed_on_a_tie(tiny_store, monkeypatch):
+    trainer, _, _, model = _probe(tiny_store, ("preference",), q0_grid=[2.0, 0.5, 1.0])
+    model.config = dataclasses.replace(model.config, consensus=True)
+    means = {2.0: 0.6, 0.5: 0.7, 1.0: 0.7}
+    monkeypatch.setattr(trainer, "dev_metrics", lambda m, d, s: {"mean": means[m.config.q0]})
+    picked = trainer.select(model, None, "shapes-dev")
+    assert picked["scorer_kwargs"] == {"q0": 0.5} and model.config.q0 == 0.5
+    assert picked["record"]["q0_dev_mean"] == {"2.0": 0.6, "0.5": 0.7, "1.0": 0.7}
 
 
 def test_image_per_caption_adds_each_captions_image_preference(tiny_store):
