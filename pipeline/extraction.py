@@ -303,7 +303,7 @@ def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: flo
         names[m]: {"total": plan.totals[m], "encoded": int(len(plan.todo[m][0]))}
         for m in ("image", "text", "object") if m in plan.todo
     }
-    skipped = {"missing": sum(map(len, plan.missing.values())), "bad": len(plan.bad)}
+    skipped = {"missing": sum(map(len, plan.missing.values())), "bad": len(bad_rows["image"])}  # images, not their crops
     return {
         "store": str(plan.store), **counts, "skipped_images": skipped, "truncation": plan.truncation,
         **({"repaired": plan.repaired} if plan.repaired else {}), "seconds": round(seconds, 2),

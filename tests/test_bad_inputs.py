@@ -584,6 +584,20 @@ def test_image_mode_is_decoded_to_the_right_rgb(decoded, mode):
     np.testing.assert_allclose(features, reference, atol=1e-5)  # extract saw exactly that RGB
 
 
+@pytest.mark.parametrize(("peak", "peak_out", "mid_out"), [(255, 255, 128), (256, 1, 0), (65535, 255, 0), (65536, 0, 0)])
+def test_a_32_bit_image_is_scaled_by_the_depth_its_largest_value_says(peak, peak_out, mid_out):
+    """Mode I holds 8-, 16- or 32-bit values: a peak of 255 keeps 8-bit values as they are
+    (128 stays 128), one above it scales from 16 bits (256 -> 1), one above 65535 from 32."""
+    raw = np.zeros((28, 28), dtype=np.int32)
+    raw[:14], raw[14:, :14] = peak, 128
+    buf = io.BytesIO()
+    Image.fromarray(raw, mode="I").save(buf, "TIFF")
+    rgb = np.asarray(decode_image(buf.getvalue(), "i.tif"))
+    expected = np.zeros((28, 28), dtype=np.uint8)
+    expected[:14], expected[14:, :14] = peak_out, mid_out
+    np.testing.assert_array_equal(rgb, np.repeat(expected[..., None], 3, axis=2))
+
+
 def test_a_float_image_is_refused_naming_the_file():
     from pipeline.manifests import BadImageError
 

@@ -370,6 +370,15 @@ def test_the_trainer_reads_hnb_and_cimr_from_one_score_matrix():
         FlowClipTrainer({"gamma": 1.0}, cimr=False)
 
 
+def test_a_paraphrase_at_text_row_0_is_a_paraphrase():
+    """Only -1 marks an absent paraphrase: one stored at text row 0 joins the batch's texts
+    as a positive query of its item."""
+    data = dataclasses.replace(_pairs(), para=torch.tensor([-1, 0, -1]))
+    hb = hnb_batch(data, torch.arange(3))
+    assert hb.texts.tolist() == [0, 1, 2, 3, 4, 5, 0] and hb.queries.tolist()[-1]
+    assert hb.positives[:, -1].tolist() == [True, False]  # item 1 shows image 0
+
+
 def test_manifest_order_puts_each_score_on_its_caption():
     pos_neg = np.array([[1.0, 2.0], [3.0, 4.0]])
     out = manifest_order(pos_neg, pd.DataFrame({"correct": [0, 1]}))

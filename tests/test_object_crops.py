@@ -201,6 +201,24 @@ def test_switching_crops_on_adds_them_and_switching_off_keeps_them(suite, tiny_e
     assert "object_crops" not in store.suite_attrs(SUITE)["kinds"]
 
 
+def test_an_undecodable_image_counts_once_and_leaves_its_crops_unindexed(suite, tiny_encoder, tmp_path):
+    """skip_bad_images with crops on: the summary counts the one bad image (not its three
+    crops too), and the item's crop cells are -1 like its image cell."""
+    import shutil
+
+    folder = tmp_path / "images"
+    shutil.copytree(suite[0] / "images", folder)
+    name = pd.read_parquet(suite[1])["image"][0]
+    (folder / name).write_bytes(b"\x89PNG\r\n\x1a\n not a png")
+    cfg = _cfg(suite, tmp_path / "features", crops=True)
+    cfg.image_roots, cfg.skip_bad_images = {SUITE: str(folder)}, True
+    summary = extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+    assert summary["skipped_images"] == {"missing": 0, "bad": 1}
+    index = suite_inputs(open_store(cfg), SUITE)[1]
+    assert (index["image"][0] == -1).all() and (index["object_crops"][0] == -1).all()
+    assert (index["object_crops"][1:] >= 0).all()
+
+
 def test_an_interrupted_crop_extract_resumes(suite, tiny_encoder, tmp_path, monkeypatch, crops_store):
     import pipeline.extract_pixels as extract_pixels
 
