@@ -582,3 +582,17 @@ def test_metrics_csv_rows_hold_the_cis_the_tables_print(world):
     for r in rows:
         assert r["lo"] <= r["value"] <= r["hi"]
         assert cells[r["variant"], r["metric"]] == metric_ci(r["metric"], r["value"], r["lo"], r["hi"])
+
+
+def test_bindclip_table_one_puts_frozen_clip_and_bindclip_in_their_columns(world, tmp_path):
+    """Frozen CLIP right on every item and BindCLIP wrong: each Table-1 row reads 100.0 under
+    frozen CLIP, 0.0 under BindCLIP, and a difference of -100.0."""
+    from pipeline.scorers.bindclip.report import table_one
+
+    ctx = make_context(world, tmp_path, {"clip": "right", "bindclip": "wrong"})
+    table = next(b for b in table_one(ctx) if b.startswith("| suite |"))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
+    assert rows[0] == ["suite", "metric", "frozen CLIP", "BindCLIP", "Δ [95% CI]", "p"]
+    assert len(rows) > 3
+    for r in rows[2:]:
+        assert r[2:5] == ["100.0", "0.0", "-100.0 [-100.0, -100.0]"], r
