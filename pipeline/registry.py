@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import threading
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -34,6 +35,8 @@ class Registry(Generic[T]):
         self.package = package
         self._entries: dict[str, T] = {}
         self._loaded = package is None
+        self._loading = False  # this registry's package is being imported (by the lock's holder)
+        self._lock = threading.RLock()
 
     def register(self, name: str, obj: T | None = None) -> Any:
         """Register ``obj`` under ``name``; usable as ``@registry.register("name")``."""
@@ -47,13 +50,24 @@ class Registry(Generic[T]):
         return add(obj) if obj is not None else add
 
     def _load(self) -> None:
+        """Import the package's submodules once. Another thread's lookup waits until every
+        entry is registered (a multi-threaded dask worker scores in several threads); a
+        lookup made while the submodules import (by the importing thread) sees the
+        entries registered so far."""
         if self._loaded:
             return
-        self._loaded = True
-        pkg = importlib.import_module(self.package)
-        for mod in pkgutil.iter_modules(pkg.__path__):
-            if not mod.name.startswith("_"):
-                importlib.import_module(f"{self.package}.{mod.name}")
+        with self._lock:
+            if self._loaded or self._loading:
+                return
+            self._loading = True
+            try:
+                pkg = importlib.import_module(self.package)
+                for mod in pkgutil.iter_modules(pkg.__path__):
+                    if not mod.name.startswith("_"):
+                        importlib.import_module(f"{self.package}.{mod.name}")
+                self._loaded = True
+            finally:
+                self._loading = False
 
     def names(self) -> list[str]:
         """All registered names, sorted."""
