@@ -206,14 +206,26 @@ def worker_encoder(cfg: ExtractConfig):
     key = encoder_key(cfg)
     if key not in _ENCODERS:
         torch.set_num_threads(1)  # single-threaded workers: one core each
-        _ENCODERS[key] = load_encoder(*key)
+        _ENCODERS[key] = load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
         _LOADS[key] = _LOADS.get(key, 0) + 1
     return _ENCODERS[key]
 
 
+def _file_stamp(path: str | None) -> tuple[int, int] | None:
+    """(size, mtime in ns) of ``path`` where it names a local file, else None."""
+    try:
+        st = Path(path).stat() if path else None
+    except (OSError, ValueError):
+        return None
+    return (st.st_size, st.st_mtime_ns) if st is not None and Path(path).is_file() else None
+
+
 def encoder_key(cfg: ExtractConfig) -> tuple:
-    """The arguments that say which encoder a worker holds for ``cfg``."""
-    return (cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
+    """Which encoder a worker holds for ``cfg``: the loading arguments, and the size and
+    modification time of the checkpoint and weights files, so a long-lived worker loads a
+    file rewritten at the same path again instead of serving its old weights."""
+    files = (_file_stamp(cfg.checkpoint), _file_stamp(cfg.pretrained))
+    return (cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed, files)
 
 
 def preload(cfg: ExtractConfig) -> int:
@@ -271,7 +283,8 @@ def extract_distributed(
 
     cfg = for_workers(cfg)
     torch.set_num_threads(cfg.threads)
-    with cluster(scheduler, quiet=not progress) as client, store_lock(store_path(cfg), break_lock, cfg.storage_options):
+    # the lock first: a store another process writes is refused before any cluster starts
+    with store_lock(store_path(cfg), break_lock, cfg.storage_options), cluster(scheduler, quiet=not progress) as client:
         enc = load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)  # fingerprint, dims, projections
         root, plan = prepare(cfg, enc, repair, progress)
         if any(len(rows) for rows, _ in plan.todo.values()):

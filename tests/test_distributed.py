@@ -218,3 +218,65 @@ def test_encoder_loads_count_this_runs_encoder_only(reference, monkeypatch):
     first = _cfg(tmp, "ref")
     other = dataclasses.replace(first, init_seed=1)
     assert dist.preload(first) == 1 and dist.preload(other) == 1 and dist.preload(first) == 1
+
+
+def test_a_rewritten_checkpoint_or_another_seed_is_loaded_anew(tmp_path, monkeypatch):
+    """A long-lived worker keys its encoders by the loading arguments and the checkpoint
+    file's size and time: another init seed, or weights rewritten at the same path, load
+    again; the same file is served from memory."""
+    import os
+
+    import pipeline.distributed as dist
+    import pipeline.encoders
+
+    loads = []
+    monkeypatch.setattr(pipeline.encoders, "load_encoder", lambda *a: loads.append(a) or object())
+    monkeypatch.setattr(dist, "_ENCODERS", {})
+    monkeypatch.setattr(dist, "_LOADS", {})
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"first")
+    cfg = ExtractConfig(model="toy", checkpoint=str(weights))
+    a = dist.worker_encoder(cfg)
+    assert dist.worker_encoder(cfg) is a and len(loads) == 1
+    seeded = dist.worker_encoder(dataclasses.replace(cfg, init_seed=1))
+    assert seeded is not a and loads[-1][-1] == 1
+    weights.write_bytes(b"second")
+    os.utime(weights, ns=(time.time_ns() + 10**9,) * 2)
+    assert dist.worker_encoder(cfg) is not a and len(loads) == 3
+
+
+def test_workers_get_absolute_local_paths_and_urls_as_given(tmp_path, monkeypatch):
+    from pipeline.config import ScoreConfig
+    from pipeline.distributed import for_workers
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w.safetensors").write_bytes(b"")
+    cfg = ExtractConfig(out="features", manifests={"shapes-dev": "m/sc.parquet", "shapes-aro": "gs://b/m.parquet"},
+                        image_roots={"shapes-dev": "images"}, pretrained="w.safetensors", checkpoint="ck/model.safetensors")  # fmt: skip
+    got = for_workers(cfg)
+    assert got.out == str(tmp_path / "features") and got.checkpoint == str(tmp_path / "ck/model.safetensors")
+    assert got.manifests == {"shapes-dev": str(tmp_path / "m/sc.parquet"), "shapes-aro": "gs://b/m.parquet"}
+    assert got.image_roots == {"shapes-dev": str(tmp_path / "images")} and got.pretrained == str(tmp_path / "w.safetensors")
+    assert for_workers(dataclasses.replace(cfg, pretrained="none", out="s3://b/x")).pretrained == "none"
+    assert for_workers(dataclasses.replace(cfg, out="s3://b/x")).out == "s3://b/x"
+    score = for_workers(ScoreConfig(scores_out="s", metrics_out="m", checkpoints="c"))
+    assert (score.scores_out, score.metrics_out, score.checkpoints) == tuple(str(tmp_path / n) for n in "smc")
+
+
+def test_local_0_is_refused():
+    from pipeline.distributed import cluster
+
+    with pytest.raises(ValueError, match="at least 1"), cluster("local:0"):
+        pass
+
+
+def test_a_distributed_extract_into_a_locked_store_is_refused_before_a_cluster_starts(reference, monkeypatch):
+    import pipeline.distributed as dist
+    from pipeline.cache import store_lock
+    from pipeline.cache.lock import StoreLockedError
+
+    tmp, _ = reference
+    cfg = _cfg(tmp, "ref")
+    monkeypatch.setattr(dist, "cluster", lambda *a, **k: pytest.fail("a cluster was started"))
+    with store_lock(store_path(cfg)), pytest.raises(StoreLockedError):
+        extract_distributed(cfg, "local:1")
