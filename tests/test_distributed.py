@@ -280,3 +280,24 @@ def test_a_distributed_extract_into_a_locked_store_is_refused_before_a_cluster_s
     monkeypatch.setattr(dist, "cluster", lambda *a, **k: pytest.fail("a cluster was started"))
     with store_lock(store_path(cfg)), pytest.raises(StoreLockedError):
         extract_distributed(cfg, "local:1")
+
+
+def test_an_undecodable_image_is_refused_and_skipped_as_in_one_process(tmp_path):
+    """A cut-off image: the distributed run refuses it, naming it, as one process does; with
+    skip_bad_images both count it and write the same store."""
+    from pipeline.extraction import extract
+    from pipeline.manifests import BadImageError
+
+    cfg = _cfg(tmp_path, "dist")
+    cut = sorted((tmp_path / "images").iterdir())[0]
+    cut.write_bytes(cut.read_bytes()[:100])
+    one = dataclasses.replace(cfg, out=str(tmp_path / "one"))
+    refusal = rf"1 image\(s\) cannot be decoded — .*{cut.name}"
+    with pytest.raises(BadImageError, match=refusal):
+        extract_distributed(cfg, "local:1", progress=False)
+    with pytest.raises(BadImageError, match=refusal):
+        extract(one, progress=False)
+    got = extract_distributed(dataclasses.replace(cfg, skip_bad_images=True), "local:1", progress=False)
+    want = extract(dataclasses.replace(one, skip_bad_images=True), progress=False)
+    assert got["skipped_images"] == want["skipped_images"] == {"missing": 0, "bad": 1}
+    assert_same_store(store_path(cfg), store_path(one))
