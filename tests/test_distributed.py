@@ -331,3 +331,28 @@ def test_rows_left_undone_inside_a_block_are_resumed(reference, tmp_path):
             np.testing.assert_allclose(got[name][1], want[name][1], rtol=0, atol=1e-6)
         else:
             assert np.array_equal(got[name][1], want[name][1]), name
+
+
+def test_workers_preload_before_the_first_task_and_task_keys_never_repeat(reference, tmp_path, monkeypatch):
+    """Every worker loads the model (``Client.run(preload)``) before any task is submitted,
+    a resumed run with nothing left loads nothing, and two runs with the same blocks submit
+    tasks under different keys (one scheduler shared by two clients never merges them)."""
+    from distributed import Client
+
+    import pipeline.distributed as dist
+
+    calls: list[tuple[str, str]] = []
+    run, submit = Client.run, Client.submit
+    monkeypatch.setattr(Client, "run", lambda self, f, *a, **k: calls.append(("run", f.__name__)) or run(self, f, *a, **k))
+    monkeypatch.setattr(Client, "submit", lambda self, f, *a, **k: calls.append(("submit", k["key"])) or submit(self, f, *a, **k))
+    tmp, _ = reference
+    keys = []
+    for name in ("first", "second"):
+        calls.clear()
+        dist.extract_distributed(dataclasses.replace(_cfg(tmp, "ref"), out=str(tmp_path / name)), "local:1", progress=False)
+        assert calls[0] == ("run", "preload") and all(kind == "submit" for kind, _ in calls[1:]) and len(calls) > 2
+        keys.append({key for _, key in calls[1:]})
+    assert not keys[0] & keys[1]
+    calls.clear()
+    assert dist.extract_distributed(dataclasses.replace(_cfg(tmp, "ref"), out=str(tmp_path / "first")), "local:1", progress=False)["tasks"] == 0
+    assert calls == []
