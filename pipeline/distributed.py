@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 import warnings
@@ -214,10 +215,10 @@ def worker_encoder(cfg: ExtractConfig):
 def _file_stamp(path: str | None) -> tuple[int, int] | None:
     """(size, mtime in ns) of ``path`` where it names a local file, else None."""
     try:
-        st = Path(path).stat() if path else None
+        st = os.stat(path) if path else None
     except (OSError, ValueError):
         return None
-    return (st.st_size, st.st_mtime_ns) if st is not None and Path(path).is_file() else None
+    return (st.st_size, st.st_mtime_ns) if st is not None and stat.S_ISREG(st.st_mode) else None
 
 
 def encoder_key(cfg: ExtractConfig) -> tuple:

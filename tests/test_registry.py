@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 
 import pytest
 
 
+def _package(tmp_path, monkeypatch, name: str, modules: dict[str, str]):
+    """A package ``name`` on the path whose ``R`` registry loads ``modules`` (name -> source)."""
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from pipeline.registry import Registry\nR = Registry('thing', __name__)\n")
+    for mod, source in modules.items():
+        (pkg / f"{mod}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for mod in (name, *(f"{name}.{m}" for m in modules)):
+        monkeypatch.delitem(sys.modules, mod, raising=False)
+    return importlib.import_module(name).R
+
+
 def test_a_lookup_from_another_thread_waits_for_the_package_import(tmp_path, monkeypatch):
     """Two threads look up a registry whose submodule registers after a pause: both get the
     entry (before, the second saw the package marked loaded and an empty registry)."""
-    pkg = tmp_path / "slowreg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("from pipeline.registry import Registry\nR = Registry('thing', __name__)\n")
-    (pkg / "slow.py").write_text("import time\nfrom slowreg import R\ntime.sleep(0.5)\nR.register('x', 1)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "slowreg", raising=False)
-    monkeypatch.delitem(sys.modules, "slowreg.slow", raising=False)
-    from slowreg import R
+    R = _package(tmp_path, monkeypatch, "slowreg", {"slow": "import time\nfrom slowreg import R\ntime.sleep(0.5)\nR.register('x', 1)\n"})
 
     seen = []
     threads = [threading.Thread(target=lambda: seen.append(R.names())) for _ in range(2)]
@@ -30,13 +37,7 @@ def test_a_lookup_from_another_thread_waits_for_the_package_import(tmp_path, mon
 
 
 def test_a_failed_import_is_retried_and_raises_again(tmp_path, monkeypatch):
-    pkg = tmp_path / "badreg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("from pipeline.registry import Registry\nR = Registry('thing', __name__)\n")
-    (pkg / "broken.py").write_text("raise ImportError('broken entry')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "badreg", raising=False)
-    from badreg import R
+    R = _package(tmp_path, monkeypatch, "badreg", {"broken": "raise ImportError('broken entry')\n"})
 
     for _ in range(2):  # never an empty registry that looks loaded
         with pytest.raises(ImportError, match="broken entry"):
