@@ -53,6 +53,7 @@ _LOADS: dict[tuple, int] = {}  # per worker process: encoder arguments -> times 
 CONNECT_SECONDS = 20  # how long the client waits for a scheduler to answer
 PATH_FIELDS = ("checkpoint", "world", "out", "manifests", "image_roots", "checkpoints", "scores_out", "metrics_out")
 NO_WORKER_SECONDS = 30  # a cluster without workers this long is reported (the run waits for one)
+POLL_SECONDS = 2  # how often the client asks the scheduler for its workers
 
 
 def for_workers(cfg: Any) -> Any:
@@ -173,7 +174,7 @@ def worker_watch(client: Any, scheduler: str) -> Iterator[None]:
 
     def watch() -> None:
         since, told = None, False
-        while not stop.wait(2):
+        while not stop.wait(POLL_SECONDS):
             try:
                 n = len(client.scheduler_info().get("workers", {}))
             except Exception:  # noqa: BLE001 - the client is closing

@@ -356,3 +356,34 @@ def test_workers_preload_before_the_first_task_and_task_keys_never_repeat(refere
     calls.clear()
     assert dist.extract_distributed(dataclasses.replace(_cfg(tmp, "ref"), out=str(tmp_path / "first")), "local:1", progress=False)["tasks"] == 0
     assert calls == []
+
+
+class _ScriptedClient:
+    """A client whose scheduler reports the scripted worker counts, one per poll, then 1."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.counts, self.polls = list(counts), 0
+
+    def scheduler_info(self) -> dict:
+        self.polls += 1
+        n = self.counts.pop(0) if self.counts else 1
+        return {"workers": dict.fromkeys(range(n))}
+
+
+@pytest.mark.parametrize(("counts", "seconds", "warned"), [
+    ([0, 0, 0, 1, 0, 0], 0, 2),  # once per outage: told again after a worker came and went
+    ([0, 0, 1, 1], 30, 0),  # workers joining within NO_WORKER_SECONDS: no warning
+])  # fmt: skip
+def test_the_no_worker_warning_comes_once_per_outage_and_only_after_its_wait(monkeypatch, counts, seconds, warned):
+    import warnings
+
+    import pipeline.distributed as dist
+
+    monkeypatch.setattr(dist, "POLL_SECONDS", 0.005)
+    monkeypatch.setattr(dist, "NO_WORKER_SECONDS", seconds)
+    client = _ScriptedClient(counts)
+    with warnings.catch_warnings(record=True) as caught, dist.worker_watch(client, "here"):
+        warnings.simplefilter("always")
+        while client.polls < len(counts) + 3:
+            time.sleep(0.005)
+    assert sum("has had no worker" in str(w.message) for w in caught) == warned
