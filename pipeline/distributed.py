@@ -169,7 +169,8 @@ def cluster(scheduler: str, quiet: bool = False) -> Iterator[Any]:
 def worker_watch(client: Any, scheduler: str) -> Iterator[None]:
     """While the block runs, warn (once per outage) when the cluster has had no worker for
     :data:`NO_WORKER_SECONDS`: its tasks then wait for a worker to join, and the user is
-    told so instead of watching a frozen progress bar."""
+    told so instead of watching a frozen progress bar. The watcher has ended when the block
+    has, so it never polls a client its caller then closes."""
     stop = threading.Event()
 
     def watch() -> None:
@@ -191,12 +192,13 @@ def worker_watch(client: Any, scheduler: str) -> Iterator[None]:
                 )
                 told = True
 
-    thread = threading.Thread(target=watch, daemon=True)
+    thread = threading.Thread(target=watch, name="worker-watch", daemon=True)
     thread.start()
     try:
         yield
     finally:
         stop.set()
+        thread.join(CONNECT_SECONDS)  # a poll under way ends first (bounded: a stuck client never hangs the run)
 
 
 def worker_encoder(cfg: ExtractConfig):

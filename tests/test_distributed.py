@@ -376,3 +376,18 @@ def test_the_no_worker_warning_comes_once_per_outage_and_only_after_its_wait(mon
         while client.polls < len(counts) + 3:
             time.sleep(0.005)
     assert sum("has had no worker" in str(w.message) for w in caught) == warned
+
+
+def test_the_worker_watch_stops_polling_when_its_block_ends(monkeypatch):
+    """The watcher thread ends with its block: no poll of a client the caller has closed."""
+    import pipeline.distributed as dist
+
+    monkeypatch.setattr(dist, "POLL_SECONDS", 0.005)
+    client = _ScriptedClient([])
+    with dist.worker_watch(client, "here"):
+        while client.polls < 2:
+            time.sleep(0.005)
+    polls = client.polls
+    time.sleep(0.1)
+    assert client.polls == polls
+    assert not any(t.name == "worker-watch" for t in threading.enumerate())
