@@ -183,7 +183,9 @@ def score_choice(scorer: Scorer, store: FeatureStore, index: dict[str, np.ndarra
     device = module_device(scorer)
     for b, image, options in tqdm(choice_batches(store, index, batch_size, scorer.uses_grids, images), total=n_batches, desc=desc, leave=False, disable=not desc):
         image, options = to_device(image, device), to_device(options, device)
-        out[b, : len(options)] = option_scores(scorer, image, options, reference).double().cpu().numpy()
+        scores = option_scores(scorer, image, options, reference).double().cpu().numpy()  # [b, k]
+        refuse_nan(scores, f"{type(scorer).__name__}.option_scores", "item(s)", b)
+        out[b, : len(options)] = scores
     return out
 
 
@@ -220,8 +222,23 @@ def gallery_scores(scorer: Scorer, store: FeatureStore, gallery_rows: np.ndarray
         gallery = to_device(store.images(gallery_rows[g : g + block], grids=scorer.uses_grids), device)
         for start in range(0, len(query_rows), batch_size):
             texts = to_device(store.texts(query_rows[start : start + batch_size], grids=scorer.uses_grids), device)
-            out[start : start + batch_size, g : g + block] = scorer.score_matrix(gallery, texts).T.double().cpu().numpy()
+            scores = scorer.score_matrix(gallery, texts).T.double().cpu().numpy()  # [b, block]
+            refuse_nan(scores, f"{type(scorer).__name__}.score_matrix", "query(s)", np.arange(start, start + len(scores)))
+            out[start : start + batch_size, g : g + block] = scores
     return out
+
+
+def refuse_nan(scores: np.ndarray, source: str, what: str, positions: np.ndarray) -> None:
+    """Raise when a scorer's ``scores`` [b, ...] hold NaN. The metrics read NaN as an absent
+    option, ranked below every score, so a NaN on a wrong option or a distractor image would
+    count the scorer's failure as a win; ``positions`` [b] are the rows' item or query
+    positions in the suite, the first of which the message names."""
+    bad = np.isnan(scores.reshape(len(scores), -1)).any(axis=1)
+    if bad.any():
+        raise ValueError(
+            f"{source} returned NaN scores for {int(bad.sum())} {what} (the first at position "
+            f"{int(positions[np.flatnonzero(bad)[0]])} of the suite); a scorer must give every option a number"
+        )
 
 
 def stable_top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -317,9 +334,9 @@ def score_reranked(reranker: Reranker, base: Scorer, store: FeatureStore, galler
         r = reranker.rerank(query, candidates, rows, gallery=ids, queries=torch.arange(start, start + len(listed)))
         if tuple(r.shape) != tuple(listed.shape):
             raise ValueError(f"{name}.rerank returned shape {tuple(r.shape)}, expected [Q, K] = {tuple(listed.shape)}")
-        if torch.isnan(r).any():
-            raise ValueError(f"{name}.rerank returned NaN scores for {int(torch.isnan(r).any(1).sum())} query(s)")
-        reranked[start : start + len(listed)] = r.double()
+        r = r.double().cpu()
+        refuse_nan(r.numpy(), f"{name}.rerank", "query(s)", np.arange(start, start + len(listed)))
+        reranked[start : start + len(listed)] = r
     return merge_reranked(base_s, shortlist, reranked).numpy()
 
 

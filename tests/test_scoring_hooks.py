@@ -260,6 +260,46 @@ def test_reranker_errors_name_the_bad_value(retrieval_case):
         score_retrieval(WrongShape(k=3), store, manifest, index, 256)
 
 
+class NaNOnItem(Scorer):
+    """Frozen-CLIP-like scores with NaN for every caption of the item whose first token id is
+    ``item`` (ids are unique per caption in the tiny store)."""
+
+    uses_grids = False
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        super().__init__()
+        self.ids = ids
+
+    def score(self, image: ImageFeatures, text: TextFeatures) -> torch.Tensor:
+        s = (image.embed * text.embed).sum(-1)
+        hit = (text.ids[:, None, :] == self.ids[None]).all(-1).any(-1)  # [b]
+        return torch.where(hit, torch.nan, s)
+
+
+def test_nan_scores_are_refused_never_read_as_absent_options(retrieval_case):
+    """A NaN option score would be read as an absent option (ranked below every score), so a
+    scorer failing on a wrong option would win; every scoring path refuses it instead,
+    naming the source and the first item's position."""
+    store, manifest, index = retrieval_case
+    choice = suite_inputs(store, "shapes-dev")[1]
+    wrong = store.texts(choice["captions"][[2], 1], grids=False).ids  # item 2's wrong option
+    with pytest.raises(ValueError, match=r"NaNOnItem.option_scores returned NaN scores for 1 item\(s\) \(the first at position 2 "):
+        score_choice(NaNOnItem(wrong), store, choice, 256)
+    _, query_rows = retrieval_rows(manifest, index)
+    query = store.texts(query_rows[[5]], grids=False).ids
+    with pytest.raises(ValueError, match=r"NaNOnItem.score_matrix returned NaN scores for 1 query\(s\) \(the first at position 5 "):
+        score_retrieval(NaNOnItem(query), store, manifest, index, 4)
+
+    class NaNReranker(ReverseReranker):
+        def rerank(self, query, candidates, shortlist, gallery=None, queries=None):
+            out = super().rerank(query, candidates, shortlist).clone()
+            out[queries == 7] = torch.nan
+            return out
+
+    with pytest.raises(ValueError, match=r"NaNReranker.rerank returned NaN scores for 1 query\(s\) \(the first at position 7 "):
+        score_retrieval(NaNReranker(k=3), store, manifest, index, 6)
+
+
 def test_reranker_scores_choice_items_as_one_image_shortlists(tiny_store, registered_reverse):
     _, index = suite_inputs(tiny_store, "shapes-dev")
     scorer = create_scorer(

@@ -45,6 +45,9 @@ class Scorer(nn.Module):
         scores_choices: False for scorers of retrieval suites only (the geometry-aware
             rerankers read object boxes and phrases that choice items do not carry); the
             score stage skips choice suites for them.
+
+    Every score is a number: the metrics read NaN as an absent option, so the score stage
+    refuses a NaN score (:func:`pipeline.scoring.refuse_nan`).
     """
 
     pairwise: ClassVar[bool] = False
