@@ -173,7 +173,7 @@ def test_fgw_ranks_a_candidate_without_objects_last_and_does_not_fail():
     c = _sets([[], [A, B], [B, A]], [[], [[0.2, 0.5], [0.8, 0.5]], [[0.2, 0.5], [0.8, 0.5]]])
     value = FGWReranker().fgw(q, c)
     assert torch.isinf(value[0]) and torch.isfinite(value[1:]).all()
-    scores = rerank_scores(value, q, (1, 3))
+    scores = rerank_scores(value, q, c, (1, 3))
     assert scores.argmax() == 1 and scores.argmin() == 0  # exact layout first, empty last
 
 
@@ -187,25 +187,36 @@ def test_a_query_without_structure_is_matched_on_features_alone():
     torch.testing.assert_close(value[0], torch.tensor(0.0, dtype=torch.float64))  # features match exactly
 
 
+def _order(scores: torch.Tensor) -> list[list[int]]:
+    """Each row's candidates best first; a tie would make the stable sort hide it, so none
+    is allowed."""
+    assert all(len(set(row.tolist())) == len(row) for row in scores), f"ties in {scores}"
+    return scores.argsort(dim=1, descending=True, stable=True).tolist()
+
+
 def test_a_query_without_phrases_keeps_the_shortlist_order():
     q = _sets([[], [A]], [[], [[0, 0]]])  # query 0 has no phrases, query 1 one
     cost = torch.tensor([0.0, 0.0, 0.0, 0.5, 0.1, 0.9], dtype=torch.float64)  # [Q * K], K = 3
     q_pairs = q.index(torch.tensor([0, 0, 0, 1, 1, 1]))
-    scores = rerank_scores(cost, q_pairs, (2, 3))
-    assert scores[0].tolist() == [0.0, -1.0, -2.0]  # untouched order, no ties
-    assert scores[1].argsort(descending=True).tolist() == [1, 0, 2]
+    c = _sets([[A]] * 6, [[[0, 0]]] * 6)
+    assert _order(rerank_scores(cost, q_pairs, c, (2, 3))) == [[0, 1, 2], [1, 0, 2]]
 
 
-def test_a_query_whose_candidates_all_lack_objects_keeps_the_shortlist_order():
-    """Every candidate of query 0 has an infinite cost (none has objects): the costs say
-    nothing, and ranking by them would tie the target with the rest (last under the
-    pessimistic tie rule), so the shortlist's order stays; query 1 is reranked."""
-    q = _sets([[A], [A]], [[[0, 0]], [[0, 0]]])
+def test_candidates_without_objects_rank_last_in_the_shortlist_order():
+    """Every candidate of query 0 lacks objects (infinite FGW cost, or the worst matching
+    cost for Hungarian): the costs say nothing, and ranking by them would tie the target
+    with the rest (last under the pessimistic tie rule), so the shortlist's order stays.
+    Query 1's second and third candidates lack objects: they rank below the first, in the
+    shortlist's order, whatever their costs; real costs still rank the rest."""
+    q = _sets([[A], [A]], [[[0, 0]], [[0, 0]]]).index(torch.tensor([0, 0, 0, 1, 1, 1, 1]))
+    c = _sets([[], [], [], [A], [], [], [B]], [[], [], [], [[0, 0]], [], [], [[0, 0]]])
     inf = float("inf")
-    cost = torch.tensor([inf, inf, inf, 0.5, 0.1, inf], dtype=torch.float64)  # [Q * K], K = 3
-    scores = rerank_scores(cost, q.index(torch.tensor([0, 0, 0, 1, 1, 1])), (2, 3))
-    assert scores[0].tolist() == [0.0, -1.0, -2.0]
-    assert scores[1].argsort(descending=True).tolist() == [1, 0, 2]
+    fgw = torch.tensor([inf, inf, inf, 0.5, inf, inf, 0.1], dtype=torch.float64)
+    hungarian = torch.tensor([2.0, 2.0, 2.0, 0.5, 2.0, 2.0, 0.1], dtype=torch.float64)
+    first, second = torch.arange(3), torch.arange(3, 7)
+    for cost in (fgw, hungarian):
+        assert _order(rerank_scores(cost[first], q.index(first), c.index(first), (1, 3))) == [[0, 1, 2]]
+        assert _order(rerank_scores(cost[second], q.index(second), c.index(second), (1, 4))) == [[3, 0, 1, 2]]
 
 
 @pytest.mark.parametrize("name", ["fgw", "hungarian", "fgw-hungarian"])

@@ -29,8 +29,9 @@ Every reranker's image objects are box means of the cached grid by default (``ob
 box-mean``) or the crops re-encoded at extract (``objects: crops``, which needs
 ``extract.object_crops: true``): :data:`pipeline.scorers.geometry.objects.OBJECT_SOURCES`.
 
-A candidate without objects ranks below every candidate with some; a query without phrases
-keeps the shortlist's order (:func:`rerank_scores`).
+A candidate without objects ranks below every candidate with some, and such candidates keep
+the shortlist's order among themselves; a query without phrases keeps the shortlist's order
+(:func:`rerank_scores`).
 
 Only the shortlist reaches the solvers (:class:`pipeline.scorers.base.Reranker`): ``Q·k``
 small problems per suite, solved batched.
@@ -79,16 +80,19 @@ def matched_cost(cost: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> 
     return torch.where(rows, per_row, 0.0).sum(1) / rows.sum(1).clamp_min(1)
 
 
-def rerank_scores(cost: torch.Tensor, queries: ObjectSets, shape: tuple[int, int]) -> torch.Tensor:
-    """[Q, K] rerank scores from the [Q * K] costs of the aligned pairs: minus the cost (an
-    infinite cost, a candidate without objects, ranks below every finite one), except that
-    a query without phrases, or whose candidates all have infinite cost, keeps the
-    shortlist's order (the base order, gallery order among exact base ties): its costs say
-    nothing, and ties would rank its target last."""
+def rerank_scores(cost: torch.Tensor, queries: ObjectSets, candidates: ObjectSets, shape: tuple[int, int]) -> torch.Tensor:
+    """[Q, K] rerank scores from the [Q * K] costs of the aligned pairs: minus the cost, with
+    every candidate whose cost says nothing (it has no objects, or an infinite cost) below
+    every other candidate and in the shortlist's order (the base order, gallery order among
+    exact base ties): tied, they would rank a target among them last. A query without
+    phrases keeps the whole shortlist's order. Ties between real costs stay ties."""
     score = -cost.reshape(shape)
-    blind = ~queries.mask.any(1).reshape(shape)[:, 0] | ~torch.isfinite(score).any(1)  # [Q]
-    keep = -torch.arange(shape[1], dtype=score.dtype).expand(shape)  # the shortlist order
-    return torch.where(blind[:, None], keep, score)
+    empty = ~candidates.mask.any(1).reshape(shape) | ~torch.isfinite(score)  # [Q, K]
+    empty |= ~queries.mask.any(1).reshape(shape)[:, :1]  # a query without phrases
+    floor = torch.where(empty, float("inf"), score).amin(1, keepdim=True)  # [Q, 1] the lowest real score
+    floor = torch.where(torch.isfinite(floor), floor, 0.0)
+    keep = floor - 1 - torch.arange(shape[1], dtype=score.dtype)  # [Q, K] below it, in shortlist order
+    return torch.where(empty, keep, score)
 
 
 class GeometryReranker(Reranker):
@@ -188,7 +192,7 @@ class FGWReranker(GeometryReranker):
 
     def rerank(self, query: TextFeatures, candidates: ImageFeatures, shortlist: torch.Tensor, gallery=None, queries=None) -> torch.Tensor:
         q, c = self.pairs(shortlist, gallery, queries)
-        return rerank_scores(self.fgw(q, c), q, shortlist.shape)
+        return rerank_scores(self.fgw(q, c), q, c, shortlist.shape)
 
 
 class HungarianReranker(GeometryReranker):
@@ -196,7 +200,7 @@ class HungarianReranker(GeometryReranker):
 
     def rerank(self, query: TextFeatures, candidates: ImageFeatures, shortlist: torch.Tensor, gallery=None, queries=None) -> torch.Tensor:
         q, c = self.pairs(shortlist, gallery, queries)
-        return rerank_scores(self.hungarian(q, c), q, shortlist.shape)
+        return rerank_scores(self.hungarian(q, c), q, c, shortlist.shape)
 
 
 class FGWHungarianReranker(GeometryReranker):
@@ -204,8 +208,8 @@ class FGWHungarianReranker(GeometryReranker):
 
     def rerank(self, query: TextFeatures, candidates: ImageFeatures, shortlist: torch.Tensor, gallery=None, queries=None) -> torch.Tensor:
         q, c = self.pairs(shortlist, gallery, queries)
-        score = rerank_scores(self.fgw(q, c), q, shortlist.shape)  # [Q, K]
-        match = rerank_scores(self.hungarian(q, c), q, shortlist.shape)
+        score = rerank_scores(self.fgw(q, c), q, c, shortlist.shape)  # [Q, K]
+        match = rerank_scores(self.hungarian(q, c), q, c, shortlist.shape)
         top = min(self.top, shortlist.shape[1])
         best = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :top]  # [Q, top]
         pick = best.gather(1, match.gather(1, best).argmax(1, keepdim=True))  # [Q, 1]
