@@ -416,6 +416,33 @@ def test_held_out_training_objects_come_from_images_the_map_never_saw(monkeypatc
     assert len(rows["fit"]) + len(rows["held"]) == len(image)
 
 
+def test_ridge_refuses_a_training_suite_too_small_to_fit_and_choose_on(monkeypatch):
+    """No visible object, objects on one side of the every-fifth-image split only, or held-out
+    objects that all share one phrase: one line naming the suite and the fix, never a
+    checkpoint of NaNs chosen by AUCs of zero."""
+    import pipeline.scorers.geometry.ridge as ridge
+
+    g = torch.Generator().manual_seed(0)
+
+    def case(image: list[int], phrases: torch.Tensor | None = None) -> None:
+        image_t = torch.tensor(image, dtype=torch.long)
+        P = phrases if phrases is not None else torch.randn(len(image), 6, generator=g)
+        Y = torch.randn(len(image), 6, generator=g)
+        monkeypatch.setattr(ridge, "training_pairs", lambda *a, **k: (P, Y, image_t))
+
+    case([])
+    with pytest.raises(ValueError, match=r"^coco-objects-train: .*no object the encoder sees, too few .*\(ridge.suite\)$"):
+        ridge.choose_space(None, None, {}, "coco-objects-train", lam=1.0, shrinkage=0.1, ranks=[0])
+    case([0, 1, 2, 3, 3])  # no fifth image
+    with pytest.raises(ValueError, match=r"has 5 object\(s\) the encoder sees in 4 image\(s\), too few"):
+        ridge.choose_space(None, None, {}, "s", lam=1.0, shrinkage=0.1, ranks=[0])
+    same = torch.randn(1, 6, generator=g).expand(3, 6)
+    case([0, 1, 2, 4, 4, 4], torch.cat([torch.randn(3, 6, generator=g), same]))  # image 4: one phrase thrice
+    with pytest.raises(ValueError, match="hold no two objects with different phrases"):
+        ridge.choose_space(None, None, {}, "s", lam=1.0, shrinkage=0.1, ranks=[0, 2])
+    assert np.isnan(ranking_auc(same, torch.randn(3, 6, generator=g), ridge.fit_map(same, torch.randn(3, 6, generator=g), 1.0, 0.1)))
+
+
 def test_ridge_fgw_rank_sets_the_width_of_its_whitening(geo):
     store = geo[0]
     assert _scorer("ridge-fgw", store, rank=3).whiten.shape == (store.dims.embed_dim, 3)

@@ -183,17 +183,31 @@ def ranking_auc(P: torch.Tensor, Y: torch.Tensor, fitted: RidgeMap, pairs: torch
     """How often a mapped phrase is closer (cosine in the map's whitened space) to its own
     object than to another object of a different phrase, over every such pair, or over the
     pairs (i, j) that ``pairs`` [N, N] marks (e.g. phrases sharing a word): 1 is perfect,
-    0.5 chance."""
+    0.5 chance, NaN when there is no such pair (nothing measured)."""
     S = fitted.phrases(P) @ fitted.objects(Y).T  # [N, N]
     other = (P @ P.T) < 1 - 1e-6 if pairs is None else pairs  # pairs of different phrases
-    return float(((S < S.diag()[:, None]) & other).sum() / other.sum().clamp_min(1))
+    if not other.any():
+        return float("nan")
+    return float(((S < S.diag()[:, None]) & other).sum() / other.sum())
 
 
 def heldout_aucs(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str, lam: float, shrinkage: float, ranks: list[int], layer: str = "final", objects: str = "box-mean") -> dict[int, float]:
     """Ranking AUC on every fifth training image of the map (and whitening) fitted on the
-    others, for each rank of ``ranks``."""
+    others, for each rank of ``ranks``.
+
+    Raises:
+        ValueError: either side of that split has no object the encoder sees (too few
+            training images with objects to fit and choose on).
+    """
     P, Y, image = training_pairs(store, manifest, index, suite, layer, objects)
     held = image % 5 == 4
+    if held.all() or not held.any():
+        found = f"{len(P)} object(s) the encoder sees in {len(image.unique())} image(s)" if len(P) else "no object the encoder sees"
+        raise ValueError(
+            f"{suite}: ridge-fgw fits its map on the objects of four of every five training images and chooses "
+            f"its grid and rank on the fifth's; the suite has {found}, too few for both sides. "
+            f"Use a training suite with more annotated images (ridge.suite)"
+        )
     full = fit_map(P[~held], Y[~held], lam, shrinkage)
     return {r: ranking_auc(P[held], Y[held], restrict_rank(full, P[~held], r)) for r in ranks}
 
@@ -202,6 +216,11 @@ def choose_space(store: FeatureStore, manifest, index: dict[str, np.ndarray], su
     """The (grid, rank) whose held-out ranking AUC is highest (every fifth image held out;
     the first of equals in ``layers`` and ``ranks`` order), and the AUC of each."""
     aucs = {layer: heldout_aucs(store, manifest, index, suite, lam, shrinkage, ranks, layer, objects) for layer in layers}
+    if any(np.isnan(a) for by_rank in aucs.values() for a in by_rank.values()):
+        raise ValueError(
+            f"{suite}: the held-out training images (every fifth) hold no two objects with different phrases, so "
+            f"ridge-fgw's grid and rank cannot be chosen; use a training suite with more annotated images (ridge.suite)"
+        )
     layer, rank = max(((layer, r) for layer in layers for r in ranks), key=lambda lr: aucs[lr[0]][lr[1]])
     return layer, rank, {layer: {str(r): auc for r, auc in by_rank.items()} for layer, by_rank in aucs.items()}
 
