@@ -179,6 +179,31 @@ def test_coco_missing_files(tmp_path):
 # ---------------------------------------------------------------------------- Visual Genome files
 
 
+def _edit_coco(tmp_path, name: str, edit) -> None:
+    path = tmp_path / "annotations" / f"{name}_val2017.json"
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(("name", "edit", "message"), [
+    ("captions", lambda d: d["annotations"][0].update(caption=None), r"captions_val2017\.json: item caption 12: 'caption' is None; expected a non-empty string"),
+    ("captions", lambda d: d["annotations"].append(dict(d["annotations"][0])), r"captions_val2017\.json: annotations: id 12 appears twice"),
+    ("instances", lambda d: d["images"].append({**d["images"][0], "file_name": "dup.jpg"}), r"instances_val2017\.json: images: id 3 appears twice"),
+    ("instances", lambda d: d["annotations"][0].update(bbox=[20, 10, 60]), r"instances_val2017\.json: annotation 100: bbox \[20, 10, 60\] is not \[x, y, width, height\]"),
+    ("instances", lambda d: d["annotations"][0].update(bbox=[20, 10, -60, 40]), r"annotation 100: bbox \[20, 10, -60, 40\] is not .* width, height >= 0"),
+    ("instances", lambda d: d["annotations"][0].update(bbox=[20, 10, "60", 40]), r"annotation 100: bbox \[20, 10, \"60\", 40\] is not"),
+])  # fmt: skip
+def test_coco_malformed_entries_are_refused_naming_the_file_and_entry(tmp_path, name, edit, message):
+    """A null caption, a repeated id (a plain dict kept the last entry and lost an image) and
+    a box that is not four numbers with a non-negative size: one line naming the file and the
+    entry, at manifest time."""
+    _coco(tmp_path)
+    _edit_coco(tmp_path, name, edit)
+    with pytest.raises(ValueError, match=message):
+        build_coco_objects(tmp_path)
+
+
 def _obj(oid, name, x, y, w, h, key="names"):
     return {
         "object_id": oid,
@@ -278,6 +303,22 @@ def test_vg_without_attributes_or_url(tmp_path):
     r = build_vg_objects(tmp_path).set_index("item_id").loc["10"]
     assert r["captions"] == ["man riding horse and man wearing hat"]
     assert r["phrases"] == ["man", "horse", "hat"] and r["image"] == "VG_100K/10.jpg"
+
+
+def test_vg_null_predicate_is_skipped_and_a_repeated_image_refused(tmp_path):
+    """A relationship with ``predicate: null`` is skipped like one without a predicate (it
+    was read as the word "none"); an image listed twice in relationships.json is refused
+    (the second list silently replaced the first)."""
+    _vg(tmp_path)
+    path = tmp_path / "relationships.json"
+    rels = json.loads(path.read_text())
+    rels[2]["relationships"][0]["predicate"] = None  # image 10's "man riding horse"
+    path.write_text(json.dumps(rels))
+    r = build_vg_objects(tmp_path).set_index("item_id").loc["10"]
+    assert "none" not in r["captions"][0] and json.loads(r["relations"])[0][1] == "wearing"
+    path.write_text(json.dumps([*rels, rels[0]]))
+    with pytest.raises(ValueError, match=r"relationships\.json: images: id 20 appears twice"):
+        build_vg_objects(tmp_path)
 
 
 @pytest.mark.parametrize("missing", ["image_data.json", "objects.json", "relationships.json"])

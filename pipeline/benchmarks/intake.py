@@ -61,9 +61,18 @@ class IdIndex(dict):
 
 
 def id_index(pairs: Any, where: str) -> IdIndex:
-    """An :class:`IdIndex` of ``(id, entry)`` pairs; ``where`` names the file and section."""
-    index = IdIndex(pairs)
+    """An :class:`IdIndex` of ``(id, entry)`` pairs; ``where`` names the file and section.
+
+    Raises:
+        ValueError: an id appears twice (a plain dict would keep the last entry and lose the
+            first), naming ``where`` and the id.
+    """
+    index = IdIndex()
     index._where = where
+    for key, entry in pairs:
+        if key in index:
+            raise ValueError(f"{where}: id {key!r} appears twice (an entry would be lost); replace it with the official file")
+        index[key] = entry
     return index
 
 

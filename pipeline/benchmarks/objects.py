@@ -39,14 +39,22 @@ Object lists (both) are sorted by box area, largest first, ties by annotation/ob
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from pipeline.benchmarks.base import SUITES, Suite
-from pipeline.benchmarks.intake import read_json, relative_image_path, require_file
+from pipeline.benchmarks.intake import (
+    id_index,
+    read_json,
+    relative_image_path,
+    require_file,
+    text_field,
+)
 from pipeline.benchmarks.phrases import split_phrases
 from pipeline.benchmarks.retrieval import (
     OBJECT_CAPTION_COLUMNS,
@@ -62,6 +70,14 @@ def _norm_box(x: float, y: float, w: float, h: float, width: float, height: floa
         return round(min(max(v, 0.0), 1.0), 6)
 
     return [clip(x / width), clip(y / height), clip((x + w) / width), clip((y + h) / height)]
+
+
+def _check_bbox(bbox: Any, where: str) -> None:
+    """Refuse a box that is not four finite numbers ``[x, y, w, h]`` with ``w, h >= 0``."""
+    ok = isinstance(bbox, (list, tuple)) and len(bbox) == 4
+    ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bbox)
+    if not ok or bbox[2] < 0 or bbox[3] < 0:
+        raise ValueError(f"{where}: bbox {json.dumps(bbox)[:80]} is not [x, y, width, height] with width, height >= 0; replace it with the official file")
 
 
 def _image_size(meta: dict, item: str) -> tuple[float, float]:
@@ -124,16 +140,18 @@ def build_coco_objects(root: Path, cfg: CocoObjectsConfig | None = None) -> pd.D
     inst_path = require_file(root, f"annotations/instances_{cfg.split}.json", source)
     cap_path = require_file(root, f"annotations/captions_{cfg.split}.json", source)
     first_caption: dict[int, tuple[int, str]] = {}
-    for a in _load_json(cap_path)["annotations"]:
+    captions = id_index(((a["id"], a) for a in _load_json(cap_path)["annotations"]), f"{cap_path}: annotations")
+    for cap_id, a in captions.items():
         best = first_caption.get(a["image_id"])
-        if best is None or a["id"] < best[0]:
-            first_caption[a["image_id"]] = (a["id"], a["caption"].strip())
+        if best is None or cap_id < best[0]:
+            first_caption[a["image_id"]] = (cap_id, text_field(a, "caption", cap_path, f"caption {cap_id}").strip())
     inst = _load_json(inst_path)
-    cats = {c["id"]: c["name"] for c in inst["categories"]}
-    images = {im["id"]: im for im in inst["images"]}
+    cats = id_index(((c["id"], c["name"]) for c in inst["categories"]), f"{inst_path}: categories")
+    images = id_index(((im["id"], im) for im in inst["images"]), f"{inst_path}: images")
     anns: dict[int, list[dict]] = {}
-    for a in inst["annotations"]:
+    for a in id_index(((a["id"], a) for a in inst["annotations"]), f"{inst_path}: annotations").values():
         if not a.get("iscrowd", 0):
+            _check_bbox(a["bbox"], f"{inst_path}: annotation {a['id']}")
             anns.setdefault(a["image_id"], []).append(a)
 
     ids = sorted(i for i in images if i in first_caption)
@@ -209,7 +227,7 @@ def _vg_query(rels: list[dict], n: int) -> list[tuple[dict, str, dict]]:
     out = []
     for r in rels:
         s, o = r["subject"], r["object"]
-        pred = " ".join(str(r.get("predicate", "")).lower().split())
+        pred = " ".join(str(r.get("predicate") or "").lower().split())
         if pred and _vg_name(s) and _vg_name(o) and s["object_id"] != o["object_id"]:
             out.append((s, pred, o))
             if len(out) == n:
@@ -227,7 +245,8 @@ def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataF
     attr_path = Path(root) / "attributes.json"
 
     queries: dict[int, list[tuple[dict, str, dict]]] = {}
-    for entry in sorted(_load_json(rel_path), key=_vg_id):
+    entries = id_index(((_vg_id(e), e) for e in _load_json(rel_path)), f"{rel_path}: images")
+    for _, entry in sorted(entries.items()):
         if cfg.limit is not None and len(queries) >= cfg.limit:
             break
         if q := _vg_query(entry.get("relationships") or [], cfg.n_relations):
