@@ -120,3 +120,30 @@ def _projections(enc):
     from pipeline.features import Projections
 
     return Projections(enc.model.visual.proj, enc.model.text_projection, enc.model.logit_scale.exp())
+
+
+def test_a_reranker_is_refused_naming_the_bench_that_times_it(tmp_path, tiny_encoder, monkeypatch):
+    """`bench scoring` times choice items; a retrieval reranker gets one line pointing to
+    `bench rerank`. Without --params it reads ./params.yaml when present, like `pipeline
+    score`, and every default when not."""
+    from pipeline.cli import app
+
+    monkeypatch.setattr(scoring, "random_encoder", lambda name: tiny_encoder)
+    monkeypatch.chdir(tmp_path)  # no params.yaml here: every default
+    result = CliRunner().invoke(app, ["bench", "scoring", "--variants", "fgw", "--items", "4", "--vit-items", "0", "--quiet"])
+    assert result.exit_code == 1 and "fgw ranks retrieval suites only" in result.output
+    assert "pipeline bench rerank" in result.output and "no such params file" not in result.output
+    assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["scoring", "--items", "0"], ["scoring", "--threads", "0"], ["rerank", "--queries", "0"],
+    ["rerank", "--objects", "0"], ["rerank", "--dim", "0"], ["extract", "--toy-images", "0"],
+    ["memory", "--sizes", "0"], ["cli", "--items", "0"], ["cli", "--repeats", "0"],
+    ["sinkhorn", "--problems", "0"], ["sinkhorn", "--rows", "0"], ["sinkhorn", "--batch-block", "-2"],
+])  # fmt: skip
+def test_bench_counts_out_of_range_are_refused_in_one_line(args):
+    from pipeline.cli import app
+
+    result = CliRunner().invoke(app, ["bench", *args])
+    assert result.exit_code == 2 and f"Invalid value for '{args[1]}'" in result.output and "Traceback" not in result.output

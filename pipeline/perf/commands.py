@@ -26,8 +26,8 @@ def write_bench(name: str, command: str, results: dict, folder: str = "reports/b
 
 @bench_app.command("extract")
 def bench_extract(
-    toy_images: Annotated[int, typer.Option(help="images for the toy encoder")] = 512,
-    vit_images: Annotated[int, typer.Option(help="images for ViT-L-14-336 (0 = skip)")] = 8,
+    toy_images: Annotated[int, typer.Option(min=1, help="images for the toy encoder")] = 512,
+    vit_images: Annotated[int, typer.Option(min=0, help="images for ViT-L-14-336 (0 = skip)")] = 8,
     scheduler: Annotated[list[str] | None, typer.Option(help="instead: distributed throughput per scheduler (repeatable, e.g. local:1 local:2)")] = None,
 ) -> None:
     """Extract wall time vs a bare forward pass (toy and ViT-L-14-336, random init); with
@@ -49,8 +49,8 @@ def bench_extract(
 @bench_app.command("cli")
 def bench_cli(
     model: Annotated[str, typer.Option(help="encoder (random init saved as a weights file)")] = "ViT-B-32",
-    items: Annotated[int, typer.Option(help="SugarCrepe-style items scored")] = 100,
-    repeats: Annotated[int, typer.Option(help="timed calls (median)")] = 3,
+    items: Annotated[int, typer.Option(min=1, help="SugarCrepe-style items scored")] = 100,
+    repeats: Annotated[int, typer.Option(min=1, help="timed calls (median)")] = 3,
 ) -> None:
     """One `pipeline score` call against its scoring time: imports, params, store open and fingerprint (goal: <= 3 s)."""
     from pipeline.perf.cli import score_overhead
@@ -60,11 +60,11 @@ def bench_cli(
 
 @bench_app.command("scoring")
 def bench_scoring(
-    params: Annotated[Path, typer.Option(help="params.yaml (score.checkpoints, score.batch_size, train.<variant>.scorer)")] = DEFAULT_PARAMS,
-    items: Annotated[int, typer.Option(help="items (an image, two captions) for the toy encoder")] = 500,
-    vit_items: Annotated[int, typer.Option(help="items for ViT-L-14-336 at random init (0 = skip)")] = 8,
+    params: Annotated[Path | None, typer.Option(help="params.yaml (score.checkpoints, score.batch_size, train.<variant>.scorer; default: ./params.yaml if present)")] = None,
+    items: Annotated[int, typer.Option(min=1, help="items (an image, two captions) for the toy encoder")] = 500,
+    vit_items: Annotated[int, typer.Option(min=0, help="items for ViT-L-14-336 at random init (0 = skip)")] = 8,
     variants: Annotated[list[str] | None, typer.Option(help="scorer variants (repeatable; default: clip bindclip global-m flowclip flowclip-cimr)")] = None,
-    threads: Annotated[int, typer.Option(help="torch intra-op threads (at most the free cores)")] = 2,
+    threads: Annotated[int, typer.Option(min=1, help="torch intra-op threads (at most the free cores)")] = 2,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
 ) -> None:
     """Each scorer from the cache vs re-encoding batched as CLIP_benchmark does (toy, ViT-L-14-336)."""
@@ -72,8 +72,9 @@ def bench_scoring(
     from pipeline.perf.scoring import bench_scoring as run_bench
 
     variants = variants or list(VARIANTS)
+    params = params if params is not None else (DEFAULT_PARAMS if DEFAULT_PARAMS.is_file() else None)  # as `pipeline score`
     flags = " ".join(f"--variants {v}" for v in variants)
-    cmd = f"pipeline bench scoring --params {params} --items {items} --vit-items {vit_items} {flags} --threads {threads}"
+    cmd = f"pipeline bench scoring{f' --params {params}' if params else ''} --items {items} --vit-items {vit_items} {flags} --threads {threads}"
     try:
         results = run_bench(params, items, vit_items, variants, threads, progress=not quiet)
     except Exception as e:
@@ -87,10 +88,10 @@ def bench_scoring(
 
 @bench_app.command("rerank")
 def bench_rerank(
-    queries: Annotated[int, typer.Option(help="queries reranked per variant")] = 200,
-    objects: Annotated[int, typer.Option(help="objects per query and per image")] = 4,
-    dim: Annotated[int, typer.Option(help="joint-space dimension (toy: 128)")] = 128,
-    threads: Annotated[int, typer.Option(help="torch intra-op threads")] = 2,
+    queries: Annotated[int, typer.Option(min=1, help="queries reranked per variant")] = 200,
+    objects: Annotated[int, typer.Option(min=1, help="objects per query and per image")] = 4,
+    dim: Annotated[int, typer.Option(min=1, help="joint-space dimension (toy: 128)")] = 128,
+    threads: Annotated[int, typer.Option(min=1, help="torch intra-op threads")] = 2,
 ) -> None:
     """Geometry-aware reranking cost: ms per query at K = 20, growth with K and objects, FGW batched vs POT's loop."""
     from pipeline.perf.rerank import bench_rerank as run_bench
@@ -101,7 +102,7 @@ def bench_rerank(
 
 @bench_app.command("memory")
 def bench_memory(
-    sizes: Annotated[list[int] | None, typer.Option(help="image counts (repeatable)")] = None,
+    sizes: Annotated[list[int] | None, typer.Option(min=1, help="image counts (repeatable)")] = None,
 ) -> None:
     """Peak memory of extract as the number of images grows."""
     from pipeline.perf.extract import extract_memory
@@ -113,11 +114,11 @@ def bench_memory(
 
 @bench_app.command("sinkhorn")
 def bench_sinkhorn(
-    problems: Annotated[int, typer.Option(help="number of OT problems")] = 256,
-    rows: Annotated[int, typer.Option(help="rows per problem")] = 64,
-    cols: Annotated[int, typer.Option(help="columns per problem")] = 1153,
-    pot_subset: Annotated[int, typer.Option(help="problems POT's loop is timed on (0 = all)")] = 0,
-    batch_block: Annotated[int, typer.Option(help="our solver's problems per block (-1 = automatic: cache-sized on CPU; 0 = one block)")] = -1,
+    problems: Annotated[int, typer.Option(min=1, help="number of OT problems")] = 256,
+    rows: Annotated[int, typer.Option(min=1, help="rows per problem")] = 64,
+    cols: Annotated[int, typer.Option(min=1, help="columns per problem")] = 1153,
+    pot_subset: Annotated[int, typer.Option(min=0, help="problems POT's loop is timed on (0 = all)")] = 0,
+    batch_block: Annotated[int, typer.Option(min=-1, help="our solver's problems per block (-1 = automatic: cache-sized on CPU; 0 = one block)")] = -1,
 ) -> None:
     """Batched log-domain Sinkhorn vs POT's per-problem loop, equal work and results."""
     from pipeline.perf.sinkhorn import bench_sinkhorn as run_bench

@@ -78,10 +78,14 @@ def build_scorer(variant: str, store, options: dict[str, Any], checkpoints: Path
 
     folder = checkpoint_dir(variant, checkpoints) if checkpoints else None
     if folder is not None and (folder / "model.safetensors").is_file():
-        return load_scorer(variant, store, checkpoints).full_path(), f"trained ({folder})"
-    torch.manual_seed(SEED)
-    scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **options).eval().full_path()
-    return scorer, f"random init (seed {SEED})" if scorer.trainable else "none (no trainable parameters)"
+        scorer, weights = load_scorer(variant, store, checkpoints).full_path(), f"trained ({folder})"
+    else:
+        torch.manual_seed(SEED)
+        scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **options).eval().full_path()
+        weights = f"random init (seed {SEED})" if scorer.trainable else "none (no trainable parameters)"
+    if not scorer.scores_choices:
+        raise ValueError(f"{variant} ranks retrieval suites only, and this bench times choice items; `pipeline bench rerank` times the rerankers")
+    return scorer, weights
 
 
 def trainable_parameters(scorer: Scorer) -> int:
