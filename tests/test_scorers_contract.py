@@ -63,6 +63,14 @@ CHOICE_SCORERS = [n for n in SCORERS.names() if _scores_choices(n)]
 RETRIEVAL_ONLY = [n for n in SCORERS.names() if not _scores_choices(n)]
 
 
+@pytest.mark.parametrize("name", SCORERS.names())
+def test_every_variant_says_what_it_is(name):
+    """`pipeline variants` prints the first line of each factory's docstring."""
+    doc = (SCORERS.get(name).__doc__ or "").strip()
+    first = doc.splitlines()[0] if doc else ""
+    assert first.endswith((".", ")")) and len(first) <= 110, name  # a whole sentence on its line
+
+
 @pytest.mark.parametrize("name", RETRIEVAL_ONLY)
 def test_retrieval_only_scorers_are_rerankers_that_refuse_choice_items(name):
     scorer = create_scorer(name, dims=DIMS, proj=random_projections())

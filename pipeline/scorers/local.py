@@ -147,11 +147,13 @@ class LocalAlignment(Scorer):
 
 @SCORERS.register("local-max")
 def local_max(dims: FeatureDims, proj: Projections, **kwargs) -> LocalAlignment:
+    """Local alignment: each caption token's best patch cosine, averaged over the tokens."""
     return LocalAlignment(proj, pooling="max", **kwargs)
 
 
 @SCORERS.register("local-softmax")
 def local_softmax(dims: FeatureDims, proj: Projections, **kwargs) -> LocalAlignment:
+    """Local alignment: each caption token's softmax-weighted patch cosine, averaged over the tokens."""
     return LocalAlignment(proj, pooling="softmax", **kwargs)
 
 
@@ -159,4 +161,5 @@ def local_softmax(dims: FeatureDims, proj: Projections, **kwargs) -> LocalAlignm
 def additive(
     dims: FeatureDims, proj: Projections, pooling: str = "max", w: float = 1.0, **kwargs
 ) -> LocalAlignment:
+    """Global plus local: CLIP's logit scale times (the global cosine + w * the local alignment)."""
     return LocalAlignment(proj, pooling=pooling, w=w, **kwargs)

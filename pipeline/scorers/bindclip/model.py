@@ -418,16 +418,19 @@ def _create(dims: FeatureDims, proj: Projections, **kwargs) -> BindClip:
 
 @SCORERS.register("bindclip")
 def bindclip(dims: FeatureDims, proj: Projections, **kwargs) -> BindClip:
+    """BindCLIP: one balanced token-patch-depth OT coupling read as binding energies (pairwise)."""
     return _create(dims, proj, **kwargs)
 
 
 @SCORERS.register("bindclip-lesion")
 def bindclip_lesion(dims: FeatureDims, proj: Projections, **kwargs) -> BindClip:
+    """BindCLIP's lesion: the plan replaced by the product of its marginals (bindclip's weights)."""
     return _create(dims, proj, **{"plan": "outer", **kwargs})
 
 
 @SCORERS.register("bindclip-noconsensus")
 def bindclip_noconsensus(dims: FeatureDims, proj: Projections, **kwargs) -> BindClip:
+    """BindCLIP without the cross-depth consensus contraction (bindclip's weights)."""
     return _create(dims, proj, **{"consensus": False, **kwargs})
 
 

@@ -275,7 +275,8 @@ def fgw_hungarian(dims: FeatureDims, proj: Projections, **kwargs) -> FGWHungaria
 
 @SCORERS.register("ridge-fgw")
 def ridge_fgw(dims: FeatureDims, proj: Projections, rank: int = 0, **kwargs) -> RidgeFGWReranker:
-    """FGW on phrases mapped to object embeddings by a ridge regression (pipeline ridge);
+    """FGW on phrases mapped to object embeddings by a ridge regression (pipeline ridge).
+
     ``rank``: the width of the compared space (set by the fit's ``scorer_kwargs``)."""
     options = _options(kwargs)
     return RidgeFGWReranker(dims.embed_dim, object_dim(dims, options.get("layer", "final")), rank=rank, **options)
