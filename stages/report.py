@@ -29,7 +29,11 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
     for what the score stage wrote (the configured variants, each seed variant's ``@seed<k>``,
     each replaced variant's ``@<mode>``). Items the score stage left out because their image
     was missing at extract are taken out of the manifest too and listed under ``missing``, so
-    every table's denominator is the scored items and the report can name what is left out."""
+    every table's denominator is the scored items and the report can name what is left out.
+
+    Raises:
+        ValueError: nothing at all was scored (the report would be its header alone).
+    """
     out: dict[str, Any] = {}
     for suite in score.suites:
         src = resolve_source(suite, world.out, extract.manifests, extract.image_roots)
@@ -58,6 +62,11 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
             if entry["manifest"]["item_id"].astype(str).tolist() != scored_ids:
                 raise ValueError(f"the scores of {suite} do not follow its manifest's item order; rerun score")
         out[suite] = entry
+    if not any(entry["scores"] for entry in out.values()):
+        raise ValueError(
+            f"no scores under {score.scores_out} for score.variants ({', '.join(score.variants)}) on "
+            f"score.suites ({', '.join(score.suites)}): run `pipeline score` first"
+        )
     return out
 
 

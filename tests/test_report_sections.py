@@ -596,3 +596,31 @@ def test_bindclip_table_one_puts_frozen_clip_and_bindclip_in_their_columns(world
     assert len(rows) > 3
     for r in rows[2:]:
         assert r[2:5] == ["100.0", "0.0", "-100.0 [-100.0, -100.0]"], r
+
+
+def test_a_suite_with_items_left_out_names_them_in_a_sentence_of_its_own(world, tmp_path, monkeypatch):
+    """A description without a full stop (the real suites' image roots end in a path) is
+    closed before the sentence naming the items left out; the published section says which
+    suites it would set beside published figures when none was scored."""
+    import dataclasses
+
+    from pipeline.benchmarks import SUITES
+
+    suite = SUITES.get("shapes-dev")
+    monkeypatch.setitem(SUITES._entries, "shapes-dev", dataclasses.replace(suite, description="images under root/val2017/"))
+    ctx = make_context(world, tmp_path, {"clip": "right"})
+    ctx.results["shapes-dev"]["missing"] = ["a.png", "b.png"]
+    text = render(ctx)
+    assert "images under root/val2017/. 2 item(s) left out, their image missing at extract: a.png, b.png." in text
+    assert "No suite with a published figure was scored in this run (ARO, SugarCrepe, SugarCrepe++, What'sUp)" in text
+
+
+def test_a_variant_without_scores_is_named_and_a_report_of_nothing_refused(world, tmp_path):
+    from stages.report import load_results
+
+    ctx = make_context(world, tmp_path, {"clip": "right"})
+    ctx.score = ScoreConfig(variants=["clip", "steer"], suites=SUITES_SHOWN)
+    assert "No scores were found for `steer` on any suite of this report" in render(ctx)
+    empty = ScoreConfig(variants=["clip"], suites=["shapes-dev"], scores_out=str(tmp_path / "none"))
+    with pytest.raises(ValueError, match=r"no scores under .*none for score.variants \(clip\) on score.suites \(shapes-dev\): run `pipeline score` first"):
+        load_results(empty, ExtractConfig(), WorldConfig(out=str(world)))

@@ -149,6 +149,9 @@ def overview(ctx: ReportContext) -> list[str]:
         bootstrap=ctx.cfg.bootstrap,
         seed=ctx.cfg.seed,
     )
+    unscored = [v for v in ctx.score.variants if not any(v in e["scores"] for e in ctx.results.values())]
+    if unscored:
+        intro += " " + TEXT("unscored", variants=", ".join(f"`{v}`" for v in unscored))
     return [f"# Compositionality report ({ctx.layout.world})", intro]
 
 
@@ -170,7 +173,8 @@ def suites(ctx: ReportContext) -> list[str]:
             continue
         table, rows = suite_table(suite_name, entry, ctx.cfg)
         long_rows += rows
-        description = SUITES.get(suite_name).description
+        description = SUITES.get(suite_name).description.rstrip()
+        description += "" if description.endswith((".", "!", "?")) else "."
         missing = entry.get("missing") or []
         left_out = (
             f" {len(missing)} item(s) left out, their image missing at extract: "
