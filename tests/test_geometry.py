@@ -518,3 +518,13 @@ def test_geometry_variants_are_registered_for_retrieval_only():
     assert FGWReranker.scores_choices is False
     with pytest.raises(ValueError, match="alpha"):
         FGWReranker(alpha=1.5)
+
+
+def test_steering_on_a_suite_without_concept_prompts_says_why(geo):
+    """The real COCO / VG loaders write boxes and phrases but no steering prompts: the
+    refusal names what steering needs and where it exists, not object boxes."""
+    from pipeline.scorers.geometry.steering import Steer
+
+    manifest = pd.DataFrame({"item_id": ["1"], "object_boxes": ["[]"], "phrases": [["dog"]]})
+    with pytest.raises(ValueError, match=r"^suite coco-objects has no steer_pos, steer_neg column\(s\): steer and steer-multi need each query's concept prompts .* COCO and Visual Genome loaders do not"):
+        Steer().prepare(geo[0], manifest, {}, "coco-objects")

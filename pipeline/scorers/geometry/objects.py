@@ -161,13 +161,14 @@ def gallery_rows_of(manifest: pd.DataFrame, gallery: list[str]) -> np.ndarray:
     return np.array([first[g] for g in gallery], dtype=np.int64)
 
 
-def require_columns(manifest: pd.DataFrame, columns: tuple[str, ...], suite: str = "") -> None:
+OBJECTS_NEEDED = "the geometry-aware rerankers need object boxes and query phrases in the manifest (pipeline.benchmarks.retrieval)"
+
+
+def require_columns(manifest: pd.DataFrame, columns: tuple[str, ...], suite: str = "", needed: str = OBJECTS_NEEDED) -> None:
+    """Refuse a manifest without ``columns``, naming the suite, the columns and what ``needed`` them."""
     missing = [c for c in columns if c not in manifest]
     if missing:
-        raise ValueError(
-            f"suite {suite or '(retrieval)'} has no {', '.join(missing)} column(s): the geometry-aware "
-            f"rerankers need object boxes and query phrases in the manifest (pipeline.benchmarks.retrieval)"
-        )
+        raise ValueError(f"suite {suite or '(retrieval)'} has no {', '.join(missing)} column(s): {needed}")
 
 
 def object_dim(store_dims, layer: str) -> int:

@@ -32,6 +32,10 @@ from pipeline.scorers.base import SCORERS, Reranker
 from pipeline.scorers.geometry.objects import require_columns
 
 WHOLE_GALLERY = 10**9
+STEERING_NEEDED = (
+    "steer and steer-multi need each query's concept prompts (steer_pos / steer_neg), which the shapes world's "
+    "retrieval suites write and the COCO and Visual Genome loaders do not; leave them out of score.variants there"
+)
 
 
 class Steer(Reranker):
@@ -48,7 +52,7 @@ class Steer(Reranker):
         self._directions: torch.Tensor | None = None
 
     def prepare(self, store, manifest, index, suite: str = "") -> None:
-        require_columns(manifest, ("steer_pos", "steer_neg"), suite)
+        require_columns(manifest, ("steer_pos", "steer_neg"), suite, STEERING_NEEDED)
         if "steer_pos" not in index or "steer_neg" not in index:
             raise ValueError(f"the store has no steer_pos/steer_neg rows for {suite}: rerun `pipeline extract`")
         pos, neg = (index[c].reshape(len(manifest), -1) for c in ("steer_pos", "steer_neg"))
