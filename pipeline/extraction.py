@@ -94,18 +94,34 @@ def extract(
         A summary: rows encoded/reused per modality, seconds, store path.
     """
     torch.set_num_threads(cfg.threads)
+    sources = suite_sources(cfg)  # before the model loads: a wrong suite or path fails at once
     enc = encoder or load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
     with store_lock(store_path(cfg), break_lock, cfg.storage_options):
-        root, plan = prepare(cfg, enc, repair, progress)
+        root, plan = prepare(cfg, enc, repair, progress, sources)
         t0 = time.perf_counter()
         for modality, (rows, sources) in plan.todo.items():
             plan.bad.update(encode_rows(enc, root, modality, rows, sources, cfg, progress))
         return finish(root, plan, cfg, time.perf_counter() - t0)
 
 
-def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bool = False) -> tuple[zarr.Group, ExtractPlan]:
-    """Open (or create) the store, write the projections, read every suite's manifest, and
-    give every unique image, caption and object crop a store row.
+def suite_sources(cfg: ExtractConfig) -> list:
+    """Each of ``cfg.suites``' manifest and image root (:func:`pipeline.manifests.resolve_source`).
+
+    Raises:
+        ValueError: no suite, or an unknown one (listing the valid ones).
+        FileNotFoundError: a manifest the params name is not there.
+    """
+    if not cfg.suites:
+        raise ValueError("extract.suites is empty: nothing to extract; name at least one suite (`pipeline suites` lists them)")
+    for suite in cfg.suites:
+        SUITES.get(suite)  # unknown suites fail before any work, listing the valid ones
+    return [resolve_source(s, cfg.world, cfg.manifests, cfg.image_roots) for s in cfg.suites]
+
+
+def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bool = False, sources: list | None = None) -> tuple[zarr.Group, ExtractPlan]:
+    """Open (or create) the store, write the projections, read every suite's manifest
+    (``sources``: :func:`suite_sources`, resolved here when None), and give every unique
+    image, caption and object crop a store row.
 
     The row arrays' chunk inventory is checked and their keys decoded
     (:func:`pipeline.cache.integrity.key_inventory`); with ``repair`` every chunk is decoded too, and the rows of each damaged file are cleared
@@ -119,11 +135,7 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
             encoded yet).
         CorruptStoreError: the store is damaged and ``repair`` is False.
     """
-    if not cfg.suites:
-        raise ValueError("extract.suites is empty: nothing to extract; name at least one suite (`pipeline suites` lists them)")
-    for suite in cfg.suites:
-        SUITES.get(suite)  # unknown suites fail before any work, listing the valid ones
-    sources = [resolve_source(s, cfg.world, cfg.manifests, cfg.image_roots) for s in cfg.suites]
+    sources = sources if sources is not None else suite_sources(cfg)
     dims = asdict(enc.dims)
     fingerprint = {**enc.fingerprint(), **({"object_crops": True} if cfg.object_crops else {})}
     root = writer.open_for_writing(store_path(cfg), fingerprint, dims, cfg.replace_mismatch, cfg.storage_options)

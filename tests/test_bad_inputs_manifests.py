@@ -246,3 +246,20 @@ def test_a_recorded_manifest_that_is_gone_names_the_command_that_builds_it(tmp_p
     with pytest.raises(FileNotFoundError) as e:
         suite_inputs(store, suite)
     assert str(gone) in str(e.value) and build in str(e.value) and f"extract.manifests.{suite}" in str(e.value)
+
+
+def test_a_missing_manifest_is_refused_before_the_model_loads_or_the_store_is_touched(tmp_path, monkeypatch):
+    """The manifests are checked first: no model load (15 s for ViT-L-14-336), no store
+    folder, no lock file, in one process and on a cluster."""
+    import pipeline.extraction as extraction
+    from pipeline.config import ExtractConfig
+    from pipeline.distributed import extract_distributed
+
+    monkeypatch.setattr(extraction, "load_encoder", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr("pipeline.encoders.load_encoder", lambda *a, **k: pytest.fail("the model loaded"))
+    cfg = ExtractConfig(model="tiny-vit", pretrained="none", suites=[SUITE], manifests={SUITE: str(tmp_path / "gone.parquet")},
+                        image_roots={SUITE: str(tmp_path)}, out=str(tmp_path / "features"))  # fmt: skip
+    for run in (lambda: extraction.extract(cfg, progress=False), lambda: extract_distributed(cfg, "local:1", progress=False)):
+        with pytest.raises(FileNotFoundError, match=f"manifest of {SUITE} not found at"):
+            run()
+        assert not (tmp_path / "features").exists()
