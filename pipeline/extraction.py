@@ -58,7 +58,7 @@ class ExtractPlan:
     distributed path ships ``todo`` blocks to workers).
 
     ``todo[modality]`` is ``(rows, sources)``: sorted store rows still to encode and, per
-    row, what to encode (a caption's text; an image's (root, rel path, crop); an object crop's
+    row, what to encode (a caption's BPE tokens, :meth:`pipeline.encoders.Encoder.bpe`; an image's (root, rel path, crop); an object crop's
     (image source, image row, box)).
     """
 
@@ -215,8 +215,9 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
     plan.repaired = {d.array: d.hi - d.lo for d in damage}
     if any(len(r) for r in lost_keys.values()):
         _restore_keys(root, suite_cells, lost_keys)
-    plan.truncation = _truncation(enc, suite_cells, captions)
-    plan.todo["text"] = _plan(root, plan, "text", captions, lambda k: captions[k])
+    bpe = dict(zip(captions, enc.bpe(list(captions.values())), strict=True))  # each caption encoded once
+    plan.truncation = _truncation(enc, suite_cells, bpe)
+    plan.todo["text"] = _plan(root, plan, "text", captions, lambda k: bpe[k])
     plan.todo["image"] = _plan(root, plan, "image", images, lambda k: images[k])
     if cfg.object_crops:
         def crop_source(k: str) -> tuple[tuple[Path, str, Any], int, np.ndarray]:
@@ -348,16 +349,16 @@ def _keys(hexes: list[str]) -> np.ndarray:
     return np.stack([np.frombuffer(bytes.fromhex(h), dtype=np.uint8) for h in hexes])
 
 
-def _encode_texts(enc: Encoder, root, rows: np.ndarray, texts: list[str], cfg: ExtractConfig, progress: bool) -> None:
+def _encode_texts(enc: Encoder, root, rows: np.ndarray, bpe: list[list[int]], cfg: ExtractConfig, progress: bool) -> None:
     if len(rows) == 0:
         return
     order = np.argsort(rows)
-    rows, texts = rows[order], [texts[i] for i in order]
+    rows, bpe = rows[order], [bpe[i] for i in order]
     position = {int(r): i for i, r in enumerate(rows)}
     bar = tqdm(total=len(rows), desc="extract captions", unit="cap", disable=not progress)
     with _Writer(root, "text") as sink:
         for batch in writer.shard_batches(rows, cfg.batch_size * 4):
-            ids = enc.tokenizer([texts[position[int(r)]] for r in batch]).to(cfg.device)
+            ids = enc.ids_from_bpe([bpe[position[int(r)]] for r in batch]).to(cfg.device)
             out = enc.encode_texts(ids)
             sink.put(
                 batch,
@@ -372,17 +373,14 @@ def _encode_texts(enc: Encoder, root, rows: np.ndarray, texts: list[str], cfg: E
     bar.close()
 
 
-def _truncation(enc: Encoder, suite_cells: list, captions: dict[str, str]) -> dict[str, dict[str, int]]:
+def _truncation(enc: Encoder, suite_cells: list, tokens: dict[str, list[int]]) -> dict[str, dict[str, int]]:
     """Per suite, ``n_truncated``: captions longer than the context (cut to its first
     ``context_length - 2`` BPE tokens, eot kept), and ``n_truncation_ties``: items with two
     captions in one column whose tokens differ but that the cut makes identical (their options
     score the same, whatever the scorer). Captions whose tokens are equal to begin with (they
     differ only in case, whitespace or characters the tokenizer drops) tie without any cut and
     are not counted."""
-    from open_clip.tokenizer import _tokenizer
-
     limit = enc.dims.context_length - 2  # sot and eot
-    tokens = {k: _tokenizer.encode(t) for k, t in captions.items()}
     out = {}
     for src, columns, _ in suite_cells:
         keys = {k for modality, keyed in columns.values() if modality == "text" for ks in keyed for k in ks}

@@ -310,7 +310,8 @@ def test_truncation_counts_at_the_context_boundary():
     from pipeline.extraction import _truncation
 
     captions = {"k8": " ".join(["red"] * 8), "k9": " ".join(["red"] * 9)}
-    assert [len(_tokenizer.encode(t)) for t in captions.values()] == [8, 9]
+    tokens = {k: _tokenizer.encode(t) for k, t in captions.items()}
+    assert [len(t) for t in tokens.values()] == [8, 9]
     enc = SimpleNamespace(dims=SimpleNamespace(context_length=10))
     cells = [(SimpleNamespace(suite="s"), {"captions": ("text", [["k8", "k9"]])}, None)]
-    assert _truncation(enc, cells, captions) == {"s": {"n_truncated": 1, "n_truncation_ties": 1}}
+    assert _truncation(enc, cells, tokens) == {"s": {"n_truncated": 1, "n_truncation_ties": 1}}

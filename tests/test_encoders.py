@@ -243,3 +243,20 @@ def test_vit_l_14_336_random_init_grids_and_layers():
     t = enc.encode_texts(ids)
     assert t["tokens"].shape == (1, 77, 768)
     torch.testing.assert_close(t["embed"], enc.model.encode_text(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_ids_from_bpe_equal_the_tokenizers_ids(tiny_encoder):
+    """Extract encodes each caption's BPE once (truncation is measured on it) and builds the ids
+    from it: the same ids as the tokenizer's, at, below and past the context (16 here: 14
+    tokens besides sot and eot), for text the cleaner rewrites, and for an empty one."""
+    texts = [
+        "a red cube left of a blue ball",
+        " ".join(["red"] * 14),  # exactly the context
+        " ".join(["red"] * 15),  # one past it: cut, eot kept last
+        "Café  naïve &amp; <b>HTML</b> — 3 dogs!!",
+        "",
+    ]
+    bpe = tiny_encoder.bpe(texts)
+    assert [len(b) for b in bpe[1:3]] == [14, 15]
+    ids = tiny_encoder.ids_from_bpe(bpe)
+    assert ids.dtype == torch.long and torch.equal(ids, tiny_encoder.tokenizer(texts))

@@ -212,6 +212,26 @@ class Encoder:
             "embed": out["image_features"],
         }
 
+    def bpe(self, texts: list[str]) -> list[list[int]]:
+        """Each text's BPE tokens as ``tokenizer`` encodes them, before it adds sot and eot
+        and cuts to the context (extract measures truncation on them and builds the ids
+        from them, so each caption is encoded once)."""
+        return [self.tokenizer.encode(t) for t in texts]
+
+    def ids_from_bpe(self, bpe: list[list[int]]) -> torch.Tensor:
+        """[N, C] the ids ``tokenizer`` gives for the texts whose :meth:`bpe` tokens are
+        ``bpe``: sot, the tokens and eot, cut to the context length with eot kept last, zero
+        padded (open_clip's ``SimpleTokenizer`` truncation)."""
+        tok = self.tokenizer
+        if getattr(tok, "reduction_fn", None) is not None:
+            raise ValueError(f"{self.spec.name}: its tokenizer reduces long texts instead of cutting them; encode texts with `tokenizer`")
+        context = self.dims.context_length
+        out = torch.zeros(len(bpe), context, dtype=torch.long)
+        for i, tokens in enumerate(bpe):
+            row = [tok.sot_token_id, *tokens[: context - 2], tok.eot_token_id]
+            out[i, : len(row)] = torch.tensor(row)
+        return out
+
     @torch.inference_mode()
     def encode_texts(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """One forward pass over a batch of token ids.
