@@ -58,8 +58,8 @@ class ExtractPlan:
     distributed path ships ``todo`` blocks to workers).
 
     ``todo[modality]`` is ``(rows, sources)``: sorted store rows still to encode and, per
-    row, what to encode (a caption's BPE tokens, :meth:`pipeline.encoders.Encoder.bpe`; an image's (root, rel path, crop); an object crop's
-    (image source, image row, box)).
+    row, what to encode (a caption's BPE tokens, :meth:`pipeline.encoders.Encoder.bpe`; an
+    image's (root, rel path, crop); an object crop's (image source, image row, box)).
     """
 
     store: Path
@@ -99,8 +99,8 @@ def extract(
     with store_lock(store_path(cfg), break_lock, cfg.storage_options):
         root, plan = prepare(cfg, enc, repair, progress, sources)
         t0 = time.perf_counter()
-        for modality, (rows, sources) in plan.todo.items():
-            plan.bad.update(encode_rows(enc, root, modality, rows, sources, cfg, progress))
+        for modality, (rows, what) in plan.todo.items():
+            plan.bad.update(encode_rows(enc, root, modality, rows, what, cfg, progress))
         return finish(root, plan, cfg, time.perf_counter() - t0)
 
 

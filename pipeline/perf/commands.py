@@ -12,7 +12,6 @@ from typing import Annotated
 import typer
 
 bench_app = typer.Typer(no_args_is_help=True, help="Measurements behind the README/report figures.")
-DEFAULT_PARAMS = Path("params.yaml")
 
 
 def write_bench(name: str, command: str, results: dict, folder: str = "reports/bench") -> None:
@@ -72,13 +71,15 @@ def bench_scoring(
     from pipeline.perf.scoring import bench_scoring as run_bench
 
     variants = variants or list(VARIANTS)
-    params = params if params is not None else (DEFAULT_PARAMS if DEFAULT_PARAMS.is_file() else None)  # as `pipeline score`
+    from pipeline.cli import _resolve_params  # loaded: it registered this command
+
+    params = _resolve_params(params)  # ./params.yaml when present, as `pipeline score`
     flags = " ".join(f"--variants {v}" for v in variants)
     cmd = f"pipeline bench scoring{f' --params {params}' if params else ''} --items {items} --vit-items {vit_items} {flags} --threads {threads}"
     try:
         results = run_bench(params, items, vit_items, variants, threads, progress=not quiet)
     except Exception as e:
-        from pipeline.cli import USER_ERRORS, _fail  # loaded: it registered this command
+        from pipeline.cli import USER_ERRORS, _fail
 
         if not isinstance(e, USER_ERRORS):
             raise
