@@ -17,7 +17,7 @@ from pipeline.benchmarks.objects import (
     build_coco_objects,
     build_vg_objects,
 )
-from pipeline.benchmarks.phrases import split_phrases
+from pipeline.benchmarks.phrases import spatial_relation, split_phrases
 from pipeline.benchmarks.retrieval import (
     OBJECT_COLUMNS,
     RETRIEVAL_METRICS,
@@ -64,6 +64,14 @@ from pipeline.manifests import read_manifest, write_manifest
 )
 def test_split_phrases(caption, phrases, relations):
     assert split_phrases(caption) == (phrases, relations)
+
+
+@pytest.mark.parametrize(("relation", "spatial"), [
+    ("sitting on", "on"), ("Parked  to the left of", "left of"), ("standing on top of", "on top of"),
+    ("on the right side of", "right of"), ("holding", "holding"), ("sitting", "sitting"), ("lying next to", "next to"),
+])  # fmt: skip
+def test_spatial_relation_drops_a_posture_and_canonicalises_sides(relation, spatial):
+    assert spatial_relation(relation) == spatial
 
 
 def test_split_phrases_relations_join_two_phrases():

@@ -115,6 +115,23 @@ def test_object_embedding_is_the_projected_area_weighted_patch_mean_over_the_box
     torch.testing.assert_close(sets.pos[0, 1], torch.tensor((boxes[0][1, :2] + boxes[0][1, 2:]) / 2, dtype=torch.float32))
 
 
+@pytest.mark.parametrize(("relation", "same_as"), [
+    ("sitting on", "on"), ("Standing  on top of", "on top of"), ("parked to the left of", "left"),
+    ("hanging above", "above"), ("atop", "on"), ("onto", "on"), ("underneath", "under"), ("lying beneath", "under"),
+])  # fmt: skip
+def test_relations_with_a_posture_or_another_spatial_word_place_like_their_spatial_part(relation, same_as):
+    """The caption splitter's and Visual Genome's posture forms ("sitting on") and the other
+    spatial words the splitter keeps give the query a layout; without one the query's
+    structure is zero and FGW drops the structure term for it."""
+    placed = relation_positions([(0, relation, 1)], 2)[1]
+    assert placed.abs().sum() > 0 and torch.equal(placed, relation_positions([(0, same_as, 1)], 2)[1])
+
+
+def test_non_directional_relations_place_nothing():
+    for relation in ("standing next to", "behind", "holding", "sitting"):
+        assert relation_positions([(0, relation, 1)], 2).abs().sum() == 0, relation
+
+
 def test_relation_layout_and_structures():
     pos = relation_positions([(0, "left", 1), (1, "above", 2), (3, "holding", 0)], 4)
     torch.testing.assert_close(pos, torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]))

@@ -187,4 +187,18 @@ def split_phrases(caption: str) -> tuple[list[str], list[tuple[int, str, int]]]:
     return phrases, relations
 
 
+def spatial_relation(relation: str) -> str:
+    """The spatial part of a relation, in the splitter's canonical words: a posture verb
+    before a spatial relation is dropped and a side's forms read ``left of`` / ``right of``
+    (``"Sitting  on"`` -> ``"on"``, ``"parked to the left of"`` -> ``"left of"``,
+    ``"standing on top of"`` -> ``"on top of"``); any other relation comes back lowercased
+    with its whitespace collapsed (``"holding"``). Captions split here and Visual Genome's
+    predicates both carry such forms."""
+    words = relation.lower().split()
+    if len(words) > 1 and words[0] in _POSTURES and " ".join(words[1:]) in _SPATIAL:
+        words = words[1:]
+    text = " ".join(words)
+    return _SPATIAL.get(text, text)
+
+
 # ---------------------------------------------------------------------------- shared helpers

@@ -48,6 +48,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from pipeline.benchmarks.phrases import spatial_relation
 from pipeline.benchmarks.retrieval import parse_boxes, parse_relations
 from pipeline.cache import CacheError, FeatureStore, StaleCacheError
 from pipeline.world.grounding import box_weights, view_boxes
@@ -72,10 +73,13 @@ DIRECTIONS: dict[str, tuple[float, float]] = {
     "to the right of": (-1.0, 0.0),
     "above": (0.0, 1.0),
     "on top of": (0.0, 1.0),
+    "atop": (0.0, 1.0),
     "on": (0.0, 1.0),
+    "onto": (0.0, 1.0),
     "over": (0.0, 1.0),
     "below": (0.0, -1.0),
     "under": (0.0, -1.0),
+    "underneath": (0.0, -1.0),
     "beneath": (0.0, -1.0),
 }
 
@@ -112,10 +116,12 @@ def pad_sets(embeds: list[torch.Tensor], positions: list[torch.Tensor], dim: int
 def relation_positions(relations: list[tuple[int, str, int]], n: int) -> torch.Tensor:
     """[n, 2] a layout of ``n`` phrases in which every directional relation holds: a
     breadth-first walk from each unplaced phrase places its neighbours one unit away in
-    the relation's direction (:data:`DIRECTIONS`); non-directional relations place nothing."""
+    the relation's direction (:data:`DIRECTIONS`, read on its spatial part:
+    :func:`pipeline.benchmarks.phrases.spatial_relation`, so "sitting on" places like
+    "on"); non-directional relations ("next to", "behind", "holding") place nothing."""
     edges: dict[int, list[tuple[int, np.ndarray]]] = {i: [] for i in range(n)}
     for i, rel, j in relations:
-        d = DIRECTIONS.get(rel.strip().lower())
+        d = DIRECTIONS.get(spatial_relation(rel))
         if d is not None:
             edges[i].append((j, np.array(d)))
             edges[j].append((i, -np.array(d)))
