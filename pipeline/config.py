@@ -17,7 +17,7 @@ each refused with one line naming the file, the key, the value given and what is
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -44,6 +44,32 @@ SECTIONS = ("world", "toyclip", "extract", "manifests", "train", "ridge", "score
 class ParamsError(ValueError):
     """A params file or override the stage configs refuse: one line naming the file, the key,
     the value and what is expected."""
+
+
+class OptionsError(ParamsError, TypeError):
+    """A scorer family's options (``train.<variant>.scorer`` / ``objective``,
+    ``score.options``) that its schema refuses: an unknown key (a TypeError too, as a keyword
+    its factory does not take) or a value of the wrong type."""
+
+
+def family_options(cls: type[C], values: dict[str, Any], what: str, fixed: dict[str, Any] | None = None) -> C:
+    """``cls(**values, **fixed)`` for a family's options dataclass, each value first checked
+    strictly against its field (a YAML ``'no'`` is not a bool, ``'abc'`` not a number);
+    ``fixed`` holds the fields its variant sets, which are not options; ``what`` names the
+    options in the one-line :class:`OptionsError`."""
+    fixed = fixed or {}
+    names = sorted(f.name for f in fields(cls) if f.init and f.name not in fixed)
+    unknown = sorted(set(values) - set(names))
+    if unknown:
+        raise OptionsError(f"unknown {what} {unknown}; valid: {names}")
+    values = {**values, **fixed}
+    try:
+        TypeAdapter(cls).validate_json(json.dumps(values, default=str), strict=True)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(map(str, err["loc"]))
+        raise OptionsError(f"{what}: {key} = {err.get('input')!r}: {err['msg']}") from None
+    return cls(**values)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

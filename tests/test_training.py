@@ -398,3 +398,62 @@ def test_consistency_objectives_compare_the_copy_with_the_original(tiny_store):
     assert logged["paraphrase"] == pytest.approx(float(para), rel=1e-4, abs=1e-6)
     assert set(logged) == {"reflection", "paraphrase", "acc", "sinkhorn_err"}  # weight 0: not computed
     assert float(total) == pytest.approx(logged["reflection"] + logged["paraphrase"], rel=1e-5)
+
+
+def test_a_resume_or_finished_seed_is_kept_only_under_the_same_data_and_eval_every(tmp_path, tiny_store, monkeypatch):
+    """A rerun keeps a seed finished under the same fingerprint (a run killed in its third
+    seed trains only that one again) and resumes an interrupted one; other data (the dev
+    suite's manifest rebuilt) or another ``eval_every`` (it decides which steps can be
+    selected) start again at step 0."""
+    import pipeline.training.loop as loop
+
+    cfg = _cfg(tmp_path, seeds=[0, 1])
+    loop.train_variant(cfg, tiny_store, progress=False)
+    built: list[str] = []  # a scorer is built only for a seed that trains
+    create = loop.create_scorer
+    monkeypatch.setattr(loop, "create_scorer", lambda *a, **k: built.append(a[0]) or create(*a, **k))
+    (tmp_path / "bindclip" / "seed1" / "config.json").unlink()  # seed 1 interrupted
+    before = _weights(tmp_path / "bindclip" / "seed0" / "model.safetensors")
+    loop.train_variant(cfg, tiny_store, progress=False)
+    assert built == ["bindclip"]  # seed 1 only: seed 0 kept as it was
+    assert all(torch.equal(before[k], v) for k, v in _weights(tmp_path / "bindclip" / "seed0" / "model.safetensors").items())
+
+    fp = json.loads((tmp_path / "bindclip" / "seed0" / "config.json").read_text())["fingerprint"]
+    data = loop.data_identity(tiny_store, cfg)
+    assert loop._fingerprint(cfg, 0, tiny_store, data) == fp
+    assert loop._fingerprint(_cfg(tmp_path, seeds=[0, 1], eval_every=2), 0, tiny_store, data) != fp
+    other = {suite: [f"another-{sha}", rows] for suite, (sha, rows) in data.items()}
+    assert loop._fingerprint(cfg, 0, tiny_store, other) != fp
+    assert loop._fingerprint(_cfg(tmp_path / "x", seeds=[0, 1], threads=2), 0, tiny_store, data) == fp
+
+
+def test_scoring_reads_the_seeds_of_the_last_training_only(tmp_path, tiny_store):
+    """A rerun with fewer seeds leaves the earlier run's seed folder; the seed variants
+    scored are the summary's seeds, not every folder."""
+    from pipeline.scorers.checkpoints import seed_checkpoints
+    from pipeline.training.loop import train_variant
+
+    train_variant(_cfg(tmp_path, seeds=[0, 1], steps=3), tiny_store, progress=False)
+    assert [p.name for p in seed_checkpoints("bindclip", tmp_path)] == ["seed0", "seed1"]
+    train_variant(_cfg(tmp_path, seeds=[0], steps=3, lr=5e-2), tiny_store, progress=False)
+    assert (tmp_path / "bindclip" / "seed1" / "model.safetensors").is_file()
+    assert [p.name for p in seed_checkpoints("bindclip", tmp_path)] == ["seed0"]
+
+
+@pytest.mark.parametrize(("section", "value", "message"), [
+    ("objective", {"ground_negatives": "no"}, r"BindCLIP objective options: ground_negatives = 'no': Input should be a valid boolean"),
+    ("objective", {"group_tau": "abc"}, r"BindCLIP objective options: group_tau = 'abc': Input should be a valid number"),
+    ("objective", {"gama": 1.0}, r"unknown BindCLIP objective options \['gama'\]; valid: \["),
+    ("scorer", {"text_center": "no"}, r"BindClip options: text_center = 'no': Input should be a valid boolean"),
+    ("scorer", {"nu_vv": 0.3}, r"unknown BindClip options \['nu_vv'\]"),
+])  # fmt: skip
+def test_family_options_are_checked_strictly_in_one_line(tmp_path, tiny_store, section, value, message):
+    """A YAML 'no' given to a boolean option was read as true (and trained like it), a typo
+    or a string crashed with a TypeError traceback: each is now one line naming the option."""
+    from pipeline.config import ParamsError
+    from pipeline.training.loop import train_variant
+
+    cfg = _cfg(tmp_path)
+    options = {**getattr(cfg, section), **value}
+    with pytest.raises(ParamsError, match=message):
+        train_variant(_cfg(tmp_path, **{section: options}), tiny_store, progress=False)

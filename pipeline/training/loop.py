@@ -28,8 +28,11 @@ one step's loss and scores the dev suite. The loop owns the rest:
   selections and how many items each held;
 * resume: a periodic ``resume.pt`` (tensors and plain containers, loaded with
   ``weights_only=True``) holds model, optimiser, step, both RNG states, the log and the
-  best checkpoint so far, so a crashed run resumes to the same weights if its config
-  matches (a fingerprint of the config, the seed and the store); it is removed at the end;
+  best checkpoint so far, so a crashed run resumes to the same weights if its fingerprint
+  matches (the config with ``eval_every``, the seed, the store and the training and dev
+  data: each suite's manifest hash and store index); it is removed at the end, and a seed
+  finished under the same fingerprint (recorded in its ``config.json``) is kept by a rerun,
+  so a run killed during its third seed trains only that one again;
 * device: the scorer and the family's training and dev data are moved to ``cfg.device``
   once (:func:`pipeline.features.to_device`); checkpoints are written from host copies;
 * progress with the live loss; the log of every step (lr, each logged loss) and every dev
@@ -38,7 +41,7 @@ one step's loss and scores the dev suite. The loop owns the rest:
 Layout under ``<cfg.out>/<variant>/``: ``seed<k>/{model.safetensors, config.json,
 train_log.json}`` per seed; ``model.safetensors`` + ``config.json`` = the first seed's
 selected model (what ``pipeline score`` loads); ``summary.json`` = per-seed dev metrics and
-their spread. ``config.json["scorer_kwargs"]`` are the factory kwargs the scorer is rebuilt
+their spread, and the seeds scoring reads (a folder of a seed no longer configured is not). ``config.json["scorer_kwargs"]`` are the factory kwargs the scorer is rebuilt
 with at scoring time (``cfg.scorer`` plus what the family chose on dev).
 """
 
@@ -47,6 +50,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import shutil
 import time
@@ -69,6 +73,8 @@ from pipeline.scorers.checkpoints import checkpoint_owner
 from pipeline.training.schedule import warmup_cosine
 from pipeline.training.trainer import FamilyTrainer
 
+log = logging.getLogger(__name__)
+
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
     """The learning rate of optimiser step ``step`` under ``cfg.lr_schedule``."""
@@ -79,11 +85,29 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
     raise ValueError(f"train.lr_schedule must be 'constant' or 'cosine', got {cfg.lr_schedule!r}")
 
 
-def _fingerprint(cfg: TrainConfig, seed: int, store: FeatureStore) -> str:
+def data_identity(store: FeatureStore, cfg: TrainConfig) -> dict[str, Any]:
+    """What the training and dev data are made of: each suite's manifest hash and a hash of
+    its store index (the rows it reads), so a rebuilt world or a re-extracted suite is new
+    data even where the configuration is not."""
+    out = {}
+    for selection in (cfg.train_suite, cfg.dev_suite):
+        suite = SuiteSelection.parse(selection).suite
+        index = store.suite_index(suite)
+        h = hashlib.sha256()
+        for name in sorted(index):
+            h.update(name.encode() + np.ascontiguousarray(index[name]).tobytes())
+        out[suite] = [store.suite_attrs(suite).get("manifest_sha256"), h.hexdigest()[:16]]
+    return out
+
+
+def _fingerprint(cfg: TrainConfig, seed: int, store: FeatureStore, data: dict[str, Any]) -> str:
+    """What a seed's training depends on: its configuration (``eval_every`` included, as it
+    decides which checkpoints can be selected; not the thread count, device, output folder
+    or other seeds), the seed, the feature store and the data (:func:`data_identity`)."""
     d = asdict(cfg)
-    for k in ("seeds", "threads", "out", "eval_every", "device"):
+    for k in ("seeds", "threads", "out", "device"):
         d.pop(k, None)
-    d.update(seed=seed, store=store.root.attrs.get("fingerprint_id"))
+    d.update(seed=seed, store=store.root.attrs.get("fingerprint_id"), data=data)
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -115,17 +139,25 @@ def train_seed(
 ) -> dict[str, Any]:
     """Train one seed into ``out`` (``seed<k>/``); returns its config record.
 
-    ``stop_after`` stops (without finishing) after that many steps, leaving ``resume.pt``:
-    a simulated crash for tests.
+    A seed already trained there under the same fingerprint (:func:`_fingerprint`, kept in
+    its ``config.json``) is kept as it is; one interrupted under it resumes from
+    ``resume.pt``; anything else starts at step 0. ``stop_after`` stops (without finishing)
+    after that many steps, leaving ``resume.pt``: a simulated crash for tests.
     """
     out.mkdir(parents=True, exist_ok=True)
+    fp = _fingerprint(cfg, seed, store, data_identity(store, cfg))
+    done = out / "config.json"
+    if done.is_file() and (out / "model.safetensors").is_file():
+        record = json.loads(done.read_text())
+        if record.get("fingerprint") == fp:
+            log.info("%s seed %d: already trained under this configuration and data (%s); kept", cfg.variant, seed, out)
+            return record
     torch.manual_seed(seed)
     model = create_scorer(cfg.variant, dims=store.dims, proj=store.projections(), **cfg.scorer).to(cfg.device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(seed)
-    fp = _fingerprint(cfg, seed, store)
-    log: dict[str, Any] = {"steps": [], "dev": []}
+    history: dict[str, Any] = {"steps": [], "dev": []}
     best: dict[str, Any] = {"metric": -math.inf, "step": 0, "state": _state(model), "dev": {}}
     step = 0
     n_items = trainer.n_items(train)
@@ -137,7 +169,9 @@ def train_seed(
             opt.load_state_dict(ck["optim"])
             gen.set_state(ck["generator"].cpu())
             torch.set_rng_state(ck["torch_rng"].cpu())
-            step, log, best = ck["step"], ck["log"], ck["best"]
+            step, history, best = ck["step"], ck["log"], ck["best"]
+        else:
+            log.warning("%s: written under another configuration or other data; seed %d starts again at step 0", resume, seed)
 
     def save_resume() -> None:
         tmp = resume.with_suffix(".tmp")
@@ -149,7 +183,7 @@ def train_seed(
                 "optim": opt.state_dict(),
                 "generator": gen.get_state(),
                 "torch_rng": torch.get_rng_state(),
-                "log": log,
+                "log": history,
                 "best": best,
             },
             tmp,
@@ -160,7 +194,7 @@ def train_seed(
 
     def evaluate() -> None:
         metrics = _quiet_dev(trainer, model, dev, dev_suite)
-        log["dev"].append({"step": step, **metrics})
+        history["dev"].append({"step": step, **metrics})
         if metrics["mean"] > best["metric"]:
             best.update(metric=metrics["mean"], step=step, state=_state(model), dev=metrics)
 
@@ -185,13 +219,13 @@ def train_seed(
         opt.step()
         step += 1
         logged = {"total": float(loss.detach()), **logged}
-        log["steps"].append({"step": step, "lr": lr, **{k: round(v, 6) for k, v in logged.items()}})
+        history["steps"].append({"step": step, "lr": lr, **{k: round(v, 6) for k, v in logged.items()}})
         bar.update(1)
         shown = {"loss": f"{logged['total']:.3f}", **({"acc": f"{logged['acc']:.2f}"} if "acc" in logged else {})}
         bar.set_postfix(shown)
         if step % cfg.eval_every == 0 or step == cfg.steps:
             evaluate()
-            bar.set_postfix(loss=f"{logged['total']:.3f}", dev=f"{log['dev'][-1]['mean']:.3f}")
+            bar.set_postfix(loss=f"{logged['total']:.3f}", dev=f"{history['dev'][-1]['mean']:.3f}")
             if step < cfg.steps:
                 save_resume()
     bar.close()
@@ -218,10 +252,11 @@ def train_seed(
         "train": asdict(cfg),
         "store": str(store.path),
         "store_encoder": encoder_id(store.fingerprint),  # load_scorer refuses another encoder's store
+        "fingerprint": fp,  # a rerun under the same one keeps this seed
         "train_seconds": round(train_seconds, 1),
     }
     (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
-    (out / "train_log.json").write_text(json.dumps(log) + "\n")
+    (out / "train_log.json").write_text(json.dumps(history) + "\n")
     if resume.is_file():
         resume.unlink()
     return record

@@ -43,12 +43,13 @@ Variants ``bindclip``, ``bindclip-lesion`` and ``bindclip-noconsensus`` share on
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.config import family_options
 from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
 from pipeline.ot import sinkhorn_log_kernel
 from pipeline.scorers.base import SCORERS, Scorer
@@ -409,11 +410,7 @@ def parameter_breakdown(dims: FeatureDims, **kwargs) -> dict[str, int]:
 
 
 def _create(dims: FeatureDims, proj: Projections, **kwargs) -> BindClip:
-    names = {f.name for f in fields(BindClipConfig)}
-    unknown = sorted(set(kwargs) - names)
-    if unknown:
-        raise TypeError(f"unknown BindClip options {unknown}; valid: {sorted(names)}")
-    return BindClip(dims, proj, BindClipConfig(**kwargs))
+    return BindClip(dims, proj, family_options(BindClipConfig, kwargs, "BindClip options"))
 
 
 @SCORERS.register("bindclip")

@@ -39,6 +39,7 @@ import torch
 from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import SuiteSelection
 from pipeline.cache import FeatureStore
+from pipeline.config import family_options
 from pipeline.scorers.bindclip.model import BindClip
 from pipeline.scorers.bindclip.objectives import (
     caption_preference,
@@ -179,7 +180,7 @@ class BindClipTrainer(FamilyTrainer):
     """The six objectives of methods.md §1.6 on a pair suite, and q0 chosen on dev."""
 
     def __init__(self, objective: dict[str, Any]) -> None:
-        self.cfg = BindClipObjective(**objective)
+        self.cfg = family_options(BindClipObjective, objective, "BindCLIP objective options")
 
     def load(self, store: FeatureStore, suite: SuiteSelection, train: bool) -> BindClipData:
         if train and self.cfg.weight("grounding") != 0:

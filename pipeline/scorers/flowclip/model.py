@@ -47,12 +47,13 @@ HNB) and ``flowclip-cimr`` (GCC + ICER, HNB + CIMR); the objectives are
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.config import family_options
 from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
 from pipeline.scorers.base import SCORERS, Scorer
 
@@ -367,14 +368,8 @@ def parameter_breakdown(dims: FeatureDims, variant: str = "flowclip", **kwargs) 
 
 
 def _create(dims: FeatureDims, proj: Projections, icer_branch: bool, **kwargs) -> FlowClip:
-    names = {f.name for f in fields(FlowClipConfig)} - {"icer"}
-    unknown = sorted(set(kwargs) - names)
-    if unknown:
-        raise TypeError(
-            f"unknown Flow-CLIP options {unknown}; valid: {sorted(names)} "
-            "(the ICER branch is the variant: global-m without, flowclip / flowclip-cimr with)"
-        )
-    return FlowClip(dims, proj, FlowClipConfig(icer=icer_branch, **kwargs))
+    what = "Flow-CLIP options (the ICER branch is the variant: global-m without, flowclip / flowclip-cimr with)"
+    return FlowClip(dims, proj, family_options(FlowClipConfig, kwargs, what, fixed={"icer": icer_branch}))
 
 
 @SCORERS.register("global-m")

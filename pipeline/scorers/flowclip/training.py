@@ -31,6 +31,7 @@ import torch
 from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import SuiteSelection
 from pipeline.cache import FeatureStore
+from pipeline.config import family_options
 from pipeline.scorers.base import option_scores
 from pipeline.scorers.flowclip.model import FlowClip
 from pipeline.scorers.flowclip.objectives import caption_positives, cimr, donor_index, hnb
@@ -124,7 +125,7 @@ class FlowClipTrainer(FamilyTrainer):
         given = sorted(set(objective) & set(CIMR_OPTIONS))
         if given and not cimr:
             raise ValueError(f"objective options {given} belong to CIMR; train `flowclip-cimr` for HNB + CIMR")
-        self.cfg = FlowClipObjective(**objective)
+        self.cfg = family_options(FlowClipObjective, objective, "Flow-CLIP objective options")
         self.cimr = cimr
 
     def load(self, store: FeatureStore, suite: SuiteSelection, train: bool) -> PairData:
