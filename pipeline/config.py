@@ -17,6 +17,7 @@ each refused with one line naming the file, the key, the value given and what is
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -381,7 +382,16 @@ def _describe(err: dict[str, Any], cls: type, section: str) -> str:
     if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         valid = ", ".join(f.name for f in cls.__dataclass_fields__.values())
         return f"unknown key {key} (valid: {valid})"
-    return f"{key} = {_show(err['input'])}: expected {_expected(err)}"
+    hint = ""
+    if isinstance(err["input"], str) and re.fullmatch(r"[+-]?\d+[eE][+-]?\d+", err["input"].strip()):
+        hint = f" (YAML reads {err['input']} as text: write it with a dot, e.g. {_with_dot(err['input'])})"
+    return f"{key} = {_show(err['input'])}: expected {_expected(err)}{hint}"
+
+
+def _with_dot(text: str) -> str:
+    """``1e-3`` -> ``1.0e-3``: the form YAML 1.1 reads as a number."""
+    mantissa, exponent = re.split(r"[eE]", text.strip(), maxsplit=1)
+    return f"{mantissa}.0e{exponent}"
 
 
 def _expected(err: dict[str, Any]) -> str:

@@ -760,3 +760,15 @@ def test_bad_items_score_as_the_clean_items_plus_the_reported_skips(tmp_path, im
     s_bad = pd.read_parquet(tmp_path / "bad" / "scores" / "clip" / f"{SUITE}.parquet")
     assert s_bad["item_id"].tolist() == s_clean["item_id"].tolist()
     np.testing.assert_allclose(np.stack(s_bad["scores"]), np.stack(s_clean["scores"]), rtol=1e-6)
+
+
+def test_a_number_yaml_reads_as_text_is_named_with_the_form_it_reads(tmp_path):
+    """PyYAML (YAML 1.1) reads 1e-3 and 1e300, written without a dot, as strings."""
+    from pipeline.config import ParamsError, RidgeConfig, load_config
+
+    params = tmp_path / "params.yaml"
+    params.write_text("ridge:\n  lam: 1e-3\n")
+    with pytest.raises(ParamsError, match=r"ridge.lam = '1e-3': expected a valid number \(YAML reads 1e-3 as text: write it with a dot, e.g. 1.0e-3\)"):
+        load_config(RidgeConfig, params, "ridge")
+    params.write_text("ridge:\n  lam: 1.0e-3\n")
+    assert load_config(RidgeConfig, params, "ridge").lam == 1e-3

@@ -64,3 +64,19 @@ def test_text_probe_does_not_depend_on_the_stores_row_layout(tiny_store):
             return tiny_store.texts(perm[np.asarray(rows)], grids=grids)
 
     assert text_probe(Relabelled(), max_captions=10) == text_probe(tiny_store, max_captions=10)
+
+
+def test_a_world_without_front_behind_items_is_refused_in_one_line(monkeypatch):
+    """A world too small to hold a depth item gave numpy's "need at least one array to stack"."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+    import pytest
+
+    import pipeline.scorers.bindclip.probes as probes
+
+    manifest = pd.DataFrame({"family": ["colour"], "scene": ["{}"], "cf_scene": ["{}"]})
+    monkeypatch.setattr(probes, "_suite", lambda store, suite: (manifest, {"image": np.zeros((1, 1), int), "cf_image": np.zeros((1, 1), int)}))
+    store = SimpleNamespace(dims=SimpleNamespace(grid=(2, 2)))
+    with pytest.raises(ValueError, match=r"front/behind probe has no training item: shapes-train's depth family .* build a larger one"):
+        probes.depth_probe(store)

@@ -153,6 +153,15 @@ def _front_back(objects: list[dict], grid: tuple[int, int]) -> tuple[np.ndarray,
     return None
 
 
+def _require(items: list, where: str, role: str) -> None:
+    """Refuse a probe without items: a world too small to hold any (e.g. a handful of ARO items)."""
+    if not items:
+        raise ValueError(
+            f"the front/behind probe has no {role} item: {where} hold no pair of overlapping objects "
+            "in this world; build a larger one (world.n_train, world.n_aro) before `pipeline probes`"
+        )
+
+
 def depth_probe(store: FeatureStore) -> dict[str, Any]:
     """Front vs behind from one patch; the ARO front/behind ceiling (module doc)."""
     grid = store.dims.grid
@@ -164,6 +173,7 @@ def depth_probe(store: FeatureStore) -> dict[str, Any]:
             fb = _front_back(json.loads(m[scene].iloc[i])["objects"], grid)
             if fb is not None:
                 covers.append(fb), rows.append(index[col][i, 0])
+    _require(covers, "shapes-train's depth family", "training")
     grids = _grids(store, np.array(rows))
     front = np.stack([c[0] for c in covers])  # [n, R]
     back = np.stack([c[1] for c in covers])
@@ -177,6 +187,7 @@ def depth_probe(store: FeatureStore) -> dict[str, Any]:
         fb = _front_back(json.loads(aro["scene"].iloc[i])["objects"], grid)
         if fb is not None:
             t_cov.append(fb), t_rows.append(aidx["image"][i, 0])
+    _require(t_cov, "shapes-aro's in front of / behind relations", "test")
     test = _grids(store, np.array(t_rows))
     t_front = np.stack([c[0] for c in t_cov])
     t_back = np.stack([c[1] for c in t_cov])
