@@ -29,8 +29,8 @@ one step's loss and scores the dev suite. The loop owns the rest:
 * resume: a periodic ``resume.pt`` (tensors and plain containers, loaded with
   ``weights_only=True``) holds model, optimiser, step, both RNG states, the log and the
   best checkpoint so far, so a crashed run resumes to the same weights if its fingerprint
-  matches (the config with ``eval_every``, the seed, the store and the training and dev
-  data: each suite's manifest hash and store index); it is removed at the end, and a seed
+  matches (the config with ``eval_every``, the seed, the store, the training and dev data:
+  each suite's manifest hash and store index, and the family's and the loop's source); it is removed at the end, and a seed
   finished under the same fingerprint (recorded in its ``config.json``) is kept by a rerun,
   so a run killed during its third seed trains only that one again;
 * device: the scorer and the family's training and dev data are moved to ``cfg.device``
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -100,14 +101,29 @@ def data_identity(store: FeatureStore, cfg: TrainConfig) -> dict[str, Any]:
     return out
 
 
+def code_identity(variant: str) -> str:
+    """A hash of the source that trains ``variant``: its family's package (or module) and
+    this training package, so an edited objective or loop is new training, as DVC sees it."""
+    from pipeline.scorers import SCORERS
+
+    module = Path(inspect.getfile(inspect.getmodule(SCORERS.get(variant))))
+    family = module.parent if module.parent.parent.name == "scorers" else module  # pipeline/scorers/<family>/
+    files = sorted([*(family.glob("*.py") if family.is_dir() else [family]), *Path(__file__).parent.glob("*.py")])
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _fingerprint(cfg: TrainConfig, seed: int, store: FeatureStore, data: dict[str, Any]) -> str:
     """What a seed's training depends on: its configuration (``eval_every`` included, as it
     decides which checkpoints can be selected; not the thread count, device, output folder
-    or other seeds), the seed, the feature store and the data (:func:`data_identity`)."""
+    or other seeds), the seed, the feature store, the data (:func:`data_identity`) and the
+    code (:func:`code_identity`)."""
     d = asdict(cfg)
     for k in ("seeds", "threads", "out", "device"):
         d.pop(k, None)
-    d.update(seed=seed, store=store.root.attrs.get("fingerprint_id"), data=data)
+    d.update(seed=seed, store=store.root.attrs.get("fingerprint_id"), data=data, code=code_identity(cfg.variant))
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
