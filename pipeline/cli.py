@@ -259,8 +259,9 @@ def train(
         variants = [variant] if variant else train_variants(params)
         if not variants:
             raise ValueError(f"{params} lists no train.variants; pass --variant")
-        for name in variants:
-            cfg = load_train_config(params, name, {"steps": steps, "seeds": seed, "device": device})
+        overrides = {"steps": steps, "seeds": seed, "device": device}
+        configs = [load_train_config(params, name, overrides) for name in variants]  # every section checked first
+        for cfg in configs:
             _check_device(cfg.device)
             ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
             _echo_json(stage.run(cfg, ext, progress=not quiet))

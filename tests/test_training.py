@@ -466,3 +466,18 @@ def test_family_options_are_checked_strictly_in_one_line(tmp_path, tiny_store, s
     options = {**getattr(cfg, section), **value}
     with pytest.raises(ParamsError, match=message):
         train_variant(_cfg(tmp_path, **{section: options}), tiny_store, progress=False)
+
+
+def test_train_checks_every_listed_variant_before_training_any(tmp_path):
+    """A misspelled variant in train.variants is refused before the first one trains."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    params = tmp_path / "params.yaml"
+    section = {"steps": 2, "out": str(tmp_path / "ck")}
+    params.write_text(yaml.safe_dump({"train": {"variants": ["global-m", "glbal-m"], "global-m": section}}))
+    result = CliRunner().invoke(app, ["train", "--params", str(params), "--quiet"])
+    assert result.exit_code == 1 and "has no train.glbal-m section" in result.output
+    assert not (tmp_path / "ck").exists()
