@@ -720,3 +720,25 @@ def test_order_options_never_tie_by_their_text():
     for text in captions * 25:
         options = order_options(text, rng)
         assert len(options) == 5 and options[0] == text and len(set(options)) == 5, options
+
+
+def test_a_subset_rebuild_keeps_one_worlds_suites_and_deletes_another_worlds(tmp_path):
+    """Rebuilding some suites of a world keeps the others when they were built with the same
+    settings (world.json lists them all); with another seed they are deleted, so no suite of
+    the old world is left beside the new one's."""
+    import dataclasses
+    import json
+
+    from pipeline.world import build_world
+
+    both = dataclasses.replace(TINY, seed=1, suites=["shapes-aro", "shapes-sugarcrepe"])
+    build_world(both, tmp_path, progress=False, workers=1)
+    build_world(dataclasses.replace(both, suites=["shapes-aro"]), tmp_path, progress=False, workers=1)
+    meta = json.loads((tmp_path / "world.json").read_text())
+    assert set(meta["counts"]) == {"shapes-aro", "shapes-sugarcrepe"} and meta["config"]["suites"] == ["shapes-aro", "shapes-sugarcrepe"]
+    assert (tmp_path / "manifests" / "shapes-sugarcrepe.parquet").is_file()
+    build_world(dataclasses.replace(both, seed=0, suites=["shapes-aro"]), tmp_path, progress=False, workers=1)
+    meta = json.loads((tmp_path / "world.json").read_text())
+    assert set(meta["counts"]) == {"shapes-aro"} and meta["config"]["seed"] == 0
+    assert not (tmp_path / "manifests" / "shapes-sugarcrepe.parquet").exists()
+    assert not (tmp_path / "images" / "shapes-sugarcrepe").exists()

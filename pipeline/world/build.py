@@ -18,6 +18,7 @@ are the same bytes whatever the number of workers.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -43,6 +44,8 @@ from pipeline.world.suites import (
     sugarcrepe_item,
     whatsup_items,
 )
+
+log = logging.getLogger(__name__)
 
 WORLD_VERSION = 3  # bump when a change alters any image or manifest (2: length-matched add-* items;
 # 3: object columns on shapes-retrieval / -train / -dev, the shapes-multi suite)
@@ -192,5 +195,30 @@ def build_world(
             "relations": list(RELATIONS),
         },
     }
+    _merge_or_clear_others(out, cfg, meta)
     (out / "world.json").write_text(json.dumps(meta, indent=2) + "\n")
     return paths
+
+
+def _merge_or_clear_others(out: Path, cfg: WorldConfig, meta: dict) -> None:
+    """Suites under ``out`` that this build did not write: kept, and added to ``meta``, when
+    the world there was built with the same settings (another subset of one world); else
+    deleted, manifests and images, so no suite of another seed or size is left beside this
+    world's (an extract of them then names the command that builds them)."""
+    def settings(config: dict) -> dict:
+        return {k: v for k, v in config.items() if k not in ("suites", "out")}
+
+    previous = json.loads((out / "world.json").read_text()) if (out / "world.json").is_file() else {}
+    same = previous.get("version") == WORLD_VERSION and settings(previous.get("config", {})) == settings(meta["config"])
+    for path in sorted((out / "manifests").glob("*.parquet")):
+        suite = path.stem
+        if suite in cfg.suites:
+            continue
+        if same and suite in previous.get("counts", {}):
+            meta["counts"][suite] = previous["counts"][suite]
+            meta["images"][suite] = previous["images"][suite]
+            meta["config"]["suites"] = [*meta["config"]["suites"], suite]
+        else:
+            path.unlink()
+            shutil.rmtree(out / "images" / suite, ignore_errors=True)
+            log.warning("%s: %s was built by another world configuration; deleted", out, suite)
