@@ -425,15 +425,22 @@ def test_a_resume_or_finished_seed_is_kept_only_under_the_same_data_and_eval_eve
     other = {suite: [f"another-{sha}", rows] for suite, (sha, rows) in data.items()}
     assert loop._fingerprint(cfg, 0, tiny_store, other) != fp
     assert loop._fingerprint(_cfg(tmp_path / "x", seeds=[0, 1], threads=2), 0, tiny_store, data) == fp
-    monkeypatch.setattr(loop, "code_identity", lambda variant: "an edited objective")
+    monkeypatch.setattr(loop, "code_identity", lambda: "an edited objective")
     assert loop._fingerprint(cfg, 0, tiny_store, data) != fp  # edited code trains again, as under DVC
 
 
-def test_code_identity_hashes_the_familys_package_and_the_loop():
+def test_code_identity_changes_with_any_source_file(tmp_path):
     from pipeline.training.loop import code_identity
 
-    assert code_identity("bindclip") == code_identity("bindclip") != code_identity("flowclip")
-    assert code_identity("global-m") == code_identity("flowclip-cimr")  # one package, pipeline/scorers/flowclip/
+    (tmp_path / "ot").mkdir()
+    (tmp_path / "ot" / "sinkhorn.py").write_text("EPS = 0.1\n")
+    (tmp_path / "loop.py").write_text("STEPS = 1\n")
+    (tmp_path / "notes.txt").write_text("not code")
+    first = code_identity(tmp_path)
+    (tmp_path / "notes.txt").write_text("edited, still not code")
+    assert code_identity(tmp_path) == first
+    (tmp_path / "ot" / "sinkhorn.py").write_text("EPS = 0.2\n")  # a module the family imports
+    assert code_identity(tmp_path) != first
 
 
 def test_scoring_reads_the_seeds_of_the_last_training_only(tmp_path, tiny_store):

@@ -30,7 +30,7 @@ one step's loss and scores the dev suite. The loop owns the rest:
   ``weights_only=True``) holds model, optimiser, step, both RNG states, the log and the
   best checkpoint so far, so a crashed run resumes to the same weights if its fingerprint
   matches (the config with ``eval_every``, the seed, the store, the training and dev data:
-  each suite's manifest hash and store index, and the family's and the loop's source); it is removed at the end, and a seed
+  each suite's manifest hash and store index, and the package's source); it is removed at the end, and a seed
   finished under the same fingerprint (recorded in its ``config.json``) is kept by a rerun,
   so a run killed during its third seed trains only that one again;
 * device: the scorer and the family's training and dev data are moved to ``cfg.device``
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import json
 import logging
 import math
@@ -101,17 +100,16 @@ def data_identity(store: FeatureStore, cfg: TrainConfig) -> dict[str, Any]:
     return out
 
 
-def code_identity(variant: str) -> str:
-    """A hash of the source that trains ``variant``: its family's package (or module) and
-    this training package, so an edited objective or loop is new training, as DVC sees it."""
-    from pipeline.scorers import SCORERS
+PACKAGE = Path(__file__).resolve().parents[1]  # pipeline/
 
-    module = Path(inspect.getfile(inspect.getmodule(SCORERS.get(variant))))
-    family = module.parent if module.parent.parent.name == "scorers" else module  # pipeline/scorers/<family>/
-    files = sorted([*(family.glob("*.py") if family.is_dir() else [family]), *Path(__file__).parent.glob("*.py")])
+
+def code_identity(root: Path = PACKAGE) -> str:
+    """A hash of every Python source under ``root`` (the ``pipeline`` package): a seed kept
+    or resumed by a rerun was trained by this code, whatever module an edit touched (the
+    family's objectives, the loop, the solvers or the feature reader), as DVC reruns it."""
     h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode() + f.read_bytes())
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -123,7 +121,7 @@ def _fingerprint(cfg: TrainConfig, seed: int, store: FeatureStore, data: dict[st
     d = asdict(cfg)
     for k in ("seeds", "threads", "out", "device"):
         d.pop(k, None)
-    d.update(seed=seed, store=store.root.attrs.get("fingerprint_id"), data=data, code=code_identity(cfg.variant))
+    d.update(seed=seed, store=store.root.attrs.get("fingerprint_id"), data=data, code=code_identity())
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
