@@ -21,6 +21,7 @@ import pandas as pd
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
 from pipeline.manifests import read_manifest, resolve_source
 from pipeline.report import FIGURE_DPI, ReportContext, render
+from pipeline.scorers.checkpoints import seed_checkpoints
 from pipeline.scoring import load_scores
 
 
@@ -40,8 +41,8 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
         manifest = read_manifest(src.manifest)
         entry = {"manifest": manifest, "image_root": src.image_root, "scores": {}, "missing": []}
         names = list(score.variants)
-        for variant in score.seed_variants:
-            names += sorted(p.name for p in Path(score.scores_out).glob(f"{variant}@seed*"))
+        for variant in score.seed_variants:  # the seeds the score stage scores: the last training's
+            names += [f"{variant}@{d.name}" for d in seed_checkpoints(variant, score.checkpoints)]
         for variant in score.replaced:
             names += [f"{variant}@{mode}" for mode in score.replacements]
         scored_ids = None

@@ -624,3 +624,26 @@ def test_a_variant_without_scores_is_named_and_a_report_of_nothing_refused(world
     empty = ScoreConfig(variants=["clip"], suites=["shapes-dev"], scores_out=str(tmp_path / "none"))
     with pytest.raises(ValueError, match=r"no scores under .*none for score.variants \(clip\) on score.suites \(shapes-dev\): run `pipeline score` first"):
         load_results(empty, ExtractConfig(), WorldConfig(out=str(world)))
+
+
+def test_the_report_reads_the_seeds_of_the_last_training_only(world, tmp_path):
+    """Score files of a seed the last training no longer has (a rerun with fewer seeds) are
+    not read as that run's seeds: the report takes the seeds from the checkpoints' summary."""
+    import pandas as pd
+
+    from stages.report import load_results
+
+    manifest = read_manifest(resolve_source("shapes-dev", world, {}, {}).manifest)
+    table = pd.DataFrame({"item_id": manifest["item_id"].astype(str), "scores": [[1.0, 0.0]] * len(manifest)})
+    for name in ("clip", "bindclip@seed0", "bindclip@seed1"):
+        (tmp_path / "scores" / name).mkdir(parents=True)
+        table.to_parquet(tmp_path / "scores" / name / "shapes-dev.parquet")
+    ckpt = tmp_path / "checkpoints" / "bindclip"
+    for seed in ("seed0", "seed1"):
+        (ckpt / seed).mkdir(parents=True)
+        (ckpt / seed / "model.safetensors").write_bytes(b"")
+    (ckpt / "summary.json").write_text(json.dumps({"seeds": {"0": {}}}))
+    score = ScoreConfig(variants=["clip"], suites=["shapes-dev"], seed_variants=["bindclip"], scores_out=str(tmp_path / "scores"),
+                        checkpoints=str(tmp_path / "checkpoints"), replacements=[])  # fmt: skip
+    results = load_results(score, ExtractConfig(), WorldConfig(out=str(world)))
+    assert set(results["shapes-dev"]["scores"]) == {"clip", "bindclip@seed0"}
