@@ -30,9 +30,10 @@ one step's loss and scores the dev suite. The loop owns the rest:
   ``weights_only=True``) holds model, optimiser, step, both RNG states, the log and the
   best checkpoint so far, so a crashed run resumes to the same weights if its fingerprint
   matches (the config with ``eval_every``, the seed, the store, the training and dev data:
-  each suite's manifest hash and store index, and the package's source); it is removed at the end, and a seed
-  finished under the same fingerprint (recorded in its ``config.json``) is kept by a rerun,
-  so a run killed during its third seed trains only that one again;
+  each suite's manifest hash and store index, and the package's source); it is removed at
+  the end, and a seed finished under the same fingerprint (recorded in its ``config.json``)
+  is kept by a rerun, so a run killed during its third seed trains only that one again
+  (``dvc.yaml`` persists the checkpoints for this);
 * device: the scorer and the family's training and dev data are moved to ``cfg.device``
   once (:func:`pipeline.features.to_device`); checkpoints are written from host copies;
 * progress with the live loss; the log of every step (lr, each logged loss) and every dev
