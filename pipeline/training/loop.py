@@ -291,6 +291,8 @@ def _check(cfg: TrainConfig) -> None:
             f"overlapping rows of {train.suite}; name two values of one column, e.g. "
             f"{train.suite}[train] and {train.suite}[validation]"
         )
+    if cfg.lr_schedule == "cosine" and cfg.steps == 0:
+        raise ValueError("train.steps is 0 under lr_schedule cosine, which needs steps > warmup; lr_schedule: constant keeps the initial weights")
     if cfg.lr_schedule == "cosine" and not 0 <= cfg.warmup < cfg.steps:
         raise ValueError(f"train.warmup must be in [0, steps) = [0, {cfg.steps}), got {cfg.warmup}")
 
