@@ -67,10 +67,8 @@ OBJECT_LAYERS = ("final", "final-raw", "early")
 DIRECTIONS: dict[str, tuple[float, float]] = {
     "left": (1.0, 0.0),
     "left of": (1.0, 0.0),
-    "to the left of": (1.0, 0.0),
     "right": (-1.0, 0.0),
     "right of": (-1.0, 0.0),
-    "to the right of": (-1.0, 0.0),
     "above": (0.0, 1.0),
     "on top of": (0.0, 1.0),
     "atop": (0.0, 1.0),
