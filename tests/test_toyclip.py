@@ -215,6 +215,47 @@ def test_resume_with_other_config_starts_afresh(tmp_path):
     assert_same_state(state_of(other["model"]), state_of(ref["model"]))
 
 
+def counting(fn, calls: list):
+    def wrapped(seed, indices, image_size):
+        calls.append(len(indices))
+        return fn(seed, indices, image_size)
+
+    return wrapped
+
+
+def test_rerun_keeps_a_finished_model_of_the_same_config_and_code(tmp_path, monkeypatch):
+    import pipeline
+
+    first = train_toyclip(tiny_cfg(tmp_path), progress=False, batch_fn=tiny_world)
+    weights = (tmp_path / "run" / "model.safetensors").read_bytes()
+    calls: list = []
+    again = train_toyclip(tiny_cfg(tmp_path, threads=2), progress=False,
+                          batch_fn=counting(tiny_world, calls))  # fmt: skip
+    assert again["kept"] and calls == []  # nothing rendered, nothing trained
+    assert again["model"] == first["model"]
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == weights
+
+    other = train_toyclip(tiny_cfg(tmp_path, lr=5e-4), progress=False,
+                          batch_fn=counting(tiny_world, calls))  # fmt: skip
+    assert "kept" not in other and calls  # another config trains again
+    calls.clear()
+    monkeypatch.setattr(pipeline, "code_identity", lambda: "an edited world")
+    edited = train_toyclip(tiny_cfg(tmp_path, lr=5e-4), progress=False,
+                           batch_fn=counting(tiny_world, calls))  # fmt: skip
+    assert "kept" not in edited and calls  # edited code trains again, as under DVC
+
+
+def test_resume_made_by_other_code_starts_afresh(tmp_path, monkeypatch):
+    import pipeline
+
+    train_toyclip(tiny_cfg(tmp_path, "x"), progress=False, batch_fn=tiny_world, stop_after=2)
+    monkeypatch.setattr(pipeline, "code_identity", lambda: "an edited world")
+    edited = train_toyclip(tiny_cfg(tmp_path, "x"), progress=False, batch_fn=tiny_world)
+    assert edited["resumed_from"] is None
+    ref = train_toyclip(tiny_cfg(tmp_path, "y"), progress=False, batch_fn=tiny_world)
+    assert_same_state(state_of(edited["model"]), state_of(ref["model"]))
+
+
 def test_loss_decreases_on_a_fixed_batch(tmp_path):
     # pool == batch: every step sees the same 8 (image, caption) pairs
     cfg = tiny_cfg(tmp_path, steps=25, pool_size=8, warmup=5, lr=5e-4)

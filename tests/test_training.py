@@ -432,7 +432,7 @@ def test_a_resume_or_finished_seed_is_kept_only_under_the_same_data_and_eval_eve
 
 
 def test_code_identity_changes_with_any_source_file(tmp_path):
-    from pipeline.training.loop import code_identity
+    from pipeline import code_identity
 
     (tmp_path / "ot").mkdir()
     (tmp_path / "ot" / "sinkhorn.py").write_text("EPS = 0.1\n")

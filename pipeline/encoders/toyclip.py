@@ -35,15 +35,20 @@ Where it departs from CLIP, and why:
 the official figures come from extract -> score and are in the report.
 
 Outputs in ``cfg.out``: ``model.safetensors`` (what ``load_encoder("toy", checkpoint=...)``
-loads), ``config.json`` (resolved config + open_clip model config), ``train_log.json`` (loss per
-logged step, wall time) and, while running, ``resume.pt`` (model + optimiser + step, every
-``checkpoint_every`` steps; deleted at the end). ``resume.pt`` holds only tensors and plain
-containers (dicts, lists, numbers, strings), so it is read with ``torch.load(...,
-weights_only=True)`` and never unpickles arbitrary objects. Trial history: ``docs/trials.md``.
+loads), ``config.json`` (resolved config + open_clip model config + identity hash),
+``train_log.json`` (loss per logged step, wall time) and, while running, ``resume.pt`` (model
++ optimiser + step, every ``checkpoint_every`` steps; deleted at the end). Both are used only
+under the same identity (the config but paths and threads, and the package's code): a rerun
+resumes ``resume.pt``, or keeps a finished model whose ``config.json`` records that identity,
+and otherwise trains afresh, so the folder can persist across ``dvc repro`` runs.
+``resume.pt`` holds only tensors and plain containers (dicts, lists, numbers, strings), so it
+is read with ``torch.load(..., weights_only=True)`` and never unpickles arbitrary objects.
+Trial history: ``docs/trials.md``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -153,16 +158,37 @@ def make_optimizers(model: torch.nn.Module, cfg: ToyClipConfig) -> list[torch.op
 
 
 def _identity(cfg: ToyClipConfig) -> dict[str, Any]:
-    """What must match for ``resume.pt`` to be resumed (everything but paths and threads)."""
+    """What must match for ``resume.pt`` to be resumed, or a finished model kept: the config
+    but paths and threads, the open_clip model config, and the ``pipeline`` package's code
+    (:func:`pipeline.code_identity`), which renders the training scenes."""
     import open_clip
 
+    from pipeline import code_identity
     from pipeline.encoders import register_toy_configs
 
     register_toy_configs()
     d = {k: v for k, v in asdict(cfg).items() if k not in ("out", "threads")}
     d["open_clip_config"] = open_clip.get_model_config(cfg.model)
     d["vision_stem"] = list(VISION_STEMS.get(cfg.model, ()))
+    d["code"] = code_identity()
     return d
+
+
+def _identity_sha256(identity: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def finished_model(out: Path, identity: dict[str, Any]) -> Path | None:
+    """``out/model.safetensors`` when it was trained under ``identity`` (its ``config.json``
+    records the identity's hash), so a rerun with nothing changed keeps it; else None."""
+    model, config = out / "model.safetensors", out / "config.json"
+    if not (model.exists() and config.exists()):
+        return None
+    try:
+        recorded = json.loads(config.read_text()).get("identity_sha256")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return model if recorded == _identity_sha256(identity) else None
 
 
 def _render_pool(
@@ -234,6 +260,14 @@ def train_toyclip(
     out.mkdir(parents=True, exist_ok=True)
     resume_path = out / "resume.pt"
     identity = _identity(cfg)
+    kept = finished_model(out, identity)
+    if kept is not None and not (out / "resume.pt").exists():
+        if progress:
+            print(f"toyclip: {kept} was trained with this config and code; kept "
+                  f"(delete {out} to train again)")  # fmt: skip
+        log = json.loads((out / "train_log.json").read_text()) if (out / "train_log.json").exists() else {}
+        return {"model": str(kept), "steps": cfg.steps, "kept": True,
+                "wall_time_s": log.get("wall_time_s"), "resumed_from": log.get("resumed_from")}  # fmt: skip
     t0 = time.perf_counter()
 
     model = build_model(cfg).train()
@@ -318,6 +352,7 @@ def train_toyclip(
     save_file(state, str(model_path))
     (out / "config.json").write_text(json.dumps(
         {"toyclip": asdict(cfg), "open_clip_model": cfg.model,
+         "identity_sha256": _identity_sha256(identity), "code": identity["code"],
          "open_clip_config": identity["open_clip_config"], "vision_stem": identity["vision_stem"],
          "open_clip_version": open_clip.__version__, "torch_version": torch.__version__},
         indent=2))  # fmt: skip

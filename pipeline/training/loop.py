@@ -64,6 +64,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from pipeline import code_identity
 from pipeline.benchmarks.base import SuiteSelection
 from pipeline.cache import FeatureStore
 from pipeline.cache.schema import encoder_id
@@ -99,19 +100,6 @@ def data_identity(store: FeatureStore, cfg: TrainConfig) -> dict[str, Any]:
             h.update(name.encode() + np.ascontiguousarray(index[name]).tobytes())
         out[suite] = [store.suite_attrs(suite).get("manifest_sha256"), h.hexdigest()[:16]]
     return out
-
-
-PACKAGE = Path(__file__).resolve().parents[1]  # pipeline/
-
-
-def code_identity(root: Path = PACKAGE) -> str:
-    """A hash of every Python source under ``root`` (the ``pipeline`` package): a seed kept
-    or resumed by a rerun was trained by this code, whatever module an edit touched (the
-    family's objectives, the loop, the solvers or the feature reader), as DVC reruns it."""
-    h = hashlib.sha256()
-    for f in sorted(root.rglob("*.py")):
-        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def _fingerprint(cfg: TrainConfig, seed: int, store: FeatureStore, data: dict[str, Any]) -> str:
