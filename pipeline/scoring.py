@@ -172,6 +172,11 @@ def score_choice(scorer: Scorer, store: FeatureStore, index: dict[str, np.ndarra
     ``reference`` is the suite's ``Suite.pairwise_reference``: a pairwise scorer's option
     k then scores ``s(I, c_k, c_reference)`` (the layout its official test reads, e.g.
     SugarCrepe++ ITT), else the mean preference (:func:`pipeline.scorers.option_scores`).
+
+    Options that are one caption (one store row: an ARO Order shuffle that reproduces the
+    true caption) take the first such option's score, so they tie exactly as the official
+    code's identical embeddings do; a pairwise scorer's mean preference would otherwise
+    sum their terms in another float order and break the tie by rounding.
     """
     out = np.full(index["captions"].shape, np.nan, dtype=np.float64)
     if images is not None and np.shape(images) != (len(out),):
@@ -185,7 +190,9 @@ def score_choice(scorer: Scorer, store: FeatureStore, index: dict[str, np.ndarra
         image, options = to_device(image, device), to_device(options, device)
         scores = option_scores(scorer, image, options, reference).double().cpu().numpy()  # [b, k]
         refuse_nan(scores, f"{type(scorer).__name__}.option_scores", "item(s)", b)
-        out[b, : len(options)] = scores
+        rows = index["captions"][b, : len(options)]  # [b, k]
+        first = (rows[:, :, None] == rows[:, None, :]).argmax(2)  # [b, k] the first option of each caption
+        out[b, : len(options)] = np.take_along_axis(scores, first, 1)
     return out
 
 

@@ -300,6 +300,23 @@ def test_nan_scores_are_refused_never_read_as_absent_options(retrieval_case):
         score_retrieval(NaNReranker(k=3), store, manifest, index, 6)
 
 
+def test_options_of_one_caption_tie_exactly_under_a_pairwise_scorer(tiny_store):
+    """An ARO Order shuffle can reproduce the true caption: both options are one store row,
+    and, as the official code's identical embeddings do, they must tie exactly, though a
+    pairwise scorer's mean preference sums their terms in another order."""
+    from pipeline.scorers import create_scorer
+    from pipeline.scoring import score_choice
+
+    index = dict(tiny_store.suite_index("shapes-dev"))
+    caps = index["captions"][:, :2]
+    index["captions"] = np.concatenate([caps, caps[:, :1], caps[:, 1:]], axis=1)  # [n, 4]: 0 = 2, 1 = 3
+    pairwise = create_scorer("bindclip", dims=tiny_store.dims, proj=tiny_store.projections(), h=16, n_iters=8).eval()
+    assert pairwise.pairwise
+    scores = score_choice(pairwise, tiny_store, index, 4)
+    assert (scores[:, 0] == scores[:, 2]).all() and (scores[:, 1] == scores[:, 3]).all()
+    assert (scores[:, 0] != scores[:, 1]).any()  # distinct captions keep their own scores
+
+
 def test_reranker_scores_choice_items_as_one_image_shortlists(tiny_store, registered_reverse):
     _, index = suite_inputs(tiny_store, "shapes-dev")
     scorer = create_scorer(
