@@ -199,12 +199,19 @@ def prepare(cfg: ExtractConfig, enc: Encoder, repair: bool = False, progress: bo
             columns["object_crops"] = ("object", _object_cells(df["object_boxes"], columns["image"][1], objects))
         suite_cells.append((src, columns, file_sha256(src.manifest)))
 
+    roots = {src.suite: src.image_root for src, _, _ in suite_cells}
+    listing = "; ".join(f"{suite}: {len(paths)} under {roots[suite]} ({', '.join(paths[:5])}{' ...' if len(paths) > 5 else ''})" for suite, paths in missing.items())
     if missing and not cfg.skip_missing:
-        listing = "; ".join(f"{suite}: {len(paths)} ({', '.join(paths[:5])}{' ...' if len(paths) > 5 else ''})" for suite, paths in missing.items())
         raise FileNotFoundError(
             f"{sum(map(len, missing.values()))} image(s) not found — {listing}. Fix the image root "
             f"(extract.image_roots) or set extract.skip_missing: true to score without those "
             f"items (they are counted and reported in every metrics file)"
+        )
+    if none := sorted(suite for suite in missing if suite not in image_paths):
+        raise FileNotFoundError(
+            f"no image of {', '.join(none)} was found, so nothing of it could be scored — {listing}. "
+            f"Fix extract.image_roots.{none[0]} (the folder the manifest's image paths are relative to) "
+            f"or remove {', '.join(none)} from extract.suites"
         )
     for suite, paths in missing.items():
         log.warning("%s: %d image(s) missing, their items will be reported as missing", suite, len(paths))

@@ -27,7 +27,8 @@ def run(cfg: ManifestsConfig) -> dict[str, int]:
     """Write one manifest per entry of ``cfg.roots``; returns {suite: items}.
 
     Raises:
-        ValueError: ``cfg.roots`` is empty, or names an unknown suite (listing the valid ones).
+        ValueError: ``cfg.roots`` is empty, or names an unknown suite (listing the valid ones),
+            or a suite has no item (none in its files, or none kept by ``image_share``).
         FileNotFoundError: a root or an annotation file is missing (the builder names it).
     """
     if not cfg.roots:
@@ -42,8 +43,13 @@ def run(cfg: ManifestsConfig) -> dict[str, int]:
         if not root.is_dir():
             raise FileNotFoundError(f"manifests.roots.{name}: folder {root} does not exist ({suite.description})")
         df = suite.build_manifest(root)
+        if df.empty:
+            raise ValueError(f"manifests.roots.{name}: the annotation files under {root} hold no item ({suite.description})")
         if name in cfg.image_share:
+            n = len(df)
             df = df[image_share_mask(df, cfg.image_share[name])].reset_index(drop=True)
+            if df.empty:
+                raise ValueError(f"manifests.image_share.{name}: {cfg.image_share[name]} keeps none of its {n} items; raise it")
         write_manifest(df, Path(cfg.out) / f"{name}.parquet", source_hashes(root))
         counts[name] = len(df)
         log.info("%s: %d items -> %s", name, len(df), Path(cfg.out) / f"{name}.parquet")

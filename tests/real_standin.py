@@ -107,8 +107,8 @@ def write_real_standin(root: Path, shared: Path, n_items: int = 6, missing: dict
     _coco(root, "train2017", range(1, 25))
     _coco(root, "val2017", range(101, 109))
     roots = {
-        "aro-relation": (root / "aro", root / "aro"),
-        "aro-attribution": (root / "aro", root / "aro"),
+        "aro-relation": (root / "aro", root / "aro" / "images"),  # the official layout: images/ beside the JSON
+        "aro-attribution": (root / "aro", root / "aro" / "images"),
         "aro-coco-order": (root / "aro", root / "coco2014"),
         "sugarcrepe": (root / "sugarcrepe", root / "coco" / "val2017"),
         "sugarcrepe-pp": (root / "sugarcrepe_pp", root / "coco" / "val2017"),

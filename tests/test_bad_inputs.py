@@ -453,7 +453,7 @@ def truncated_png() -> bytes:
 
 def test_missing_image_is_refused_naming_it(tmp_path, images):
     params = with_image(tmp_path, images, "gone.png", None)
-    refused(cli("extract", "--params", params, "--quiet"), "1 image(s) not found", f"{SUITE}: 1 (gone.png)", "extract.skip_missing: true")
+    refused(cli("extract", "--params", params, "--quiet"), "1 image(s) not found", f"{SUITE}: 1 under {tmp_path / 'images'} (gone.png)", "extract.skip_missing: true")
 
 
 def test_missing_image_skipped_is_counted_in_the_metrics(tmp_path, images):
@@ -461,6 +461,14 @@ def test_missing_image_skipped_is_counted_in_the_metrics(tmp_path, images):
     m = extract_and_score(params)
     assert m["n_items"] == 8 and m["n_skipped"] == 1
     assert m["skipped"] == {"image_missing": 1, "image_undecodable": 0}
+
+
+def test_a_suite_with_no_image_found_is_refused_even_when_skipping(tmp_path, images):
+    """Every image missing is a wrong image root, not items to skip: nothing could be scored."""
+    params = with_image(tmp_path, images, "gone.png", None, skip_missing=True)
+    for f in (tmp_path / "images").iterdir():
+        f.unlink()
+    refused(cli("extract", "--params", params, "--quiet"), f"no image of {SUITE} was found", f"under {tmp_path / 'images'}", f"extract.image_roots.{SUITE}")
 
 
 def test_truncated_image_is_refused_naming_the_file(tmp_path, images):

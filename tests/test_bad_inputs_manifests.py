@@ -200,6 +200,19 @@ def test_a_field_missing_from_an_aro_file_names_the_file_and_the_field(tmp_path)
     refused(cli("manifest", "--suite", "aro-relation", "--root", tmp_path / "aro", "--out", tmp_path / "r.parquet"), str(path), "no 'true_caption' field", "official file")
 
 
+def test_an_image_share_that_keeps_no_item_is_refused(tmp_path):
+    from pipeline.benchmarks.base import hash_unit
+
+    (tmp_path / "aro").mkdir()
+    entry = {"image_path": "1.jpg", "bbox_x": 0, "bbox_y": 0, "bbox_w": 5, "bbox_h": 5, "true_caption": "a on b", "false_caption": "b on a", "relation_name": "on"}
+    (tmp_path / "aro" / "visual_genome_relation.json").write_text(json.dumps([entry]))
+    share = hash_unit("1.jpg") / 2  # below the one image's hash: nothing kept
+    params = tmp_path / "params.yaml"
+    params.write_text(f"manifests:\n  out: {tmp_path / 'out'}\n  roots:\n    aro-relation: {tmp_path / 'aro'}\n  image_share:\n    aro-relation: {share}\n")
+    refused(cli("manifests", "--params", params), "manifests.image_share.aro-relation", "keeps none of its 1 items")
+    assert not (tmp_path / "out" / "aro-relation.parquet").exists()
+
+
 def test_an_aro_entry_that_is_not_an_object_is_named(tmp_path):
     (tmp_path / "aro").mkdir()
     path = tmp_path / "aro" / "visual_genome_relation.json"

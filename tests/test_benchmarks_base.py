@@ -69,3 +69,5 @@ def test_choice_correct_tie_rules():
     assert choice_correct(s, np.array([0, 1, 0]), "first").tolist() == [True, True, True]
     assert choice_correct(s, np.array([0, 1, 0]), "wrong").tolist() == [False, True, True]
     assert choice_correct(s, np.array([1, 0, 0]), "first").tolist() == [False, False, True]
+    for ties in ("first", "wrong"):  # a suite with no item scored: an empty table, no error
+        assert choice_correct(np.zeros((0, 0)), np.zeros(0, dtype=int), ties).shape == (0,)

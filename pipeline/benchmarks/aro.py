@@ -459,7 +459,7 @@ SUITES.register(
         metric_names=("relation", "relation-micro", *(f"relation-{s}" for s in SPLITS)),
         headline="relation",
         categories=("relation",),
-        description="ARO VG-Relation: root holds visual_genome_relation.json; images under root/images/ (cropped)",
+        description="ARO VG-Relation: root holds visual_genome_relation.json; image root = root/images/ (the cropped VG images)",
     ),
 )
 SUITES.register(
@@ -472,7 +472,7 @@ SUITES.register(
         metric_names=("attribution", "attribution-micro", *(f"attribution-{s}" for s in SPLITS)),
         headline="attribution",
         categories=("attribution",),
-        description="ARO VG-Attribution: root holds visual_genome_attribution.json; images under root/images/ (cropped)",
+        description="ARO VG-Attribution: root holds visual_genome_attribution.json; image root = root/images/ (the cropped VG images)",
     ),
 )
 for _name, _file, _images in (

@@ -199,6 +199,8 @@ def choice_correct(
     """
     s = np.where(np.isnan(scores), -np.inf, scores)
     n = np.arange(len(s))
+    if not len(s):  # no item scored: np.argmax refuses an empty row axis
+        return np.zeros(0, dtype=bool)
     if ties == "first":
         return np.argmax(s, axis=1) == correct
     c = s[n, correct]
