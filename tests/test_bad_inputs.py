@@ -667,6 +667,14 @@ def test_score_before_extract_names_the_command_to_run(good, tmp_path):
     refused(cli("score", "--params", params, "--quiet"), f"no feature store at {tmp_path / 'features' / 'tiny-vit.zarr'}", "run `pipeline extract` first")
 
 
+def test_score_of_another_model_key_names_the_stores_beside_it(good, tmp_path):
+    """A store extracted under another model key (``-quickgelu`` in extract.model only) is
+    named, with the key to set, rather than only "run pipeline extract"."""
+    _, params = good
+    (tmp_path / "features" / "ViT-B-32-quickgelu.zarr").mkdir(parents=True)
+    refused(cli("score", "--params", params, "--quiet"), "no feature store at", "its folder holds ViT-B-32-quickgelu.zarr", "set this stage's encoder")
+
+
 def test_score_with_another_manifest_than_the_store_was_extracted_from(good, images, tmp_path):
     manifest, params = good
     ok(cli("extract", "--params", params, "--quiet"))

@@ -73,6 +73,19 @@ def _params(real: dict, roots: dict[str, tuple[Path, Path]], data: Path) -> dict
     return p
 
 
+def test_real_params_follow_extract_model_and_device_through_anchors():
+    """docs/real.md has a user change ``extract.model`` (e.g. to ``-quickgelu`` for a weights
+    file) and ``extract.device``: train, ridge and score must read the same store and device."""
+    text = (ROOT / "real" / "params.yaml").read_text()
+    p = yaml.safe_load(text)
+    encoders = [p["train"][v]["encoder"] for v in p["train"]["variants"]] + [p["ridge"]["encoder"], p["score"]["encoder"]]
+    devices = [p["train"][v]["device"] for v in p["train"]["variants"]] + [p["score"]["device"]]
+    assert set(encoders) == {p["extract"]["model"]} and set(devices) == {p["extract"]["device"]}
+    edited = yaml.safe_load(text.replace("&encoder ViT-L-14-336", "&encoder ViT-L-14-336-quickgelu").replace("&device cuda", "&device cpu"))
+    assert {edited["train"][v]["encoder"] for v in p["train"]["variants"]} | {edited["ridge"]["encoder"], edited["score"]["encoder"]} == {"ViT-L-14-336-quickgelu"}
+    assert {edited["train"][v]["device"] for v in p["train"]["variants"]} | {edited["score"]["device"]} == {"cpu"}
+
+
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)

@@ -131,7 +131,10 @@ class FeatureStore:
         if not loc.exists():
             if loc.has_content():
                 raise CorruptStoreError(orphan_message(path))
-            raise CacheError(f"no feature store at {path}; run `pipeline extract` first")
+            others = [] if loc.remote else sorted(p.name for p in Path(path).parent.glob("*.zarr") if p.is_dir())
+            beside = (f"; its folder holds {', '.join(others)}: if one was extracted for this run, set this stage's "
+                      f"encoder to its name (extract.model names the store)") if others else ""  # fmt: skip
+            raise CacheError(f"no feature store at {path}; run `pipeline extract` first{beside}")
         root, attrs = open_root(loc, "r")
         version = attrs.get("schema_version")
         if version is None:
