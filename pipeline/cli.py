@@ -13,15 +13,33 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
-from pipeline.perf.commands import bench_app, write_bench
+
+class _LazyBench(TyperGroup):
+    """The stage commands plus ``bench``, whose module (:mod:`pipeline.perf.commands`) is
+    imported only when ``bench`` is run or listed: a stage run loads no benchmark code, so
+    a DVC stage depends on this module and its own stage's code only."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return sorted({*super().list_commands(ctx), "bench"})
+
+    def get_command(self, ctx, name: str):
+        if name != "bench":
+            return super().get_command(ctx, name)
+        from pipeline.perf.commands import bench_app
+
+        group = typer.main.get_command(bench_app)
+        group.name = "bench"
+        return group
+
 
 app = typer.Typer(
+    cls=_LazyBench,
     add_completion=False,
     no_args_is_help=True,
     help="Precompute-then-score feature cache pipeline for vision-language compositionality.",
 )
-app.add_typer(bench_app, name="bench")
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -420,6 +438,8 @@ def probes_command(params: Params = None) -> None:
         result = probes(store)
     except USER_ERRORS as e:
         _fail(e)
+    from pipeline.perf.commands import write_bench
+
     write_bench("probes", f"pipeline probes --params {params}", result, folder="reports")
 
 

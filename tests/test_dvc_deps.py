@@ -9,6 +9,8 @@ and inside functions: the code imports lazily), including the parent packages'
 ``__init__.py`` files, the submodules that a ``Registry(kind, "some.package")`` (or a
 subclass named ``...Registry``) imports on its first lookup and the modules an
 ``import_module(f"{PACKAGE}.{name}.report")`` can reach, and checks that a dep equals each file or is a folder above it.
+The console script's module (``pipeline/cli.py``) runs too: it is followed through what the
+stage's command reaches (its module level, the command's function and the helpers it calls).
 
 Nothing here names today's modules: files may move between packages and the checker
 follows them. Data deps (``cache/features``) and package data (JSON configs) are not
@@ -281,7 +283,7 @@ def matching_modules(root: Path, pattern: str) -> set[str]:
 
 
 @cache
-def direct_imports(root: Path, path: Path, packages: tuple[str, ...]) -> frozenset[str]:
+def direct_imports(root: Path, path: Path, packages: tuple[str, ...], command: str | None = None) -> frozenset[str]:
     """Dotted project modules ``path`` imports anywhere in its body (relative ones resolved).
 
     ``from a import b`` imports ``a`` and, where ``b`` is a submodule, ``a.b``; a
@@ -291,6 +293,10 @@ def direct_imports(root: Path, path: Path, packages: tuple[str, ...]) -> frozens
     (module-level string constants filled in, any other field a wildcard; a pattern whose
     top-level package is itself a field, as in the registry's own loader, is left to the
     ``Registry(...)`` calls).
+
+    With ``command`` (the CLI module and the word a stage runs), only what running that
+    command reaches: the module level, the command's function and the module's functions
+    it calls, not the other commands' bodies.
     """
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     name = _module_name(root, path)
@@ -298,7 +304,8 @@ def direct_imports(root: Path, path: Path, packages: tuple[str, ...]) -> frozens
     constants = _constants(tree)
     formatted = _formatted_names(tree, constants)
     found: set[str] = set()
-    for node in ast.walk(tree):
+    nodes = ast.walk(tree) if command is None else _command_nodes(tree, command, path)
+    for node in nodes:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -335,11 +342,48 @@ def direct_imports(root: Path, path: Path, packages: tuple[str, ...]) -> frozens
     return frozenset(n for n in found if n.split(".")[0] in packages)
 
 
+def _command_nodes(tree: ast.Module, word: str, path: Path) -> list[ast.AST]:
+    """The nodes ``<cli> <word>`` runs: module-level statements (function and class bodies
+    left out), the function registered as ``word`` (``@app.command("word")`` or
+    ``@app.command()`` on ``def word``) and, transitively, the module's functions it names."""
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+    def registered(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+        for d in fn.decorator_list:
+            if isinstance(d, ast.Call) and _call_name(d) == "command":
+                given = d.args[0].value if d.args and isinstance(d.args[0], ast.Constant) else None
+                return given or fn.name.replace("_", "-")
+        return None
+
+    command = next((fn for fn in functions.values() if registered(fn) == word), None)
+    if command is None:
+        pytest.fail(f"{path}: no function registered as the command {word!r}")
+    reached, todo = {command.name}, [command]
+    while todo:
+        for node in ast.walk(todo.pop()):
+            if isinstance(node, ast.Name) and node.id in functions and node.id not in reached:
+                reached.add(node.id)
+                todo.append(functions[node.id])
+    nodes: list[ast.AST] = []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if stmt.name in reached:
+                nodes.extend(ast.walk(stmt))
+            elif isinstance(stmt, ast.ClassDef):  # the class statement itself, not its methods
+                nodes.extend(n for b in stmt.bases for n in ast.walk(b))
+        else:
+            nodes.extend(ast.walk(stmt))
+    return nodes
+
+
 def imported_files(
-    root: Path, entries: list[Path], packages: tuple[str, ...], exempt: frozenset[str] = frozenset()
+    root: Path, entries: list[Path], packages: tuple[str, ...], exempt: frozenset[str] = frozenset(),
+    commands: dict[str, str] | None = None,
 ) -> tuple[set[str], set[str]]:
     """Files (repo-relative POSIX) that importing ``entries`` loads, transitively, and the
-    project module names that resolve to nothing. ``exempt`` files are neither listed nor followed.
+    project module names that resolve to nothing. ``exempt`` files are neither listed nor
+    followed; a file of ``commands`` (file -> command word) is followed only through what
+    that command reaches (:func:`direct_imports`).
     """
     files: set[str] = set()
     unresolved: set[str] = set()
@@ -363,7 +407,8 @@ def imported_files(
     for entry in entries:
         add(_module_name(root, entry))
     while todo:
-        for name in sorted(direct_imports(root, todo.pop(), packages)):
+        file = todo.pop()
+        for name in sorted(direct_imports(root, file, packages, (commands or {}).get(file.relative_to(root).as_posix()))):
             add(name)
     return files, unresolved
 
@@ -372,12 +417,18 @@ def imported_files(
 
 
 def _cli_file() -> str:
-    """The console script's own module (a thin dispatcher, exempt): from pyproject.toml."""
+    """The console script's own module, from pyproject.toml: a stage's cmd runs it, so a
+    stage lists it and what its command reaches (:func:`_command_nodes`)."""
     try:
         scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
         return scripts[COMMAND].partition(":")[0].replace(".", "/") + ".py"
     except (FileNotFoundError, KeyError):
         return f"{COMMAND}/cli.py"
+
+
+def command_words(cmd: Any) -> list[str]:
+    """The ``<word>`` of each ``pipeline <word> ...`` of a stage's ``cmd``."""
+    return [next(a for a in shlex.split(str(one))[1:] if not a.startswith("-")) for one in (cmd if isinstance(cmd, list) else [cmd])]
 
 
 def entry_modules(stage: str, cmd: Any) -> list[Path]:
@@ -429,9 +480,13 @@ def test_stage_deps_cover_imported_modules(stage: str) -> None:
     spec = STAGES[stage]
     if isinstance(spec, Exception):
         pytest.fail(f"could not expand {DVC_YAML.name}: {type(spec).__name__}: {spec}")
-    files, unresolved = imported_files(
-        ROOT, entry_modules(stage, spec.get("cmd")), PROJECT_PACKAGES, frozenset({_cli_file()})
-    )
+    entries = entry_modules(stage, spec.get("cmd"))
+    files: set[str] = set()
+    unresolved: set[str] = set()
+    for word in command_words(spec.get("cmd")):  # the CLI module, through its one command
+        found, lost = imported_files(ROOT, [*entries, ROOT / _cli_file()], PROJECT_PACKAGES, commands={_cli_file(): word})
+        files |= found
+        unresolved |= lost
     deps = stage_deps(spec)
     missing = sorted(f for f in files if not covered(f, deps))
     problems = []
@@ -451,6 +506,27 @@ def test_stage_deps_cover_imported_modules(stage: str) -> None:
 
 
 # --------------------------------------------------------------------------- the checker itself
+
+
+def test_a_cli_command_reaches_its_own_body_its_helpers_and_the_module_level(tmp_path: Path) -> None:
+    files = {
+        "app/__init__.py": "",
+        "app/cli.py": (
+            "from app import top\n"
+            "class Lazy(Base):\n    def get(self):\n        from app import bench\n"  # a method: not run by a stage
+            "def _helper():\n    from app import helped\n"
+            "@app.command('run-it')\ndef run_it():\n    from app import mine\n    _helper()\n"
+            "@app.command()\ndef other():\n    from app import theirs\n"
+        ),
+        **{f"app/{m}.py": "" for m in ("top", "bench", "helped", "mine", "theirs")},
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    cli = tmp_path / "app/cli.py"
+    found, _ = imported_files(tmp_path, [cli], ("app",), commands={"app/cli.py": "run-it"})
+    assert found == {"app/__init__.py", "app/cli.py", "app/top.py", "app/mine.py", "app/helped.py"}
+    assert "app/theirs.py" in imported_files(tmp_path, [cli], ("app",), commands={"app/cli.py": "other"})[0]
 
 
 def test_import_resolver_on_a_temporary_package(tmp_path: Path) -> None:

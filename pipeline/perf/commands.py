@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-bench_app = typer.Typer(no_args_is_help=True, help="Measurements behind the README/report figures.")
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measurements behind the README/report figures.")
 
 
 def write_bench(name: str, command: str, results: dict, folder: str = "reports/bench") -> None:
