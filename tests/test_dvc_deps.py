@@ -505,6 +505,20 @@ def test_stage_deps_cover_imported_modules(stage: str) -> None:
         pytest.fail("\n".join(problems), pytrace=False)
 
 
+def test_the_library_never_imports_the_stages() -> None:
+    """Dependencies run one way, ``pipeline.cli`` -> ``stages`` -> the library: no module of
+    ``pipeline/`` but the CLI's (the console script's module and the ``bench`` commands it
+    loads) imports ``stages``, at module level or lazily."""
+    cli = {_cli_file(), "pipeline/perf/commands.py"}
+    offenders = sorted(
+        f.relative_to(ROOT).as_posix()
+        for f in (ROOT / "pipeline").rglob("*.py")
+        if f.relative_to(ROOT).as_posix() not in cli
+        and any(m.split(".")[0] == STAGE_PACKAGE for m in direct_imports(ROOT, f, PROJECT_PACKAGES))
+    )
+    assert offenders == [], f"library modules importing {STAGE_PACKAGE}: {offenders}"
+
+
 # --------------------------------------------------------------------------- the checker itself
 
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +43,16 @@ def _timed(cmd: list[str], env: dict[str, str], cwd: Path) -> float:
     return time.perf_counter() - t0
 
 
-def score_overhead(model: str = "ViT-B-32", items: int = 100, repeats: int = 3, threads: int = 2) -> dict[str, Any]:
+def score_overhead(score_run: Callable[..., Any], model: str = "ViT-B-32", items: int = 100, repeats: int = 3, threads: int = 2) -> dict[str, Any]:
     """Wall time of ``pipeline score`` on ``items`` SugarCrepe-style items against its
     scoring time, for ``model`` at random init saved as a weights file (see the module
-    docstring for each figure)."""
+    docstring for each figure). ``score_run(cfg, ext, progress=False)`` is the score
+    stage's ``run``, which the CLI passes in (the library never imports ``stages``)."""
     from safetensors.torch import save_file
 
     from pipeline.config import ExtractConfig, ScoreConfig
     from pipeline.encoders import load_encoder
     from pipeline.extraction import extract
-    from stages import score as score_stage
 
     bin_dir = Path(sys.executable).parent
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +87,7 @@ def score_overhead(model: str = "ViT-B-32", items: int = 100, repeats: int = 3, 
         in_process = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            score_stage.run(cfg, ext, progress=False)
+            score_run(cfg, ext, progress=False)
             in_process.append(time.perf_counter() - t0)
         size_mb = weights.stat().st_size / 2**20
 

@@ -53,8 +53,9 @@ def bench_cli(
 ) -> None:
     """One `pipeline score` call against its scoring time: imports, params, store open and fingerprint (goal: <= 3 s)."""
     from pipeline.perf.cli import score_overhead
+    from stages import score as stage
 
-    write_bench("cli", f"pipeline bench cli --model {model} --items {items} --repeats {repeats}", score_overhead(model, items, repeats))
+    write_bench("cli", f"pipeline bench cli --model {model} --items {items} --repeats {repeats}", score_overhead(stage.run, model, items, repeats))
 
 
 @bench_app.command("scoring")
