@@ -388,6 +388,33 @@ def scores_array(table: pd.DataFrame) -> np.ndarray:
     return out
 
 
+ORIGIN_KEY = b"pipeline.scored_from"  # the scores table's Parquet metadata: {"encoder", "store"}
+
+
+def write_scores(table: pd.DataFrame, path: Path, encoder: str, store_id: str | None) -> None:
+    """Write a scores table as Parquet recording what it was scored from (the encoder key
+    and the store's ``fingerprint_id``), so the report can refuse tables of mixed stores."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrow = pa.Table.from_pandas(table, preserve_index=False)
+    meta = {**(arrow.schema.metadata or {}), ORIGIN_KEY: json.dumps({"encoder": encoder, "store": store_id}).encode()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(arrow.replace_schema_metadata(meta), path)
+
+
+def scores_origin(path: str | Path) -> dict[str, Any] | None:
+    """What a scores table was scored from (:func:`write_scores`); None when it records nothing."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(path).metadata or {}
+    return json.loads(meta[ORIGIN_KEY]) if ORIGIN_KEY in meta else None
+
+
 def load_scores(scores_out: str | Path, variant: str, suite: str) -> np.ndarray:
     """Read back the ``[n, K_max]`` scores the score stage wrote (NaN pad)."""
     return scores_array(pd.read_parquet(Path(scores_out) / variant / f"{suite}.parquet"))

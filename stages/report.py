@@ -22,7 +22,7 @@ from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfi
 from pipeline.manifests import read_manifest, resolve_source
 from pipeline.report import FIGURE_DPI, ReportContext, render
 from pipeline.scorers.checkpoints import seed_checkpoints
-from pipeline.scoring import load_scores
+from pipeline.scoring import load_scores, scores_origin
 
 
 def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> dict[str, Any]:
@@ -32,10 +32,16 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
     was missing at extract are taken out of the manifest too and listed under ``missing``, so
     every table's denominator is the scored items and the report can name what is left out.
 
+    Every scores table must record that it was scored with ``score.encoder`` and all from
+    one feature store (:func:`pipeline.scoring.scores_origin`): a table left by a run on
+    another encoder or an earlier store would otherwise be reported as this run's.
+
     Raises:
-        ValueError: nothing at all was scored (the report would be its header alone).
+        ValueError: nothing at all was scored (the report would be its header alone), or
+            the scores tables come from another encoder or from more than one store.
     """
     out: dict[str, Any] = {}
+    stores: dict[str, Path] = {}  # store fingerprint_id -> the first table scored from it
     for suite in score.suites:
         src = resolve_source(suite, world.out, extract.manifests, extract.image_roots)
         manifest = read_manifest(src.manifest)
@@ -50,6 +56,16 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
             path = Path(score.scores_out) / name / f"{suite}.parquet"
             if not path.is_file():
                 continue
+            origin = scores_origin(path) or {}
+            if origin.get("encoder") != score.encoder:
+                was = f"with encoder {origin['encoder']!r}" if origin else "by an older pipeline (no origin recorded)"
+                raise ValueError(
+                    f"{path} was scored {was}, not score.encoder {score.encoder!r}; rerun `pipeline score`"
+                )
+            stores.setdefault(origin.get("store"), path)
+            if len(stores) > 1:  # the first table of the first store, and this one
+                raise ValueError(f"{next(iter(stores.values()))} and {path} were scored from different feature "
+                                 f"stores of {score.encoder}; rerun `pipeline score`")  # fmt: skip
             ids = pd.read_parquet(path, columns=["item_id"])["item_id"].astype(str).tolist()
             if scored_ids is None:
                 scored_ids = ids

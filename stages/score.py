@@ -48,13 +48,15 @@ from pipeline.scoring import (
     skip_reasons,
     suite_inputs,
     text_only_metrics,
+    write_scores,
 )
 
 log = logging.getLogger(__name__)
 
 
-def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, manifest: pd.DataFrame, scores: np.ndarray, skipped: dict[str, int] | None = None, extra: dict[str, float] | None = None, truncation: dict[str, int] | None = None) -> dict[str, Any]:
-    """Per-item scores (Parquet) and the metrics file (JSON); returns the metrics record.
+def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, manifest: pd.DataFrame, scores: np.ndarray, skipped: dict[str, int] | None = None, extra: dict[str, float] | None = None, truncation: dict[str, int] | None = None, store_id: str | None = None) -> dict[str, Any]:
+    """Per-item scores (Parquet, recording the encoder and the store's ``fingerprint_id``
+    ``store_id`` they were scored from) and the metrics file (JSON); returns the metrics record.
 
     Args:
         skipped: items left out, per reason (:func:`pipeline.scoring.skip_reasons`).
@@ -63,7 +65,6 @@ def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, ma
     """
     skipped = skipped or {}
     scores_path = Path(cfg.scores_out) / variant / f"{suite.name}.parquet"
-    scores_path.parent.mkdir(parents=True, exist_ok=True)
     table = pd.DataFrame(
         {
             "item_id": manifest["item_id"].astype(str).to_numpy(),
@@ -71,7 +72,7 @@ def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, ma
             "scores": [row[~np.isnan(row)].tolist() for row in scores],
         }
     )
-    table.to_parquet(scores_path, index=False)
+    write_scores(table, scores_path, encoder, store_id)
     record = {
         "suite": suite.name,
         "variant": variant,
@@ -117,6 +118,7 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
     if unknown:
         raise ValueError(f"score.seed_suites {unknown} are not in score.suites")
     store = open_store(extract).cache_reads(READ_CACHE_BYTES)  # every variant and mode rereads each suite
+    store_id = store.root.attrs.get("fingerprint_id")
     runs = [(v, v, None) for v in cfg.variants]  # (name in outputs, registry key, checkpoint)
     for variant in cfg.seed_variants:
         runs += [(f"{variant}@{d.name}", variant, d) for d in seed_checkpoints(variant, cfg.checkpoints)]
@@ -155,14 +157,14 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
                 desc = f"{name} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc, reference=suite.pairwise_reference)
             extra = text_only_metrics(suite, store, manifest, index)
-            records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, skipped, extra, truncation))
+            records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, skipped, extra, truncation, store_id))
             if suite.task == "retrieval" or ckpt is not None or name not in replaced:
                 continue  # image replacement: choice suites, the replaced variants (not per seed)
             for mode in cfg.replacements:
                 images = replacement_images(index, mode, cfg.replacement_seed)
                 desc = f"{name}@{mode} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc, images=images, reference=suite.pairwise_reference)
-                records.append(write_outputs(cfg, suite, f"{name}@{mode}", extract.model, manifest, scores, skipped, extra, truncation))
+                records.append(write_outputs(cfg, suite, f"{name}@{mode}", extract.model, manifest, scores, skipped, extra, truncation, store_id))
         if ckpt is None and len(records) == first:  # never silent: say what it can score
             can = "retrieval suites only" if not scorer.scores_choices else "choice suites only"
             raise ValueError(

@@ -117,7 +117,7 @@ def test_the_pipelines_own_encoder_is_read_from_its_current_scores(compared):
             m.update(value=0.0, lo=0.0, hi=0.0)  # a stale copy: 0.0 [0.0, 0.0]
     path = compared / "stale.json"
     path.write_text(json.dumps(stale))
-    score = ScoreConfig(variants=["clip", "global-m"], suites=SUITES[:4],
+    score = ScoreConfig(variants=["clip", "global-m"], suites=SUITES[:4], encoder="tiny-a",
                         scores_out=str(compared / "cache/encoders/tiny-a/scores"))  # fmt: skip
     extract = ExtractConfig(model="tiny-a")
     results = load_results(score, extract, WorldConfig(out=str(compared / "cache/world")))

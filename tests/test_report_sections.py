@@ -626,18 +626,52 @@ def test_a_variant_without_scores_is_named_and_a_report_of_nothing_refused(world
         load_results(empty, ExtractConfig(), WorldConfig(out=str(world)))
 
 
+def dev_scores_table(world):
+    import pandas as pd
+
+    manifest = read_manifest(resolve_source("shapes-dev", world, {}, {}).manifest)
+    return pd.DataFrame({"item_id": manifest["item_id"].astype(str), "scores": [[1.0, 0.0]] * len(manifest)})
+
+
+@pytest.mark.parametrize(
+    ("origins", "refusal"),
+    [
+        ((("toy", "store-a"), ("tiny-vit", "store-b")), r"bindclip/shapes-dev.parquet was scored with encoder 'tiny-vit', not score.encoder 'toy'"),
+        ((("toy", "store-a"), ("toy", "store-b")), r"clip/shapes-dev.parquet and .*bindclip/shapes-dev.parquet were scored from different feature stores of toy"),
+        ((("toy", "store-a"), None), r"bindclip/shapes-dev.parquet was scored by an older pipeline \(no origin recorded\)"),
+    ],
+    ids=["another-encoder", "another-store", "no-origin"],
+)
+def test_scores_of_another_encoder_or_store_are_refused(world, tmp_path, origins, refusal):
+    """``pipeline score --model tiny-vit`` overwrites one table under the same scores folder:
+    the report must not present it as the toy's."""
+    from pipeline.scoring import write_scores
+    from stages.report import load_results
+
+    table = dev_scores_table(world)
+    for name, origin in zip(("clip", "bindclip"), origins, strict=True):
+        path = tmp_path / "scores" / name / "shapes-dev.parquet"
+        if origin is None:
+            path.parent.mkdir(parents=True)
+            table.to_parquet(path)
+        else:
+            write_scores(table, path, *origin)
+    score = ScoreConfig(variants=["clip", "bindclip"], suites=["shapes-dev"], scores_out=str(tmp_path / "scores"), replacements=[])
+    with pytest.raises(ValueError, match=refusal):
+        load_results(score, ExtractConfig(), WorldConfig(out=str(world)))
+    write_scores(table, tmp_path / "scores" / "bindclip" / "shapes-dev.parquet", "toy", "store-a")
+    assert set(load_results(score, ExtractConfig(), WorldConfig(out=str(world)))["shapes-dev"]["scores"]) == {"clip", "bindclip"}
+
+
 def test_the_report_reads_the_seeds_of_the_last_training_only(world, tmp_path):
     """Score files of a seed the last training no longer has (a rerun with fewer seeds) are
     not read as that run's seeds: the report takes the seeds from the checkpoints' summary."""
-    import pandas as pd
-
+    from pipeline.scoring import write_scores
     from stages.report import load_results
 
-    manifest = read_manifest(resolve_source("shapes-dev", world, {}, {}).manifest)
-    table = pd.DataFrame({"item_id": manifest["item_id"].astype(str), "scores": [[1.0, 0.0]] * len(manifest)})
+    table = dev_scores_table(world)
     for name in ("clip", "bindclip@seed0", "bindclip@seed1"):
-        (tmp_path / "scores" / name).mkdir(parents=True)
-        table.to_parquet(tmp_path / "scores" / name / "shapes-dev.parquet")
+        write_scores(table, tmp_path / "scores" / name / "shapes-dev.parquet", "toy", "store-a")
     ckpt = tmp_path / "checkpoints" / "bindclip"
     for seed in ("seed0", "seed1"):
         (ckpt / seed).mkdir(parents=True)
