@@ -43,9 +43,9 @@ from pipeline.config import ExtractConfig
 
 # dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in every worker it spawns; any fixed value
 # turns off glibc's adaptive mmap threshold, so each large tensor of the forward pass is
-# mmapped and unmapped again, and the toy's encoder ran 2.3x slower in a worker than in
-# one process (`pipeline bench extract --scheduler ...`). Our local workers keep glibc's
-# default; `dask worker --no-nanny` does the same for workers started by hand.
+# mmapped and unmapped again, and the encoder runs far slower in a worker than in one
+# process (`pipeline bench extract --scheduler ...`; docs/trials.md). Our local workers keep
+# glibc's default; `dask worker --no-nanny` does the same for workers started by hand.
 NANNY_MALLOC = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 BLOCK_ROWS = {"text": 256, "image": 256, "object": 256}  # rows per task: one chunk of the unsharded arrays
 _ENCODERS: dict[tuple, Any] = {}  # per worker process: encoder arguments -> Encoder

@@ -9,13 +9,12 @@
 
 Every reader (score batches, training's one-shot load, probes, diagnostics) asks for a set
 of rows, in any order and with repeats. ``_gather`` reads each run of nearby rows (gaps up
-to ``GAP_BYTES`` are read through) as one slice and picks the rows in memory. zarr's integer
-(orthogonal) selection on these sharded arrays is the slow path: on the stages' patterns at
-toy dims it was 10-12x slower than slices for contiguous rows, and 20-40x slower at
-ViT-L-14-336 dims. Reads go straight to zarr, without dask. Dask views with one task per
-shard were 1.5-2.2x slower than these slices, and its threaded scheduler with 2 workers was
-no faster than 1 worker, so there is no parallel reading to gain. ``scripts/bench_reads.py``
-measures this.
+to ``GAP_BYTES`` are read through) as one slice and picks the rows in memory: zarr's integer
+(orthogonal) selection on these sharded arrays is the slow path, far behind slices on the
+stages' read patterns. Reads go straight to zarr, without dask: a dask view is slower than
+these slices, and its threaded scheduler gains nothing over one thread, so there is no
+parallel reading to gain. ``scripts/bench_reads.py`` measures this (figures in
+docs/trials.md).
 
 A reader that comes back to the same rows many times (the score stage reads every suite
 once per variant and replacement mode) turns on a block cache with

@@ -42,10 +42,8 @@ group to an existing store of the same encoder instead of replacing it.
 Grids and token states are stored in shards of ``SHARD_ROWS`` rows (v3 sharding: one file
 per shard) holding inner chunks of ``chunk_rows`` rows, a power of two sized to about
 ``CHUNK_BYTES`` (1 row for a ViT-L-14-336 grid, 16 for the toy's): small enough for cheap
-random-row reads, large enough that per-chunk codec overhead does not dominate writes (v1
-had one-row chunks: writing 1024 toy grid rows took 0.45 s with 1-row chunks and 0.10 s
-with 16-row chunks, while reading 64 random rows took 0.068 s and 0.064 s). Writers write
-whole shards where they can.
+random-row reads, large enough that per-chunk codec overhead does not dominate writes
+(docs/trials.md, Cache, solvers and world). Writers write whole shards where they can.
 Rows are content-addressed: each image and caption is encoded once across suites, and a
 rerun with a new suite appends only what is new. ``done`` flags make an interrupted extract
 resumable (LocalStore writes each shard file atomically, so no chunk is left half-written).

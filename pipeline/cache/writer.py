@@ -42,8 +42,7 @@ from pipeline.cache.schema import (
 
 log = logging.getLogger(__name__)
 # Small arrays (keys, ids, embeddings) are compressed; fp16 grids and token states are not:
-# zstd+shuffle saved only 6% on toy grids (157 vs 167 MiB) and 15% on token states, while
-# compression was ~40% of the time to write them.
+# they compress poorly and compressing them costs much of their write time (docs/trials.md).
 COMPRESSOR = BloscCodec(cname="zstd", clevel=1, shuffle=BloscShuffle.shuffle)
 CHECKSUM = Crc32cCodec()  # last codec of every chunk: damaged bytes fail to decode
 # Every chunk gets a file, even one equal to the fill value, so an absent file is damage

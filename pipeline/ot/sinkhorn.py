@@ -137,7 +137,7 @@ def _absorbed_iterations(log_K, f, g, a, b, k, valid_rows, valid_cols, work=None
     """
     K = _absorb(log_K, f, g, out=None if work is None else work.K)  # [..., n, m] absorbed kernel
     # both mat-vecs as row-vector @ matrix: on CPU, [1, m] @ [m, n] with K^T contiguous runs
-    # ~3x faster than [n, m] @ [m, 1] (measured 3.3 vs 10.9 ms at 256 x 64 x 1153)
+    # faster than [n, m] @ [m, 1] (docs/trials.md)
     Kt = K.transpose(-1, -2)
     Kt = Kt.contiguous() if work is None else work.Kt.copy_(Kt)  # [..., m, n]
     tiny = torch.finfo(K.dtype).tiny / torch.finfo(K.dtype).eps  # well above subnormals
@@ -204,11 +204,10 @@ def _solve(log_K, a, b, n_iters, absorb_every, work=None, out=None):
 
 
 # On CPU the mat-vecs of a large batch stream the whole absorbed kernel from memory at every
-# iteration; blocks of problems whose kernels fit in cache, solved in reused storage when
-# autograd does not record, run ~3x faster (256 problems of 64 x 1153 on 2 cores: 0.67 s in
-# one block, 0.23-0.25 s in blocks of ~8 MiB; ``pipeline bench sinkhorn --batch-block 0``
-# against the default). Blocks in fresh storage were only ~2x faster: the page faults of
-# each new 8 MiB tensor cost as much as the iterations.
+# iteration, so the batch is solved in blocks of problems whose kernels fit in cache; when
+# autograd does not record, the blocks reuse one storage, since the page faults of a fresh
+# 8 MiB tensor per block cost about as much as its iterations. ``pipeline bench sinkhorn
+# --batch-block 0`` times one block against the default (figures in docs/trials.md).
 _CPU_BLOCK_BYTES = 8 << 20
 
 
@@ -255,7 +254,7 @@ def sinkhorn_log_kernel(
             times faster and stores far less for autograd.
         batch_block: solve the (flattened) batch in blocks of this many problems; the
             problems are independent, so the result is the same. None: on CPU, blocks of
-            about 8 MiB of kernel (cache-sized, ~3x faster for large batches), one block
+            about 8 MiB of kernel (cache-sized: faster for large batches), one block
             elsewhere; 0: one block.
 
     Returns:

@@ -8,10 +8,9 @@ validation or holdout bucket. Each comes with one random true caption mixing eve
 (object lists with colours and sizes, relations incl. depth, sides of the picture) and
 every template. No hard negatives: the contrastive batch supplies the negatives.
 
-Speed (measured with ``time.process_time`` on this project's 2-core CPU box, one core,
-64 px, while other jobs loaded it to a load average of ~6): 1.0-1.2 ms per image, of
-which ~0.5 ms is scene sampling + caption and ~0.45 ms rendering. The test suite keeps a
-loose 6 ms bound (``tests/test_world.py::test_training_batch_speed``).
+Speed: about a millisecond per 64 px image, split roughly evenly between scene sampling +
+caption and rendering (docs/trials.md); the test suite keeps a loose 6 ms bound
+(``tests/test_world.py::test_training_batch_speed``).
 """
 
 from __future__ import annotations
@@ -25,8 +24,8 @@ from pipeline.world.scenes import Scene, scene_id_in_split, scene_rng
 
 P_OVERLAP = 0.3  # share of training scenes with an overlapping (depth) pair
 # Share of uniquely-shaped objects named by shape alone in training captions. With colours
-# in (almost) every caption, colour alone picks the right image out of a contrastive batch
-# and the toy CLIP never learnt shape (replace-obj 0.55 after 1500 steps at p = 0.1).
+# in (almost) every caption, colour alone picks the right image out of a contrastive batch,
+# so the toy CLIP gets no gradient for shape.
 P_BARE = 0.5
 # Share of single-colour training scenes: colour cannot tell them apart within a batch, so
 # the contrastive loss can only fall by reading shape (still positives + in-batch negatives).

@@ -35,12 +35,12 @@ objects, 4 relations of 1-2 words, 3 ``which is``) has 25-29 tokens, within
 ``MULTI_MAX_TOKENS`` (the toy CLIP's context of 32 less the start and end tokens); an extra
 relation never fits a 5-object path.
 
-Group size. 30 was the aim (a scorer that sees only which shapes are present ties the whole
-group: R@10 ~ 10/30 with random tie-breaking). Three objects cap it: at most 21 binding
-variants (3 swaps + 3 x 6 colour changes) and few relation variants that chains can tell
-apart. Measured on 1,216 random 3-object bases (8 greedy orders each): 27 scenes reached
-by 1 base in 6, 28-29 by 1 in 75 (a narrow set of layouts), 30 by none. So the size is 27,
-which a 3-object group reaches in ~20 proposals (4 and 5 objects reach 30 in 2-3).
+Group size. The larger the group, the lower a scorer that sees only which shapes are
+present ranks: it ties the whole group (R@10 ~ 10/size with random tie-breaking). Three objects cap it: at most 21
+binding variants (3 swaps + 3 x 6 colour changes) and few relation variants that chains can
+tell apart, so greedy orders from a random 3-object base reach 27 scenes for about one base
+in six and 30 for hardly any. So the size is 27, which a 3-object group reaches in ~20
+proposals (docs/trials.md, Cache, solvers and world).
 
 Across groups. Groups are drawn in order (:func:`multi_group`); group k is redrawn until
 no caption of it holds in a scene of groups 0 .. k-1 and none of theirs in its scenes, so

@@ -8,9 +8,9 @@ filter, which is 4 x 4 supersampling, and composited over the background
 (``out = bg * (1 - alpha) + colour``, the colour being premultiplied by construction).
 
 Departure from the brief's example (4x then LANCZOS): the box filter gives the exact
-pixel coverage without LANCZOS's ringing halos around bright shapes, and the render
-costs ~0.45 ms instead of ~0.75 ms at 64 px. The same scene always gives the same pixels,
-hence the same PNG bytes (Pillow writes no timestamps).
+pixel coverage without LANCZOS's ringing halos around bright shapes, and costs less. The
+same scene always gives the same pixels, hence the same PNG bytes (Pillow writes no
+timestamps).
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ from PIL import Image, ImageDraw
 
 # ------------------------------------------------------------------------------ vocabulary
 
-# Six shapes that stay distinct at 64 px (hexagon and pentagon, tried first, are a few
-# pixels from a circle at this resolution; no toy CLIP learnt to tell them apart).
+# Six shapes that stay distinct at 64 px (a hexagon or pentagon is a few pixels from a
+# circle at this resolution).
 SHAPES = ("circle", "square", "triangle", "star", "cross", "diamond")
 COLOURS: dict[str, tuple[int, int, int]] = {  # saturated or bright; all far from the grey
     "red": (222, 44, 44),

@@ -313,7 +313,7 @@ class BindClip(Scorer):
         e_ent = (u[..., None] * g_frac).sum(2) / u.sum(-1, keepdim=True).clamp_min(1e-6)
         d = self.relation(pt)  # [B, 2, N, 5]
         gate = None
-        floor = cfg.span_gate_floor  # gates in [floor, 1]: a span never loses all its weight (an unfloored gate diverged)
+        floor = cfg.span_gate_floor  # gates in [floor, 1]: a span never loses all its weight, which keeps training stable
         if cfg.span_gate:
             gate = floor + (1.0 - floor) * torch.sigmoid(self.span_gate(pt))[..., 0]  # [B, 2, N]
         e_ord, e_sp = readouts(Q, r_tok, mask, d, self.coords, cfg.var_floor, gate)  # [B, 2, L]

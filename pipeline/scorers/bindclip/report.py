@@ -405,7 +405,7 @@ def parameters(bench: Path) -> list[str]:
     pc = analysis.parameter_comparison(breakdown)
     rows = [[k, f"{v:,}"] for k, v in pc["components"].items()]
     rows.append(["**total**", f"**{pc['total']:,}**"])
-    ours = [k for k in ("span_gate", "order_gate") if k in pc["components"]]
+    ours = [k for k in ("span_gate",) if k in pc["components"]]
     text = TEXT(
         "parameters",
         total=pc["total"],

@@ -9,17 +9,16 @@ geometry-aware rerankers align.
   (:data:`OBJECT_LAYERS`), the one its fit held out best. The mean is over the box's area:
   each patch weighs the fraction of its area inside the box
   (:func:`pipeline.world.grounding.box_weights`), so a patch the box barely touches, mostly
-  background or a neighbour, counts for little; the held-out ranking AUC of ``ridge-fgw``'s
-  map on the training split prefers these weights to the patches at least a quarter covered
-  on every grid (docs/trials.md). ``crops`` (the paper's): the pooled embedding of the box's
-  crop re-encoded by the frozen image tower at extract (``extract.object_crops: true``;
-  :func:`pipeline.extract_pixels.crop_to_box`), unit-normalised: the object seen alone, at the
-  encoder's full resolution, at the cost of one forward pass per object at extract and none
-  at scoring. Either way the object's position is its box centre. Box means read the grid
-  through the boxes as the encoder saw the image: a manifest with an ``image_size`` column
-  (the real loaders) has its boxes mapped onto the square view of the store's
-  ``preprocess.resize_mode`` (:func:`pipeline.world.grounding.view_boxes`: OpenAI CLIP crops
-  the centre square), and an object the crop cut away is left out of the image's set.
+  background or a neighbour, counts for little (docs/trials.md). ``crops`` (the paper's):
+  the pooled embedding of the box's crop re-encoded by the frozen image tower at extract
+  (``extract.object_crops: true``; :func:`pipeline.extract_pixels.crop_to_box`),
+  unit-normalised: the object seen alone, at the encoder's full resolution, at the cost of
+  one forward pass per object at extract and none at scoring. Either way the object's
+  position is its box centre. Box means read the grid through the boxes as the encoder saw
+  the image: a manifest with an ``image_size`` column (the real loaders) has its boxes
+  mapped onto the square view of the store's ``preprocess.resize_mode``
+  (:func:`pipeline.world.grounding.view_boxes`: OpenAI CLIP crops the centre square), and an
+  object the crop cut away is left out of the image's set.
 * Query side: one embedding per object phrase (``phrases``, encoded at extract like every
   caption): its pooled text embedding, unit-normalised. Positions come from the relation
   structure (``relations``): :func:`relation_positions` lays the phrases out on a grid so
@@ -29,9 +28,8 @@ geometry-aware rerankers align.
 * Structures (:func:`structure`), per set: ``offset`` — the signed 2-D offsets
   :math:`C_{ik} = x_k - x_i` (two channels), which tell *left of* from *right of*;
   ``distance`` — :math:`\lVert x_k - x_i \rVert`, the spec's pairwise distances, which
-  cannot (they are invariant to reflections: on shapes-retrieval, whose distractors swap
-  left and right, ``fgw`` and ``ridge-fgw`` fall well below their offset figures,
-  docs/trials.md), so ``offset`` is the rerankers' default. Each set's structure is
+  cannot (they are invariant to reflections, and shapes-retrieval's distractors swap
+  left and right), so ``offset`` is the rerankers' default. Each set's structure is
   scaled to a largest entry of 1, so a query's unit layout and an image's normalised box
   centres are comparable.
 
