@@ -246,6 +246,7 @@ class ManifestsConfig:
     roots: dict[str, str] = field(default_factory=dict)  # suite -> folder holding its official annotation files (see `pipeline suites`)
     out: str = "cache/manifests"  # <out>/<suite>.parquet (point extract.manifests.<suite> here)
     image_share: dict[str, Annotated[float, Field(gt=0, le=1)]] = field(default_factory=dict)  # suite -> keep the items of this share of its images, chosen by a hash of the image path (the same images in every suite: coco-families and coco-families-dev agree)
+    disjoint_from: dict[str, list[str]] = field(default_factory=dict)  # suite -> suites whose COCO images it must not hold (a training suite's rows on a test suite's photographs are dropped, by COCO image id)
 
 
 @with_config(STRICT)

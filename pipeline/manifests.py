@@ -92,9 +92,10 @@ def source_hashes(root: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".
     }
 
 
-def write_manifest(df: pd.DataFrame, out: str | Path, sources: dict[str, str]) -> Path:
-    """Write a manifest as Parquet, recording its source files' hashes in the file metadata
-    (so a changed annotation file changes the manifest's bytes, and extract re-indexes it).
+def write_manifest(df: pd.DataFrame, out: str | Path, sources: dict[str, Any]) -> Path:
+    """Write a manifest as Parquet, recording its source files' hashes (and how it was cut,
+    e.g. ``disjoint_from``'s dropped rows) in the file metadata (so a changed annotation file
+    changes the manifest's bytes, and extract re-indexes it).
 
     Raises:
         ValueError: two rows share an ``item_id`` (each would be counted; the source file

@@ -6,8 +6,10 @@ the manifest is written as ``<out>/<suite>.parquet`` with the annotation files' 
 metadata (:func:`pipeline.manifests.write_manifest`), so a changed annotation file gives a
 changed manifest and extract re-indexes it. ``image_share`` cuts a suite to the items of a
 hashed share of its images (:func:`pipeline.benchmarks.base.image_share_mask`), so the
-COCO families need not extract all of train2017 to train on a few thousand pairs. No image
-is opened: images are extract's.
+COCO families need not extract all of train2017 to train on a few thousand pairs.
+``disjoint_from`` drops a suite's rows whose COCO photograph another suite of the run shows
+(by COCO image id), so training suites hold no test photograph; the count is recorded in
+the manifest's metadata. No image is opened: images are extract's.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import pandas as pd
+
 from pipeline.benchmarks import SUITES
-from pipeline.benchmarks.base import image_share_mask
+from pipeline.benchmarks.base import coco_image_ids, coco_overlap_mask, image_share_mask
 from pipeline.config import ManifestsConfig
 from pipeline.manifests import source_hashes, write_manifest
 
@@ -28,7 +32,8 @@ def run(cfg: ManifestsConfig) -> dict[str, int]:
 
     Raises:
         ValueError: ``cfg.roots`` is empty, or names an unknown suite (listing the valid ones),
-            or a suite has no item (none in its files, or none kept by ``image_share``).
+            or a suite has no item (none in its files, or none kept by ``image_share`` or
+            ``disjoint_from``), or ``disjoint_from`` names a suite not built in this run.
         FileNotFoundError: a root or an annotation file is missing (the builder names it).
     """
     if not cfg.roots:
@@ -37,7 +42,11 @@ def run(cfg: ManifestsConfig) -> dict[str, int]:
     stray = sorted(set(cfg.image_share) - set(cfg.roots))
     if stray:
         raise ValueError(f"manifests.image_share names {', '.join(stray)}, not in manifests.roots: {', '.join(cfg.roots)}")
-    counts = {}
+    for name, others in cfg.disjoint_from.items():
+        stray = sorted({name, *others} - set(cfg.roots))
+        if stray:
+            raise ValueError(f"manifests.disjoint_from.{name} needs {', '.join(stray)} built in the same run; add to manifests.roots")
+    built: dict[str, pd.DataFrame] = {}
     for name, suite in suites.items():
         root = Path(cfg.roots[name])
         if not root.is_dir():
@@ -50,7 +59,19 @@ def run(cfg: ManifestsConfig) -> dict[str, int]:
             df = df[image_share_mask(df, cfg.image_share[name])].reset_index(drop=True)
             if df.empty:
                 raise ValueError(f"manifests.image_share.{name}: {cfg.image_share[name]} keeps none of its {n} items; raise it")
-        write_manifest(df, Path(cfg.out) / f"{name}.parquet", source_hashes(root))
+        built[name] = df
+    counts = {}
+    for name, df in built.items():
+        sources = source_hashes(Path(cfg.roots[name]))
+        if others := cfg.disjoint_from.get(name):
+            held = set().union(*(coco_image_ids(built[o], suites[o].image_columns) for o in others))
+            shared = coco_overlap_mask(df, held)
+            df = df[~shared].reset_index(drop=True)
+            if df.empty:
+                raise ValueError(f"manifests.disjoint_from.{name}: every item shows a photograph of {', '.join(others)}")
+            sources["disjoint_from"] = {"suites": sorted(others), "items_dropped": int(shared.sum())}
+            log.info("%s: %d items dropped, their COCO photographs are in %s", name, int(shared.sum()), ", ".join(others))
+        write_manifest(df, Path(cfg.out) / f"{name}.parquet", sources)
         counts[name] = len(df)
         log.info("%s: %d items -> %s", name, len(df), Path(cfg.out) / f"{name}.parquet")
     return counts

@@ -71,3 +71,19 @@ def test_choice_correct_tie_rules():
     assert choice_correct(s, np.array([1, 0, 0]), "first").tolist() == [False, False, True]
     for ties in ("first", "wrong"):  # a suite with no item scored: an empty table, no error
         assert choice_correct(np.zeros((0, 0)), np.zeros(0, dtype=int), ties).shape == (0,)
+
+
+def test_coco_image_ids_name_one_photograph_under_both_releases():
+    import pandas as pd
+
+    from pipeline.benchmarks.base import coco_image_id, coco_image_ids, coco_overlap_mask
+
+    assert coco_image_id("val2014/COCO_val2014_000000391895.jpg") == 391895
+    assert coco_image_id("train2017/000000391895.jpg") == 391895
+    assert coco_image_id("flickr30k-images/1000092795.jpg") is None  # Flickr30k: 10 digits
+    assert coco_image_id("2315000.jpg") is None  # Visual Genome
+    order = pd.DataFrame({"image": ["val2014/COCO_val2014_000000000007.jpg", "flickr30k-images/1000092795.jpg"]})
+    held = coco_image_ids(order, ("image",))
+    assert held == {7}
+    train = pd.DataFrame({"image": ["train2017/000000000007.jpg", "train2017/000000000008.jpg"]})
+    assert coco_overlap_mask(train, held).tolist() == [True, False]

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from pipeline.benchmarks import SUITES
+from pipeline.manifests import read_manifest
 from tests.real_standin import write_real_standin
 
 pytestmark = [pytest.mark.real_path, pytest.mark.slow]
@@ -120,6 +121,26 @@ def test_every_stage_ran_and_a_second_repro_reruns_nothing_but_the_manifests(rea
         assert f"Running stage '{stage}'" not in again, (stage, again)  # same manifests: nothing else
 
 
+def test_training_suites_hold_no_photograph_of_aro_coco_order(real_run):
+    """train2017 re-splits COCO 2014, so the Karpathy-test photographs COCO-Order scores are
+    train2017 images: ``manifests.disjoint_from`` drops them from the training families."""
+    import pyarrow.parquet as pq
+
+    from pipeline.benchmarks.base import coco_image_id
+
+    project, params, _ = real_run
+    out = project / "real" / params["manifests"]["out"]
+    order = {coco_image_id(p) for p in read_manifest(out / "aro-coco-order.parquet")["image"]}
+    dropped = {}
+    for suite in ("coco-families", "coco-families-dev"):
+        ids = {coco_image_id(p) for p in read_manifest(out / f"{suite}.parquet")["image"]}
+        assert ids and not ids & order, suite
+        note = json.loads(pq.read_schema(out / f"{suite}.parquet").metadata[b"pipeline.sources"])["disjoint_from"]
+        assert note["suites"] == ["aro-coco-order"], note
+        dropped[suite] = note["items_dropped"]
+    assert dropped["coco-families"] > 0  # id 3's rows (its validation rows, if any, in coco-families-dev too)
+
+
 def test_every_suite_has_every_metric_for_every_method(real_run):
     project, params, _ = real_run
     metrics_out = project / "real" / params["score"]["metrics_out"]
@@ -150,16 +171,18 @@ def test_missing_images_are_counted_not_dropped(real_run):
 
 def test_trained_on_the_image_disjoint_coco_split(real_run):
     project, params, _ = real_run
+    # the image share keeps 15 of the 24 train2017 images, alike in both suites, and
+    # disjoint_from drops the one of them (id 3) that ARO COCO-Order shows
+    manifests = {s: pd.read_parquet(project / "real" / params["extract"]["manifests"][s]) for s in ("coco-families", "coco-families-dev")}
+    families, dev = manifests["coco-families"], manifests["coco-families-dev"]
+    assert families["image"].nunique() == 14
+    n_train = int((families["split"] == "train").sum())
     for variant in params["train"]["variants"]:
         record = json.loads((project / "real" / params["train"][variant]["out"] / variant / "config.json").read_text())
         assert record["train"]["train_suite"] == "coco-families[train]"
         assert record["train"]["dev_suite"] == "coco-families[validation]"
         summary = json.loads((project / "real" / params["train"][variant]["out"] / variant / "summary.json").read_text())
-        assert (summary["train_items"]["items"], summary["dev_items"]["items"]) == (16, 10)  # the seeded samples
-    # the image share keeps 15 of the 24 train2017 images, alike in both suites
-    manifests = {s: pd.read_parquet(project / "real" / params["extract"]["manifests"][s]) for s in ("coco-families", "coco-families-dev")}
-    families, dev = manifests["coco-families"], manifests["coco-families-dev"]
-    assert families["image"].nunique() == 15
+        assert (summary["train_items"]["items"], summary["dev_items"]["items"]) == (min(16, n_train), 10)  # the seeded samples
     assert dev["item_id"].tolist() == families[families["split"] == "validation"]["item_id"].tolist()
 
 

@@ -324,6 +324,36 @@ def hash_unit(key: str) -> float:
     return int(hashlib.sha256(f"image-share:{key}".encode()).hexdigest()[:16], 16) / 2**64
 
 
+COCO_FILE = re.compile(r"(?:^|/)(?:COCO_(?:train|val)2014_)?(\d{12})\.jpg$")  # 000000391895.jpg, COCO_val2014_000000391895.jpg
+
+
+def coco_image_id(path: str) -> int | None:
+    """The COCO image id a path names (COCO 2017's ``000000391895.jpg`` or 2014's
+    ``COCO_val2014_000000391895.jpg``: one photograph under either release), else None."""
+    m = COCO_FILE.search(str(path))
+    return int(m.group(1)) if m else None
+
+
+def coco_image_ids(manifest: pd.DataFrame, columns: tuple[str, ...]) -> set[int]:
+    """The COCO image ids that the image ``columns`` of ``manifest`` show (str or list cells)."""
+    return {
+        i
+        for col in columns
+        if col in manifest
+        for cell in manifest[col].dropna()
+        for path in (cell if isinstance(cell, list | tuple | np.ndarray) else [cell])
+        if (i := coco_image_id(path)) is not None
+    }
+
+
+def coco_overlap_mask(manifest: pd.DataFrame, held: set[int]) -> np.ndarray:
+    """[n] bool: the rows of ``manifest`` whose ``image`` is a COCO photograph of ``held``
+    (:func:`coco_image_ids` of other suites). COCO 2017's train2017 re-splits 2014's train
+    and val, so ARO COCO-Order's Karpathy-test photographs are train2017 images under
+    another file name."""
+    return manifest["image"].map(lambda p: coco_image_id(p) in held).to_numpy(dtype=bool)
+
+
 def image_share_mask(manifest: pd.DataFrame, share: float) -> np.ndarray:
     """[n] bool: the rows whose ``image`` hashes below ``share`` (:func:`hash_unit`).
 
