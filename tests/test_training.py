@@ -263,6 +263,43 @@ def _probe(store, on: tuple[str, ...], seed: int = 0, **objective):
     return trainer, data, torch.arange(8), model
 
 
+def test_without_counterfactual_renders_the_image_objective_takes_a_donor_image(tiny_store, caplog, monkeypatch):
+    """methods.md 1.6.2: the margin on I must exceed the margin on a donor I', "a different
+    image". Real photographs (coco-families) have no counterfactual render, so the objective
+    contrasts each item's image with the next batch item's, the same loss as a counterfactual
+    column holding those images; reflection, without flips, is not computed and is named."""
+    import logging
+
+    trainer, data, batch, model = _probe(tiny_store, ("preference", "image", "reflection"))
+    d = data.pairs
+    own = d.image[batch]
+    donors = torch.where(own.roll(1) != own, own.roll(1), -1)
+    assert (donors >= 0).any()
+    explicit = torch.full_like(d.cf, -1)
+    explicit[batch] = donors
+    d.flip = torch.full_like(d.flip, -1)
+    with torch.no_grad():
+        d.cf = explicit
+        as_counterfactual = trainer.loss(model, data, batch)[1]
+        d.cf = torch.full_like(d.cf, -1)  # as coco-families: no counterfactual rendered
+        with_donor = trainer.loss(model, data, batch)[1]
+    assert "image" in with_donor and with_donor["image"] == pytest.approx(as_counterfactual["image"], abs=1e-6)
+    assert "reflection" not in with_donor
+    import pipeline.scorers.bindclip.training as training
+
+    def blanked(store, suite):
+        pairs = load_pairs(store, suite)
+        pairs.cf, pairs.flip = torch.full_like(pairs.cf, -1), torch.full_like(pairs.flip, -1)
+        return pairs
+
+    load_pairs = training.load_pairs
+    monkeypatch.setattr(training, "load_pairs", blanked)
+    with caplog.at_level(logging.WARNING, logger=training.__name__):
+        trainer.load(tiny_store, "shapes-train", train=True)
+    assert "no counterfactual images: the image objective contrasts each item's image with the next batch item's" in caplog.text
+    assert "no flipped images: the reflection objective is not computed" in caplog.text
+
+
 def test_grounding_maps_words_to_tokens(tiny_store):
     from open_clip.tokenizer import _tokenizer
 

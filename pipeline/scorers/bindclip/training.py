@@ -4,7 +4,9 @@ The loop (:mod:`pipeline.training.loop`) calls :class:`BindClipTrainer`. A step 
 one batched forward pass,
 
 * ``(I, pos, neg)``                -> caption preference, structural sufficiency, grounding;
-* ``(I', pos, neg)``               -> correct-vs-mismatched image (I' = counterfactual render);
+* ``(I', pos, neg)``               -> correct-vs-mismatched image (I' = counterfactual render;
+  on a suite with none rendered, real photographs, the next batch item's image: methods.md
+  §1.6's donor "a different image");
 * ``(flip I, flip pos, flip neg)`` -> reflection consistency against ``(I, pos, neg)``;
 * ``(I, paraphrase, neg)``         -> paraphrase consistency against ``(I, pos, neg)``,
 
@@ -21,7 +23,10 @@ manifest records each image's ``image_size`` (COCO families), the boxes are firs
 onto the square view the encoder saw (:func:`view_grounding`).
 ``image_per_caption`` adds to the image objective the same logistic loss on each
 caption's own learned part: the pairwise margin only constrains the difference of the
-two captions (e.g. d(left) - d(right)); this constrains each (the sign of d(left)).
+two captions (e.g. d(left) - d(right)); this constrains each (the sign of d(left)). It
+needs the counterfactual (the negative is true of it), so a donor image takes the margin
+loss only. Reflection needs flipped renders: on a suite without them it is not computed,
+and :meth:`BindClipTrainer.load` says so.
 
 After checkpoint selection, consensus ``q0`` is chosen on dev only from ``q0_grid``
 (ties to the value listed first).
@@ -30,6 +35,7 @@ After checkpoint selection, consensus ``q0`` is chosen on dev only from ``q0_gri
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +58,8 @@ from pipeline.scorers.bindclip.objectives import (
 from pipeline.training.pairs import PairData, load_pairs, pair_decisions
 from pipeline.training.trainer import FamilyTrainer
 from pipeline.world.grounding import box_cells, view_boxes, word_token_positions
+
+log = logging.getLogger(__name__)
 
 OBJECTIVES = ("preference", "image", "sufficiency", "grounding", "reflection", "paraphrase")
 EVAL_BATCH = 256  # dev items per scoring forward pass
@@ -183,9 +191,21 @@ class BindClipTrainer(FamilyTrainer):
         self.cfg = family_options(BindClipObjective, objective, "BindCLIP objective options")
 
     def load(self, store: FeatureStore, suite: SuiteSelection, train: bool) -> BindClipData:
+        """The suite's pairs (with grounding maps when the grounding objective is on); for
+        training, a warning names the objectives the suite's data changes: the image
+        objective's donor where no counterfactual is rendered, reflection without flips."""
         if train and self.cfg.weight("grounding") != 0:
-            return load_grounded(store, suite, negatives=self.cfg.ground_negatives)
-        return BindClipData(load_pairs(store, suite))
+            data = load_grounded(store, suite, negatives=self.cfg.ground_negatives)
+        else:
+            data = BindClipData(load_pairs(store, suite))
+        d = data.pairs
+        if train and self.cfg.weight("image") != 0 and bool((d.cf < 0).all()):
+            log.warning("%s has no counterfactual images: the image objective contrasts each item's image with the "
+                        "next batch item's (methods.md 1.6: a donor, a different image)%s", suite,
+                        "; image_per_caption needs the counterfactual and is not applied" if self.cfg.image_per_caption else "")  # fmt: skip
+        if train and self.cfg.weight("reflection") != 0 and bool((d.flip < 0).all()):
+            log.warning("%s has no flipped images: the reflection objective is not computed (weight %s)", suite, self.cfg.weight("reflection"))
+        return data
 
     def n_items(self, data: BindClipData) -> int:
         return len(data.pairs)
@@ -197,16 +217,21 @@ class BindClipTrainer(FamilyTrainer):
         fam = d.family[batch]  # [B] group of each item
         chunks = [(d.image[batch], d.pos[batch], d.neg[batch])]
         sel: dict[str, torch.Tensor] = {}
-        copies = {"image": (d.cf, d.pos, d.neg), "reflection": (d.flip, d.flip_pos, d.flip_neg), "paraphrase": (d.image, d.para, d.neg)}
+        donor = bool((d.cf < 0).all())  # no counterfactual rendered (real photographs)
+        own = d.image[batch]  # [B]
+        mismatched = torch.where(own.roll(1) != own, own.roll(1), -1) if donor else d.cf[batch]  # [B] I'
+        copies = {"image": (mismatched, d.pos[batch], d.neg[batch]), "reflection": (d.flip[batch], d.flip_pos[batch], d.flip_neg[batch]),
+                  "paraphrase": (own, d.para[batch], d.neg[batch])}  # fmt: skip
         for name, (img, a, b) in copies.items():
             if on[name] == 0:
                 continue
-            ok = ((img[batch] >= 0) & (a[batch] >= 0) & (b[batch] >= 0)).cpu()  # [B] on the host, as ``batch``
+            ok = ((img >= 0) & (a >= 0) & (b >= 0)).cpu()  # [B] on the host, as ``batch``
             if name != "image" and cfg.consistency_items is not None:
                 ok[cfg.consistency_items :] = False
             if ok.any():
                 sel[name] = torch.nonzero(ok).squeeze(1)
-                chunks.append((img[batch[ok]], a[batch[ok]], b[batch[ok]]))
+                keep = ok.to(img.device)
+                chunks.append((img[keep], a[keep], b[keep]))
         image = d.images.index(torch.cat([c[0] for c in chunks]))
         text_a = d.texts.index(torch.cat([c[1] for c in chunks]))
         text_b = d.texts.index(torch.cat([c[2] for c in chunks]))
@@ -226,7 +251,7 @@ class BindClipTrainer(FamilyTrainer):
             start += len(idx)
             if name == "image":
                 loss = image_contrast(s0[idx], s)
-                if cfg.image_per_caption:  # each caption's learned part prefers the image it is true of
+                if cfg.image_per_caption and not donor:  # each caption's learned part prefers the image it is true of
                     on_cf = (e.energies[rows] * e.scales).sum(-1)  # [n, 2] (pos, neg) on I'
                     on_true = (e.energies[idx] * e.scales).sum(-1)  # [n, 2] on I
                     loss = loss + image_contrast(on_true[:, 0], on_cf[:, 0]) + image_contrast(on_cf[:, 1], on_true[:, 1])
