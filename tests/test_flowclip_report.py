@@ -584,3 +584,4 @@ def test_ladder_and_seed_tables_put_each_figure_in_its_column():
     assert cells[2].startswith("+1.0") and cells[3].startswith("+5.0"), cells
     table = "\n".join(seeds_part({"v": {"seeds": [0, 1], "all-task": {"mean": 0.6, "sd": 0.05}}}, {}))
     assert "60.0 ± 5.0" in table
+    assert "retrained with 2 seeds" in table  # the seeds trained, not a fixed three

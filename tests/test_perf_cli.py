@@ -54,3 +54,23 @@ def test_score_command_imports_neither_open_clip_nor_scipy(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
     assert (tmp_path / "metrics" / "local-max" / "shapes-sugarcrepe.json").is_file()
+
+
+def test_bench_out_writes_where_the_report_reads_and_records_it(tmp_path, monkeypatch):
+    """The real report reads its measurements from ``../reports/real/bench`` (its out
+    folder): ``pipeline bench --out`` writes there and the file's command says so."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    args = ["sinkhorn", "--problems", "2", "--rows", "3", "--cols", "4", "--pot-subset", "1"]
+    result = CliRunner().invoke(app, ["bench", "--out", "real/bench", *args])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "real" / "bench" / "sinkhorn.json").read_text())
+    assert data["command"].startswith("pipeline bench --out real/bench sinkhorn --problems 2")
+    assert not (tmp_path / "reports").exists()
+    assert CliRunner().invoke(app, ["bench", *args]).exit_code == 0  # the default folder again
+    assert (tmp_path / "reports" / "bench" / "sinkhorn.json").is_file()

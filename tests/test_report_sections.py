@@ -339,6 +339,8 @@ def test_report_renders_the_suite_tables_with_cis_and_deltas(world, tmp_path):
     assert "Chance: individual 25.0, pair 6.2, set 0.4." in text
     assert "| shapes-sugarcrepe | swap-att | 100.0 | 62.3 |" in text  # the failure profile
     assert "_No measurements yet" in text and "## BindCLIP" not in text
+    # the report's out is a temporary folder: the commands write there, not to reports/bench
+    assert f"`pipeline bench --out {ctx.out / 'bench'} scoring`" in text
     rows = ctx.tables["plots/metrics.csv"]
     assert set(rows["variant"]) == {"clip", "local-max"} and set(rows["suite"]) == set(SUITES_SHOWN)
     assert (rows.loc[rows["variant"] == "clip", "value"] == 1.0).all()
@@ -681,3 +683,12 @@ def test_the_report_reads_the_seeds_of_the_last_training_only(world, tmp_path):
                         checkpoints=str(tmp_path / "checkpoints"), replacements=[])  # fmt: skip
     results = load_results(score, ExtractConfig(), WorldConfig(out=str(world)))
     assert set(results["shapes-dev"]["scores"]) == {"clip", "bindclip@seed0"}
+
+
+def test_bench_commands_write_where_the_report_reads(world, tmp_path):
+    """The shapes report reads ``reports/bench`` (``pipeline bench``'s default); the real one
+    ``../reports/real/bench``, so its "run ..." lines carry ``--out``."""
+    ctx = make_context(world, Path("reports"), {"clip": "right"})
+    assert ctx.bench_command("rerank") == "pipeline bench rerank"
+    ctx.out = Path("../reports/real")
+    assert ctx.bench_command("rerank") == "pipeline bench --out ../reports/real/bench rerank"

@@ -12,12 +12,27 @@ from typing import Annotated
 import typer
 
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measurements behind the README/report figures.")
+DEFAULT_OUT = "reports/bench"  # the shapes report's bench folder (report.out / "bench")
+OUT = {"folder": DEFAULT_OUT}  # this run's --out
 
 
-def write_bench(name: str, command: str, results: dict, folder: str = "reports/bench") -> None:
-    """Write ``results`` and the command that made them to ``<folder>/<name>.json`` and echo them."""
+@bench_app.callback()
+def bench_options(
+    out: Annotated[str, typer.Option("--out", help="folder of the <name>.json files: the report's out folder + /bench (the real report: ../reports/real/bench from real/)")] = DEFAULT_OUT,
+) -> None:
+    """Measurements behind the README/report figures."""
+    OUT["folder"] = out
+
+
+def write_bench(name: str, command: str, results: dict, folder: str | None = None) -> None:
+    """Write ``results`` and the command that made them to ``<folder>/<name>.json`` (default:
+    ``--out``) and echo them; a command run with ``--out`` records it."""
     from pipeline.perf.common import write_bench as write
 
+    if folder is None:
+        folder = OUT["folder"]
+        if folder != DEFAULT_OUT:
+            command = command.replace("pipeline bench ", f"pipeline bench --out {folder} ", 1)
     out = write(name, command, results, folder)
     typer.echo(json.dumps(results, indent=2, default=str))
     typer.echo(f"-> {out}", err=True)

@@ -55,6 +55,12 @@ class ReportContext:
     store_: Any = None  # the feature store; None = opened from ``extract`` on first use
     scorers_: dict[str, Any] = field(default_factory=dict)  # trained scorers loaded so far
 
+    def bench_command(self, name: str) -> str:
+        """``pipeline bench <name>`` writing where this report reads (``<out>/bench``): with
+        ``--out`` unless that is the default folder."""
+        folder = self.out / "bench"
+        return f"pipeline bench {name}" if folder == Path("reports/bench") else f"pipeline bench --out {folder} {name}"
+
     @property
     def scored(self) -> set[str]:
         """Every variant scored on at least one suite (seed variants included)."""

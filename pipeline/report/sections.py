@@ -268,7 +268,8 @@ def head_to_head(ctx: ReportContext) -> list[str]:
         rows.append([*task, *cells])
     bench_file = ctx.out / SCORING_BENCH
     rows += bench_rows(read_bench(bench_file), variants)
-    note = "" if bench_file.exists() else " " + TEXT("no-scoring-bench")
+    absent = TEXT("no-scoring-bench", path=str(bench_file), command=ctx.bench_command("scoring"))
+    note = "" if bench_file.exists() else " " + absent
     return [
         "## Head to head",
         TEXT("head-to-head", baseline=BASELINE) + note,
@@ -407,7 +408,8 @@ def performance(ctx: ReportContext) -> list[str]:
         (f for pattern in MEASUREMENTS for f in ctx.out.glob(pattern)), key=lambda f: f.stem
     )
     if not files:
-        return ["## Performance", TEXT("no-measurements")]
+        commands = {name: ctx.bench_command(name) for name in ("extract", "scoring", "memory")}
+        return ["## Performance", TEXT("no-measurements", **commands)]
     parts = []
     for f in files:
         data = json.loads(f.read_text())

@@ -215,7 +215,9 @@ def seeds_part(seeds: dict[str, Any], selected: dict[str, dict[str, int]]) -> li
     ]
     header = ["variant", "seeds", "selected step (seed: step)", *(f"{c} mean" if c in MEANS else c for c in columns)]
     note = [TEXT("untrained")] if untrained(selected) else []
-    return ["### Training seeds", TEXT("seeds"), *note, md_table(header, rows)]
+    counts = sorted({len(row["seeds"]) for row in seeds.values()})
+    n_seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    return ["### Training seeds", TEXT("seeds", n_seeds=n_seeds), *note, md_table(header, rows)]
 
 
 def _verdict(check: dict[str, Any], trivial: bool) -> str:

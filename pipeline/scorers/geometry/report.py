@@ -227,7 +227,7 @@ def geometry_section(ctx: ReportContext) -> list[str]:
         parts += ["### Steering", TEXT("steering")]
         parts.append(md_table(["suite", "variant", "metric", f"Δ vs `{BASELINE}`"], rows))
     bench = read_bench(ctx.out / RERANK_BENCH)
-    parts += ["### Reranking cost", *cost_part(bench)]
+    parts += ["### Reranking cost", *cost_part(bench, ctx.out / RERANK_BENCH, ctx.bench_command("rerank"))]
     parts += matching_part(ctx)
     checks = goals(numbers, soft, bench)
     ctx.json_files["geometry.json"] = {
@@ -304,9 +304,10 @@ def _goal_value(c: dict[str, Any]) -> str:
     return text
 
 
-def cost_part(bench: dict[str, Any]) -> list[str]:
+def cost_part(bench: dict[str, Any], path: Path, command: str) -> list[str]:
+    """The reranking cost table from ``pipeline bench rerank``'s results, or where to get them."""
     if not bench:
-        return [TEXT("no-rerank-bench")]
+        return [TEXT("no-rerank-bench", path=str(path), command=command)]
     rows = [
         [
             f"`{v}`",
