@@ -692,3 +692,24 @@ def test_bench_commands_write_where_the_report_reads(world, tmp_path):
     assert ctx.bench_command("rerank") == "pipeline bench rerank"
     ctx.out = Path("../reports/real")
     assert ctx.bench_command("rerank") == "pipeline bench --out ../reports/real/bench rerank"
+
+
+def test_example_figures_show_the_crop_the_encoder_saw(tmp_path):
+    """ARO's VG items are scored on their ``crop_box``; the example figure shows that crop,
+    not the whole photograph."""
+    import numpy as np
+    import pandas as pd
+    from PIL import Image
+
+    from pipeline.report.figures import examples_figure
+
+    pixels = np.zeros((80, 100, 3), dtype=np.uint8)
+    pixels[10:40, 20:70] = (255, 0, 0)  # the crop: 50 wide, 30 high, all red
+    Image.fromarray(pixels).save(tmp_path / "vg.png")
+    manifest = pd.DataFrame({"item_id": ["0", "1"], "image": ["vg.png", "vg.png"], "captions": [["a", "b"]] * 2,
+                             "correct": [1, 1], "category": ["on"] * 2, "crop_box": [[20, 10, 70, 40], None]})  # fmt: skip
+    fig = examples_figure({"manifest": manifest, "image_root": tmp_path, "scores": {"clip": np.zeros((2, 2))}}, 2)
+    shown = {ax.images[0].get_array().shape for ax in fig.axes}
+    assert shown == {(30, 50, 3), (80, 100, 3)}  # the cropped item, and the uncropped one whole
+    cropped = next(np.asarray(ax.images[0].get_array()) for ax in fig.axes if ax.images[0].get_array().shape[0] == 30)
+    assert (cropped == (255, 0, 0)).all()

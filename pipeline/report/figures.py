@@ -9,13 +9,15 @@ import numpy as np
 
 
 def examples_figure(entry: dict[str, Any], n: int):
-    """``n`` random items of a suite (seed 0): image, caption options (✓ the true one) and
-    each variant's score per option; None when nothing was scored."""
+    """``n`` random items of a suite (seed 0): the image as the encoder saw it (cut to the
+    item's ``crop_box`` where the manifest has one, as ARO's VG items), caption options (✓ the
+    true one) and each variant's score per option; None when nothing was scored."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from PIL import Image
+
+    from pipeline.manifests import decode_image, read_image_bytes
 
     manifest = entry["manifest"]
     if not entry["scores"] or len(manifest) == 0:
@@ -26,7 +28,8 @@ def examples_figure(entry: dict[str, Any], n: int):
     axes = np.atleast_1d(axes)
     for ax, i in zip(axes, picks, strict=True):
         row = manifest.iloc[int(i)]
-        ax.imshow(Image.open(Path(entry["image_root"]) / row["image"]).convert("RGB"))
+        root, crop = Path(entry["image_root"]), row["crop_box"] if "crop_box" in row else None
+        ax.imshow(decode_image(read_image_bytes(root, row["image"]), str(root / row["image"]), crop))
         ax.set_xticks([])
         ax.set_yticks([])
         text = []
