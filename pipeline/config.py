@@ -138,8 +138,6 @@ class ToyClipConfig:
     logit_scale_init: PositiveFinite = 14.3  # initial CLIP temperature exp(t) (CLIP: 1/0.07); learnt
     text_position_std: NonNegativeFinite = 0.002  # frozen text positional embedding N(0, std): 0 = exact
     #   bag of words (swap captions tie), 0.01 = open_clip's init (not frozen there)
-    train_token_embedding: bool = False  # False: 49k-row token embedding frozen at its init;
-    #   True: trained with SparseAdam on the rows each batch uses
     log_every: PositiveInt = 10  # steps between train_log.json entries
     checkpoint_every: PositiveInt = 200  # steps between resume.pt checkpoints
     threads: PositiveInt = 2  # torch intra-op threads

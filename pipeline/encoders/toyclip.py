@@ -26,8 +26,7 @@ Where it departs from CLIP, and why:
   most of a batch, neither tower gets a gradient for shape without the warm-up. The stem keeps
   the 8x8 grid and everything extract reads; the warm-up keeps in-batch negatives only.
 * The 49k-row token embedding (6.3 M of the text parameters, ~60 rows ever used) is frozen at
-  its seeded N(0, 0.02) init by default (``train_token_embedding=False``), sparing AdamW the
-  dense update; ``True`` trains it with SparseAdam on the rows a batch uses.
+  its seeded N(0, 0.02) init, sparing AdamW the dense update of rows no caption uses.
 * Images are rendered at the model resolution, so :func:`pixels_from_uint8` is the exact tensor
   equivalent of open_clip's eval transform (identity resize/crop, /255, mean/std).
 
@@ -133,28 +132,22 @@ def build_model(cfg: ToyClipConfig) -> torch.nn.Module:
         model.positional_embedding.normal_(0.0, cfg.text_position_std)
         model.logit_scale.fill_(math.log(cfg.logit_scale_init))
     model.positional_embedding.requires_grad_(False)
-    model.token_embedding.requires_grad_(cfg.train_token_embedding)
+    model.token_embedding.requires_grad_(False)
     return model
 
 
 def make_optimizers(model: torch.nn.Module, cfg: ToyClipConfig) -> list[torch.optim.Optimizer]:
-    """AdamW over the dense trainable parameters, weight decay on matrices only (as CLIP);
-    plus, if the token embedding is trained, SparseAdam over the rows each batch uses."""
+    """AdamW over the trainable parameters, weight decay on matrices only (as CLIP); a list,
+    the shape ``resume.pt`` stores."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        if not p.requires_grad or name == "token_embedding.weight":
-            continue
-        (decay if p.ndim >= 2 and "embedding" not in name else no_decay).append(p)
-    opts: list[torch.optim.Optimizer] = [torch.optim.AdamW(
+        if p.requires_grad:
+            (decay if p.ndim >= 2 and "embedding" not in name else no_decay).append(p)
+    return [torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay},
          {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6,
     )]  # fmt: skip
-    if cfg.train_token_embedding:
-        model.token_embedding.sparse = True  # backward gives [rows used] gradients only
-        opts.append(torch.optim.SparseAdam(
-            [model.token_embedding.weight], lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6))  # fmt: skip
-    return opts
 
 
 def _identity(cfg: ToyClipConfig) -> dict[str, Any]:
