@@ -35,6 +35,14 @@ class SuiteSource:
     image_root: Path  # folder the manifest's image paths are relative to
 
 
+def world_suite(suite: str) -> bool:
+    """Whether ``suite`` is a shapes-world suite (``Suite.world``: ``pipeline world`` writes its
+    manifest); an unregistered name is not."""
+    from pipeline.benchmarks import SUITES
+
+    return suite in SUITES.names() and SUITES.get(suite).world
+
+
 def resolve_source(
     suite: str, world: str | Path, manifests: dict[str, str], image_roots: dict[str, str]
 ) -> SuiteSource:
@@ -49,7 +57,7 @@ def resolve_source(
     if suite in manifests:
         manifest = Path(manifests[suite])
         root = Path(image_roots.get(suite, manifest.parent))
-    elif suite.startswith("shapes-"):
+    elif world_suite(suite):
         manifest = own
         root = Path(image_roots.get(suite, Path(world) / "images"))
     else:
@@ -59,11 +67,11 @@ def resolve_source(
             f"extract.manifests.{suite} (and extract.image_roots.{suite}) in params.yaml"
         )
     if not manifest.is_file():
-        if suite.startswith("shapes-") and os.path.abspath(manifest) == os.path.abspath(own):
+        if world_suite(suite) and os.path.abspath(manifest) == os.path.abspath(own):
             raise FileNotFoundError(f"manifest of {suite} not found at {manifest}; run `pipeline world`")
         fix = (
             f"drop the key to read the shapes world's {own}"
-            if suite.startswith("shapes-")
+            if world_suite(suite)
             else f"build the file with `pipeline manifest --suite {suite} --root DIR --out {manifest}`"
         )
         raise FileNotFoundError(

@@ -36,7 +36,7 @@ from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import Suite, extracted_items, gallery_images
 from pipeline.cache import FeatureStore, StaleCacheError
 from pipeline.features import module_device, to_device
-from pipeline.manifests import cells, file_sha256, read_manifest
+from pipeline.manifests import cells, file_sha256, read_manifest, world_suite
 from pipeline.scorers import Scorer, create_scorer, option_scores
 from pipeline.scorers.base import Reranker
 
@@ -56,7 +56,7 @@ def suite_inputs(store: FeatureStore, suite: str, manifest: str | Path | None = 
     index = store.suite_index(suite)  # raises with "run extract" when the suite is absent
     manifest_path = Path(manifest if manifest is not None else attrs["manifest"])
     if not manifest_path.is_file():
-        build = "`pipeline world`" if suite.startswith("shapes-") else f"`pipeline manifest --suite {suite} --root DIR --out {manifest_path}`"
+        build = "`pipeline world`" if world_suite(suite) else f"`pipeline manifest --suite {suite} --root DIR --out {manifest_path}`"
         raise FileNotFoundError(
             f"manifest of {suite} not found at {manifest_path}; rebuild it with {build}, or set "
             f"extract.manifests.{suite} to where it is now"

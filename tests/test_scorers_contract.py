@@ -129,3 +129,19 @@ def test_score_matrix_is_score_of_every_pair(name):
         pairs = torch.stack([scorer.score(image.index(torch.full((4,), i)), text) for i in range(5)])
     assert matrix.shape == (5, 4)
     torch.testing.assert_close(matrix, pairs, rtol=1e-5, atol=1e-5)
+
+
+TRAINABLE = [n for n in SCORERS.names() if create_scorer(n, dims=DIMS, proj=random_projections()).trainable]
+
+
+@pytest.mark.parametrize("variant", TRAINABLE)
+def test_a_missing_checkpoint_names_the_command_that_writes_it(variant, tiny_store, tmp_path):
+    """Every trainable variant's missing checkpoint names its own fit command: `pipeline
+    ridge` for the ridge map, `pipeline train --variant <v>` for the trained scorers (an
+    ablation names the variant whose checkpoint it shares)."""
+    from pipeline.scorers.checkpoints import checkpoint_owner, load_scorer
+
+    with pytest.raises(FileNotFoundError, match=r"is trained but .* does not exist; run `(pipeline ridge|pipeline train --variant [a-z-]+)`") as e:
+        load_scorer(variant, tiny_store, tmp_path)
+    want = "pipeline ridge" if variant == "ridge-fgw" else f"pipeline train --variant {checkpoint_owner(variant)}"
+    assert f"run `{want}`" in str(e.value)

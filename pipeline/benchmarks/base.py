@@ -93,6 +93,8 @@ class Suite:
             its metrics and reports are computed over); None = any value. An item outside
             them would drop out of every per-category figure unnoticed, so
             :meth:`check_manifest` refuses it.
+        world: True for the shapes world's suites, whose manifests ``pipeline world``
+            writes (real suites' come from ``pipeline manifest(s)``).
     """
 
     name: str
@@ -108,6 +110,7 @@ class Suite:
     extra: dict = field(default_factory=dict)
     pairwise_reference: int | None = None
     categories: tuple[str, ...] | None = None
+    world: bool = False  # built by `pipeline world` into <world>/manifests/ (a shapes suite)
 
     def check_manifest(self, manifest: pd.DataFrame, where: str) -> None:
         """Refuse a manifest this suite cannot score correctly, naming ``where`` (the file),

@@ -182,6 +182,7 @@ for _name, (_task, _units, _metrics, _headline, _what) in _SPECS.items():
             headline=_headline,
             categories=_CATEGORIES[_name],
             description=f"shapes world, {_what}: root = world folder (manifests/{_name}.parquet, images/)",
+            world=True,
             **_COLUMNS.get(_name, {}),
         ),
     )

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from pipeline.benchmarks.coco_families import FAMILIES
 from pipeline.benchmarks.sugarcrepe import CATEGORIES
+from pipeline.manifests import world_suite
 
 Task = tuple[str, str]  # (suite, metric): one task of a table or a mean
 
@@ -154,7 +155,7 @@ def layout_for(suites: Iterable[str]) -> TaskLayout:
     """The layout of the world the scored ``suites`` (names, or a results dict) belong to:
     the shapes world when any is a shapes suite or none is a real one, else the real one."""
     names = list(suites)
-    if any(s.startswith("shapes-") for s in names):
+    if any(world_suite(s) for s in names):
         return SHAPES
     real = {s for ss in REAL.suites.values() for s in ss} | {
         s for t in REAL.overrides.values() for s, _ in t

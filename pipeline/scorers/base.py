@@ -39,6 +39,8 @@ class Scorer(nn.Module):
     Attributes:
         pairwise: True if the scorer compares two captions (``score_pair``).
         trainable: True if it has parameters that ``pipeline train`` fits.
+        fit_command: the command that writes a trainable scorer's checkpoint (None:
+            ``pipeline train --variant <variant>``), named when the checkpoint is missing.
         uses_grids: False if it reads the pooled embeddings only (the store then skips the
             patch grids and token states: ``FeatureStore.images(rows, grids=False)``).
         reranker: True for retrieval rerankers (:class:`Reranker`).
@@ -54,6 +56,7 @@ class Scorer(nn.Module):
     reranker: ClassVar[bool] = False
     scores_choices: ClassVar[bool] = True
     trainable: ClassVar[bool] = False
+    fit_command: ClassVar[str | None] = None
     uses_grids: ClassVar[bool] = True
 
     def full_path(self) -> Scorer:

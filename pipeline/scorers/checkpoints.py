@@ -50,12 +50,12 @@ def load_scorer(
 
     ckpt_dir = ckpt_dir or checkpoint_dir(variant, checkpoints)
     ckpt = ckpt_dir / "model.safetensors"
+    how = scorer.fit_command or f"pipeline train --variant {ckpt_dir.name}"
     if not ckpt.is_file():
-        how = "pipeline ridge" if ckpt_dir.name == "ridge-fgw" else f"pipeline train --variant {ckpt_dir.name}"
         raise FileNotFoundError(f"{variant} is trained but {ckpt} does not exist; run `{how}`")
     config = ckpt_dir / "config.json"
     record = json.loads(config.read_text()) if config.is_file() else {}
-    _check_fitted_on(record, store, ckpt, variant, ckpt_dir)
+    _check_fitted_on(record, store, ckpt, variant, how)
     kwargs = record.get("scorer_kwargs", {})
     if kwargs:
         scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **{**options, **kwargs})
@@ -63,13 +63,12 @@ def load_scorer(
     return scorer.eval()
 
 
-def _check_fitted_on(record: dict, store: FeatureStore, ckpt: Path, variant: str, ckpt_dir: Path) -> None:
+def _check_fitted_on(record: dict, store: FeatureStore, ckpt: Path, variant: str, how: str) -> None:
     """Refuse a checkpoint fitted on features this store does not hold: ``store_encoder``
     (trained variants: their weights sit on this encoder's features and are combined with
     its frozen projections, so any store of the same encoder, weights and layers serves) or
     ``store_fingerprint`` (the ridge map: fitted on the store's object embeddings, which its
-    options, e.g. re-encoded crops, change)."""
-    how = "pipeline ridge" if ckpt_dir.name == "ridge-fgw" else f"pipeline train --variant {ckpt_dir.name}"
+    options, e.g. re-encoded crops, change); ``how`` is the command that refits it."""
     checks = (
         ("store_encoder", encoder_id(store.fingerprint), "features of another encoder"),
         ("store_fingerprint", store.root.attrs.get("fingerprint_id"), "another feature store"),

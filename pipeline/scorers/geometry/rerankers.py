@@ -223,6 +223,7 @@ class RidgeFGWReranker(FGWReranker):
     centre, every direction) it equals ``fgw``."""
 
     trainable = True  # its weights come from `pipeline ridge`, loaded like a checkpoint
+    fit_command = "pipeline ridge"
 
     def __init__(self, dim: int, out_dim: int | None = None, rank: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
