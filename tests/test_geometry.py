@@ -115,6 +115,25 @@ def test_object_embedding_is_the_projected_area_weighted_patch_mean_over_the_box
     torch.testing.assert_close(sets.pos[0, 1], torch.tensor((boxes[0][1, :2] + boxes[0][1, 2:]) / 2, dtype=torch.float32))
 
 
+def test_every_object_of_every_image_is_its_own_box_mean_across_batches(geo):
+    """Box means are computed a batch of images at a time: each object, in images with
+    other object counts (none included) and across batch boundaries, is its own image's
+    area-weighted box mean, in its own place."""
+    store, manifest, index = geo
+    gallery_rows, _ = retrieval_rows(manifest, index)
+    boxes = [np.array(json.loads(b)) for b in manifest["object_boxes"]]
+    boxes = [b[: i % 3] if i % 4 else b for i, b in enumerate(boxes)]  # 0, 1, 2 or all objects
+    assert {len(b) for b in boxes} >= {0, 1, 2}
+    sets = image_objects(store, gallery_rows, boxes, batch_size=3)
+    joint = store.images(gallery_rows).final @ store.projections().visual_proj  # [G, R, D]
+    for g, b in enumerate(boxes):
+        assert sets.mask[g].sum() == len(b)
+        if len(b):
+            w = box_weights(torch.tensor(b, dtype=torch.float32), store.dims.grid)  # [m, R]
+            want = torch.nn.functional.normalize((w @ joint[g]) / w.sum(1, keepdim=True), dim=-1)
+            torch.testing.assert_close(sets.embed[g, : len(b)], want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(("relation", "same_as"), [
     ("sitting on", "on"), ("Standing  on top of", "on top of"), ("parked to the left of", "left"),
     ("hanging above", "above"), ("atop", "on"), ("onto", "on"), ("underneath", "under"), ("lying beneath", "under"),

@@ -237,13 +237,14 @@ def image_objects(store: FeatureStore, image_rows: np.ndarray, boxes: list[np.nd
     for start in range(0, len(image_rows), batch_size):
         feats = store.images(image_rows[start : start + batch_size], grids=True)
         joint = {"final": lambda f: f.final @ proj, "final-raw": lambda f: f.final, "early": lambda f: f.early}[layer](feats)  # [b, R, dim]
-        for k, b in enumerate(boxes[start : start + batch_size]):
-            if len(b) == 0:
-                embeds.append(torch.zeros(0, dim))
-                continue
-            w = box_weights(torch.as_tensor(b, dtype=torch.float32), grid)  # [m, R]
-            emb = (w @ joint[k]) / w.sum(1, keepdim=True)  # [m, D]
-            embeds.append(F.normalize(emb, dim=-1))
+        block = [np.asarray(b, dtype=np.float32).reshape(-1, 4) for b in boxes[start : start + batch_size]]
+        counts = torch.tensor([len(b) for b in block])  # [b]
+        owner = torch.repeat_interleave(torch.arange(len(block)), counts)  # [M] each box's image
+        slot = torch.arange(len(owner)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)  # [M] its place there
+        W = torch.zeros(len(block), max(counts.tolist(), default=0), joint.shape[1])  # [b, m_max, R]
+        W[owner, slot] = box_weights(torch.from_numpy(np.concatenate(block)), grid)
+        emb = torch.bmm(W, joint) / W.sum(-1, keepdim=True).clamp_min(1e-12)  # [b, m_max, dim]
+        embeds += list(torch.split(F.normalize(emb[owner, slot], dim=-1), counts.tolist()))  # [m_g, dim] each
     centres = [torch.as_tensor((b[:, :2] + b[:, 2:]) / 2, dtype=torch.float32).reshape(-1, 2) for b in boxes]
     return pad_sets(embeds, centres, dim)
 
