@@ -222,6 +222,8 @@ def test_bindclip_section_leaves_its_diagnostics_payload(full_context):
         "| **total** | **149,377** |" in text
         and "or an option marked ours (span_gate). The gap" in text
     )
+    # the additive baseline's best w (clip is always right, local-max always wrong: w = 0)
+    assert "The best w of each pooling by total accuracy" in text and "local-max w = 0 (total 100.0)" in text
 
 
 def test_the_flowclip_section_draws_the_patch_sensitivity(full_context):

@@ -131,9 +131,11 @@ def local_baselines(ctx: ReportContext) -> list[str]:
     }
     matched = ", ".join(f"{m} of {n} {c}" for c, (m, n) in adds.items())
     rates = {c: grid[c].map(pct) for c in grid.columns if c not in ("pooling", "w")}
+    best_rows = grid.loc[grid.groupby("pooling", sort=False)["total"].idxmax()]  # the first w of equals
+    best = "; ".join(f"{r.pooling} w = {r.w:g} (total {pct(r.total)})" for r in best_rows.itertuples())
     return [
         f"### Local and additive baselines ({name})",
-        TEXT("local", length_matched=matched),
+        TEXT("local", length_matched=matched, best=best),
         df_markdown(table.map(pct)),
         df_markdown(grid.assign(**rates)),
     ]
