@@ -80,6 +80,6 @@ def test_real_suite_without_images_fails_clearly(tmp_path, tiny_encoder, shared_
         out=str(tmp_path / "features"),
     )
     n = df["image"].nunique()
-    with pytest.raises(FileNotFoundError, match=rf"{len(df)} image\(s\) not found .*sugarcrepe: {len(df)} \({df['image'].iloc[0]}"):
+    with pytest.raises(FileNotFoundError, match=rf"{len(df)} image\(s\) not found .*sugarcrepe: {len(df)} under {tmp_path / 'coco'} \({df['image'].iloc[0]}"):
         extract_stage.run(ext, progress=False, encoder=tiny_encoder)
     assert n > 1
