@@ -17,7 +17,7 @@ from typer.core import TyperGroup
 
 
 class _LazyBench(TyperGroup):
-    """The stage commands plus ``bench``, whose module (:mod:`pipeline.perf.commands`) is
+    """The stage commands plus ``bench``, whose module (:mod:`pipeline.perf.cli`) is
     imported only when ``bench`` is run or listed: a stage run loads no benchmark code, so
     a DVC stage depends on this module and its own stage's code only."""
 
@@ -27,7 +27,7 @@ class _LazyBench(TyperGroup):
     def get_command(self, ctx, name: str):
         if name != "bench":
             return super().get_command(ctx, name)
-        from pipeline.perf.commands import bench_app
+        from pipeline.perf.cli import bench_app
 
         group = typer.main.get_command(bench_app)
         group.name = "bench"
@@ -438,7 +438,7 @@ def probes_command(params: Params = None) -> None:
         result = probes(store)
     except USER_ERRORS as e:
         _fail(e)
-    from pipeline.perf.commands import write_bench
+    from pipeline.perf.cli import write_bench
 
     write_bench("probes", f"pipeline probes --params {params}", result, folder="reports")
 

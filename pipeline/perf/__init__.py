@@ -4,6 +4,9 @@
 renders. Timings are measurements on whatever machine runs them (the JSON records threads
 and sizes), never asserted by tests; what tests assert is that the compared paths agree.
 
+* :mod:`~pipeline.perf.cli`: the ``pipeline bench`` commands (the CLI: each runs one
+  measurement below and writes its JSON).
+* :mod:`~pipeline.perf.overhead`: one ``pipeline score`` call against its scoring time.
 * :mod:`~pipeline.perf.extract`: extract against a bare forward pass; peak memory.
 * :mod:`~pipeline.perf.scoring`: each scorer from the cache against re-encoding its items,
   batched as CLIP_benchmark does.

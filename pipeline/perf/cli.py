@@ -1,101 +1,147 @@
-"""What one ``pipeline score`` call costs beyond the scoring itself.
-
-A researcher re-scores from the cache many times; each call is a fresh process that imports
-the library, reads the params, opens the store and checks its fingerprint (which names the
-weights by their sha256) before it scores. :func:`score_overhead` extracts a small suite with
-a random-init encoder whose weights are a real file (so the fingerprint check has a file to
-hash), then times
-
-* ``cli_cold_s``: the first ``pipeline score`` subprocess, with an empty weights-hash cache
-  (it hashes the weights file once);
-* ``cli_s``: later calls (median), which find the hash by (path, size, mtime);
-* ``score_s``: the same scoring inside a warm process (``stages.score.run``, median);
-* ``import_s``: a bare ``python -c 'import pipeline.cli, stages.score'`` (median);
-
-and reports ``overhead_s = cli_s - score_s`` against the goal of at most 3 s.
+"""``pipeline bench …``: one command per measurement behind the README's and the report's
+figures, each writing ``reports/bench/<name>.json`` (the command that made it and its
+results) for the report's performance sections. Heavy imports happen inside the commands.
 """
 
 from __future__ import annotations
 
-import os
-import statistics
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Callable
+import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
-import torch
-import yaml
+import typer
 
-from pipeline.perf.common import make_suite
-
-GOAL_S = 3.0  # overhead of one `pipeline score` call over its scoring
-
-
-def _timed(cmd: list[str], env: dict[str, str], cwd: Path) -> float:
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip().splitlines()[-1:]}")
-    return time.perf_counter() - t0
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measurements behind the README/report figures.")
+DEFAULT_OUT = "reports/bench"  # the shapes report's bench folder (report.out / "bench")
+OUT = {"folder": DEFAULT_OUT}  # this run's --out
 
 
-def score_overhead(score_run: Callable[..., Any], model: str = "ViT-B-32", items: int = 100, repeats: int = 3, threads: int = 2) -> dict[str, Any]:
-    """Wall time of ``pipeline score`` on ``items`` SugarCrepe-style items against its
-    scoring time, for ``model`` at random init saved as a weights file (see the module
-    docstring for each figure). ``score_run(cfg, ext, progress=False)`` is the score
-    stage's ``run``, which the CLI passes in (the library never imports ``stages``)."""
-    from safetensors.torch import save_file
+@bench_app.callback()
+def bench_options(
+    out: Annotated[str, typer.Option("--out", help="folder of the <name>.json files: the report's out folder + /bench (the real report: ../reports/real/bench from real/)")] = DEFAULT_OUT,
+) -> None:
+    """Measurements behind the README/report figures."""
+    OUT["folder"] = out
 
-    from pipeline.config import ExtractConfig, ScoreConfig
-    from pipeline.encoders import load_encoder
-    from pipeline.extraction import extract
 
-    bin_dir = Path(sys.executable).parent
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        encoder = load_encoder(model, "none", init_seed=0)
-        weights = folder / f"{model}-random.safetensors"
-        state = {k: v.contiguous() for k, v in encoder.model.state_dict().items()}
-        save_file(state, str(weights))
-        del encoder, state
-        manifest = make_suite(folder, items, 224)
-        extract_section = {
-            "model": model, "pretrained": str(weights), "suites": ["shapes-sugarcrepe"],
-            "manifests": {"shapes-sugarcrepe": str(manifest)}, "image_roots": {"shapes-sugarcrepe": str(folder / "images")},
-            "out": str(folder / "features"), "batch_size": 32, "threads": threads,
-        }  # fmt: skip
-        score_section = {
-            "variants": ["clip"], "suites": ["shapes-sugarcrepe"], "encoder": model, "checkpoints": str(folder / "none"),
-            "scores_out": str(folder / "scores"), "metrics_out": str(folder / "metrics"),
-        }  # fmt: skip
-        params = folder / "params.yaml"
-        params.write_text(yaml.safe_dump({"extract": extract_section, "score": score_section}))
-        torch.set_num_threads(threads)
-        extract(ExtractConfig(**extract_section), progress=False)
+def write_bench(name: str, command: str, results: dict, folder: str | None = None) -> None:
+    """Write ``results`` and the command that made them to ``<folder>/<name>.json`` (default:
+    ``--out``) and echo them; a command run with ``--out`` records it."""
+    from pipeline.perf.common import write_bench as write
 
-        env = {**os.environ, "PIPELINE_HASH_CACHE": str(folder / "hashes.json"), "OMP_NUM_THREADS": str(threads)}
-        cli = [str(bin_dir / "pipeline"), "score", "--params", str(params), "--quiet"]
-        cold = _timed(cli, env, folder)
-        warm = [_timed(cli, env, folder) for _ in range(repeats)]
-        imports = [_timed([sys.executable, "-c", "import pipeline.cli, stages.score"], env, folder) for _ in range(repeats)]
+    if folder is None:
+        folder = OUT["folder"]
+        if folder != DEFAULT_OUT:
+            command = command.replace("pipeline bench ", f"pipeline bench --out {folder} ", 1)
+    out = write(name, command, results, folder)
+    typer.echo(json.dumps(results, indent=2, default=str))
+    typer.echo(f"-> {out}", err=True)
 
-        ext, cfg = ExtractConfig(**extract_section), ScoreConfig(**score_section)
-        in_process = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            score_run(cfg, ext, progress=False)
-            in_process.append(time.perf_counter() - t0)
-        size_mb = weights.stat().st_size / 2**20
 
-    cli_s, score_s = statistics.median(warm), statistics.median(in_process)
-    return {
-        "model": model, "weights": f"random init saved as a {size_mb:.0f} MB safetensors file", "items": items,
-        "threads": threads, "load_avg_1min": round(os.getloadavg()[0], 2),
-        "cli_cold_s": round(cold, 2), "cli_s": round(cli_s, 2), "score_s": round(score_s, 3),
-        "import_s": round(statistics.median(imports), 2), "overhead_s": round(cli_s - score_s, 2),
-        "goal": f"overhead_s <= {GOAL_S}",
-    }  # fmt: skip
+@bench_app.command("extract")
+def bench_extract(
+    toy_images: Annotated[int, typer.Option(min=1, help="images for the toy encoder")] = 512,
+    vit_images: Annotated[int, typer.Option(min=0, help="images for ViT-L-14-336 (0 = skip)")] = 8,
+    scheduler: Annotated[list[str] | None, typer.Option(help="instead: distributed throughput per scheduler (repeatable, e.g. local:1 local:2)")] = None,
+) -> None:
+    """Extract wall time vs a bare forward pass (toy and ViT-L-14-336, random init); with
+    --scheduler, distributed extract throughput against the single process (identical stores)."""
+    from pipeline.perf.extract import extract_overhead, extract_scaling
+
+    if scheduler:
+        flags = " ".join(f"--scheduler {s}" for s in scheduler)
+        write_bench("extract-distributed", f"pipeline bench extract --toy-images {toy_images} {flags}",
+                     extract_scaling(toy_images, tuple(scheduler)))  # fmt: skip
+        return
+
+    results = {"toy": extract_overhead("toy", toy_images, batch_size=64)}
+    if vit_images:
+        results["ViT-L-14-336"] = extract_overhead("ViT-L-14-336", vit_images, batch_size=4, repeats=1)
+    write_bench("extract", f"pipeline bench extract --toy-images {toy_images} --vit-images {vit_images}", results)
+
+
+@bench_app.command("cli")
+def bench_cli(
+    model: Annotated[str, typer.Option(help="encoder (random init saved as a weights file)")] = "ViT-B-32",
+    items: Annotated[int, typer.Option(min=1, help="SugarCrepe-style items scored")] = 100,
+    repeats: Annotated[int, typer.Option(min=1, help="timed calls (median)")] = 3,
+) -> None:
+    """One `pipeline score` call against its scoring time: imports, params, store open and fingerprint (goal: <= 3 s)."""
+    from pipeline.perf.overhead import score_overhead
+    from stages import score as stage
+
+    write_bench("cli", f"pipeline bench cli --model {model} --items {items} --repeats {repeats}", score_overhead(stage.run, model, items, repeats))
+
+
+@bench_app.command("scoring")
+def bench_scoring(
+    params: Annotated[Path | None, typer.Option(help="params.yaml (score.checkpoints, score.batch_size, train.<variant>.scorer; default: ./params.yaml if present)")] = None,
+    items: Annotated[int, typer.Option(min=1, help="items (an image, two captions) for the toy encoder")] = 500,
+    vit_items: Annotated[int, typer.Option(min=0, help="items for ViT-L-14-336 at random init (0 = skip)")] = 8,
+    variants: Annotated[list[str] | None, typer.Option(help="scorer variants (repeatable; default: clip bindclip global-m flowclip flowclip-cimr)")] = None,
+    threads: Annotated[int, typer.Option(min=1, help="torch intra-op threads (at most the free cores)")] = 2,
+    quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
+) -> None:
+    """Each scorer from the cache vs re-encoding batched as CLIP_benchmark does (toy, ViT-L-14-336)."""
+    from pipeline.perf.scoring import VARIANTS
+    from pipeline.perf.scoring import bench_scoring as run_bench
+
+    variants = variants or list(VARIANTS)
+    from pipeline.cli import _resolve_params  # loaded: it registered this command
+
+    params = _resolve_params(params)  # ./params.yaml when present, as `pipeline score`
+    flags = " ".join(f"--variants {v}" for v in variants)
+    cmd = f"pipeline bench scoring{f' --params {params}' if params else ''} --items {items} --vit-items {vit_items} {flags} --threads {threads}"
+    try:
+        results = run_bench(params, items, vit_items, variants, threads, progress=not quiet)
+    except Exception as e:
+        from pipeline.cli import USER_ERRORS, _fail
+
+        if not isinstance(e, USER_ERRORS):
+            raise
+        _fail(e)
+    write_bench("scoring", cmd, results)
+
+
+@bench_app.command("rerank")
+def bench_rerank(
+    queries: Annotated[int, typer.Option(min=1, help="queries reranked per variant")] = 200,
+    objects: Annotated[int, typer.Option(min=1, help="objects per query and per image")] = 4,
+    dim: Annotated[int, typer.Option(min=1, help="joint-space dimension (toy: 128)")] = 128,
+    threads: Annotated[int, typer.Option(min=1, help="torch intra-op threads")] = 2,
+) -> None:
+    """Geometry-aware reranking cost: ms per query at K = 20, growth with K and objects, FGW batched vs POT's loop."""
+    from pipeline.perf.rerank import bench_rerank as run_bench
+
+    cmd = f"pipeline bench rerank --queries {queries} --objects {objects} --dim {dim} --threads {threads}"
+    write_bench("rerank", cmd, run_bench(queries=queries, objects=objects, dim=dim, threads=threads))
+
+
+@bench_app.command("memory")
+def bench_memory(
+    sizes: Annotated[list[int] | None, typer.Option(min=1, help="image counts (repeatable)")] = None,
+) -> None:
+    """Peak memory of extract as the number of images grows."""
+    from pipeline.perf.extract import extract_memory
+
+    sizes = sizes or [256, 1024, 4096]
+    flags = " ".join(f"--sizes {n}" for n in sizes)
+    write_bench("memory", f"pipeline bench memory {flags}", extract_memory(sizes))
+
+
+@bench_app.command("sinkhorn")
+def bench_sinkhorn(
+    problems: Annotated[int, typer.Option(min=1, help="number of OT problems")] = 256,
+    rows: Annotated[int, typer.Option(min=1, help="rows per problem")] = 64,
+    cols: Annotated[int, typer.Option(min=1, help="columns per problem")] = 1153,
+    pot_subset: Annotated[int, typer.Option(min=0, help="problems POT's loop is timed on (0 = all)")] = 0,
+    batch_block: Annotated[int, typer.Option(min=-1, help="our solver's problems per block (-1 = automatic: cache-sized on CPU; 0 = one block)")] = -1,
+) -> None:
+    """Batched log-domain Sinkhorn vs POT's per-problem loop, equal work and results."""
+    from pipeline.perf.sinkhorn import bench_sinkhorn as run_bench
+
+    kwargs = {"n_problems": problems, "n": rows, "m": cols, "batch_block": None if batch_block < 0 else batch_block}
+    if pot_subset:
+        kwargs["pot_subset"] = pot_subset
+    cmd = f"pipeline bench sinkhorn --problems {problems} --rows {rows} --cols {cols} --pot-subset {pot_subset} --batch-block {batch_block}"
+    write_bench("sinkhorn", cmd, run_bench(**kwargs))
