@@ -187,7 +187,7 @@ def full_context(world, tmp_path, report_store, bindclip_scorer, flowclip_scorer
 
 def test_sections_run_generic_first_then_families_then_performance():
     order = [s.name for s in SECTIONS.in_order()]
-    assert order[:3] == ["overview", "failure-profile", "suites"] and order[-1] == "performance"
+    assert order[:4] == ["overview", "failure-profile", "shortcuts", "suites"] and order[-1] == "performance"
     assert "bindclip" in order  # found in pipeline/scorers/bindclip/report.py, listed nowhere
     assert SECTIONS.get("bindclip").render.__module__ == "pipeline.scorers.bindclip.report"
 
@@ -715,3 +715,35 @@ def test_example_figures_show_the_crop_the_encoder_saw(tmp_path):
     assert shown == {(30, 50, 3), (80, 100, 3)}  # the cropped item, and the uncropped one whole
     cropped = next(np.asarray(ax.images[0].get_array()) for ax in fig.axes if ax.images[0].get_array().shape[0] == 30)
     assert (cropped == (255, 0, 0)).all()
+
+
+def test_shortcut_baselines_read_position_pixels_and_counts(world, tmp_path):
+    """The shortcuts section scores the tiny world's What'sUp-style items by the subject's
+    half and a fixed pixel, on the suite's official metrics, and a hand-made item shows what
+    each baseline reads: the subject's place, not the other object's."""
+    import pandas as pd
+    from PIL import Image
+
+    from pipeline.world.shortcuts import OFFSET, negation_count, whatsup_shortcuts
+
+    text = "\n\n".join(SECTIONS.get("shortcuts").render(make_context(world, tmp_path, {"clip": "right"})))
+    assert "## Shortcut baselines" in text and "| shapes-whatsup | subject's half | individual " in text
+    assert "| shapes-dev | object count | negation: " in text and "| shapes-sugarcrepe | depth phrase (text only) |" in text
+    # a red circle right of centre, *left of* a blue square further right: the true option is
+    # "left", but the subject sits in the right half, where the pixel lookup also sees red
+    from pipeline.world.scenes import COLOURS
+
+    img = np.full((64, 64, 3), 128, dtype=np.uint8)
+    img[32, int((0.5 + OFFSET) * 64)] = COLOURS["red"]
+    Image.fromarray(img).save(tmp_path / "item.png")
+    objects = [{"shape": "circle", "colour": "red", "x": 0.6, "y": 0.5}, {"shape": "square", "colour": "blue", "x": 0.85, "y": 0.5}]
+    rels = ["to the left of", "to the right of", "above", "below"]
+    manifest = pd.DataFrame({"item_id": ["0"], "image": ["item.png"], "captions": [[f"a red circle {r} a blue square" for r in rels]],
+                             "correct": [0], "category": ["left"], "scene": [json.dumps({"objects": objects})], "pair_key": ["p"],
+                             "arrangement": ["left"]})  # fmt: skip
+    got = whatsup_shortcuts(manifest, tmp_path)
+    assert got["subject's half"]["individual"] == 0.0 and got["fixed-pixel lookup"]["individual"] == 0.0  # both pick "right"
+    negation = pd.DataFrame({"family": ["negation"] * 3, "correct": [0, 0, 1],
+                             "captions": [["a red circle and no square", "x"], ["a red circle and a square", "x"], ["x", "a cube and no star"]],
+                             "scene": [json.dumps({"objects": [{}] * n}) for n in (2, 4, 3)]})  # fmt: skip
+    assert negation_count(negation) == {"items": 3, "object-count accuracy": (1 + 1 + 0.5) / 3}  # 2 → "no", 4 → not, 3 → a coin

@@ -3,6 +3,8 @@
 * ``overview`` (order 0): the title, the encoder, the variants and how to read a cell.
 * ``failure-profile`` (10): frozen CLIP on the shapes suites next to real ViT-L/14's
   published numbers (shapes world only: the real report has its published-figures section).
+* ``shortcuts`` (15): baselines that bind nothing (the subject's half, a fixed-pixel lookup,
+  a depth phrase, the object count) on the scored shapes suites.
 * ``suites`` (20): per suite, each variant's metrics with 95% bootstrap CIs and, for the
   others, Δ against ``clip`` with a paired-bootstrap CI; chance levels; example images.
   The same numbers, one row per (suite, variant, metric), go to ``plots/metrics.csv``.
@@ -162,6 +164,31 @@ def failure_profile(ctx: ReportContext) -> list[str]:
     if not ctx.layout.toy_world:
         return []
     return ["## The toy CLIP's failure profile", TEXT("profile"), profile_table(ctx.results)]
+
+
+@section("shortcuts", order=15)
+def shortcuts(ctx: ReportContext) -> list[str]:
+    """Baselines that bind nothing on the scored shapes suites (:mod:`pipeline.world.shortcuts`),
+    so each suite's figures read against what position, pixels or counts alone give."""
+    from pipeline.world.shortcuts import OFFSET, depth_phrase, negation_count, whatsup_shortcuts
+
+    if not ctx.layout.toy_world:
+        return []
+    rows = []
+    if (entry := ctx.results.get("shapes-whatsup")) is not None:
+        for name, metrics in whatsup_shortcuts(entry["manifest"], entry["image_root"]).items():
+            rows.append(["shapes-whatsup", name, ", ".join(f"{k} {pct(v)}" for k, v in metrics.items())])
+    if (entry := ctx.results.get("shapes-sugarcrepe")) is not None:
+        d = depth_phrase(entry["manifest"])
+        figure = f"replace-rel: decides {d['decided']} of {d['items']}, right on {pct(d['right when decided'])}"
+        rows.append(["shapes-sugarcrepe", "depth phrase (text only)", figure])
+    if (entry := ctx.results.get("shapes-dev")) is not None:
+        n = negation_count(entry["manifest"])
+        rows.append(["shapes-dev", "object count", f"negation: {pct(n['object-count accuracy'])} of {n['items']}"])
+    if not rows:
+        return []
+    table = md_table(["suite", "baseline", "figure"], rows)
+    return ["## Shortcut baselines", TEXT("shortcuts", offset=f"{OFFSET:g}"), table]
 
 
 @section("suites", order=20)

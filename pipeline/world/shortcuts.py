@@ -1,0 +1,79 @@
+"""Shortcut baselines on the shapes world: what a scorer could get without binding anything.
+
+world.md asks that nothing be solvable by a fixed pixel lookup and that each family test
+what it names; these baselines measure how far the built suites fall short of that, on the
+suite's own official metrics:
+
+* ``subject's half`` (shapes-whatsup): option "X <rel> Y" scores X's centre offset from the
+  image centre in <rel>'s direction, Y ignored: relative geometry answered by absolute
+  position.
+* ``fixed-pixel lookup`` (shapes-whatsup): option "X <rel> Y" scores how close the pixel
+  :data:`OFFSET` from the image centre in <rel>'s direction is to X's palette colour.
+* ``depth phrase`` (shapes-sugarcrepe replace-rel, text only): prefer the caption stating a
+  depth relation when exactly one does; the items it decides and its accuracy on them.
+* ``object count`` (the negation family of shapes-train / shapes-dev): with 2 objects the
+  "no" caption, with 4 the other, a coin flip with 3 (expected accuracy).
+
+Pure functions of a manifest (and, for the pixel lookup, its images); the report's
+``shortcuts`` section and ``scripts/world_shortcuts.py`` print them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from PIL import Image
+
+from pipeline.benchmarks import SUITES
+from pipeline.world.captions import relation_of
+from pipeline.world.scenes import COLOURS
+
+OFFSET = 0.15  # the pixel lookup's distance from the image centre (normalised)
+DIRECTION = {"left": (-1, 0), "right": (1, 0), "above": (0, -1), "below": (0, 1)}  # y down, as the image
+
+
+def _subject(caption: str, objects: list[dict]) -> dict:
+    """The scene object a What'sUp-style caption ("a <colour> <shape> <rel> ...") is about."""
+    words = caption.split()
+    return next(o for o in objects if o["colour"] == words[1] and o["shape"] == words[2])
+
+
+def whatsup_shortcuts(manifest: pd.DataFrame, image_root: Path) -> dict[str, dict[str, float]]:
+    """{baseline: shapes-whatsup's official metrics} for ``subject's half`` and ``fixed-pixel
+    lookup`` on ``manifest``'s items (images under ``image_root``)."""
+    half = np.full((len(manifest), 4), np.nan)  # [n, K]
+    pixel = np.full((len(manifest), 4), np.nan)  # [n, K]
+    for i, row in enumerate(manifest.itertuples()):
+        objects = json.loads(row.scene)["objects"]
+        img = np.asarray(Image.open(Path(image_root) / row.image).convert("RGB"), dtype=float)  # [H, W, 3]
+        h, w = img.shape[:2]
+        for k, caption in enumerate(row.captions):
+            dx, dy = DIRECTION[relation_of(caption)]
+            subject = _subject(caption, objects)
+            half[i, k] = dx * (subject["x"] - 0.5) + dy * (subject["y"] - 0.5)
+            spot = img[int((0.5 + dy * OFFSET) * h), int((0.5 + dx * OFFSET) * w)]
+            pixel[i, k] = -np.linalg.norm(spot - COLOURS[subject["colour"]])
+    suite = SUITES.get("shapes-whatsup")
+    return {"subject's half": suite.metrics(manifest, half), "fixed-pixel lookup": suite.metrics(manifest, pixel)}
+
+
+def depth_phrase(manifest: pd.DataFrame) -> dict[str, float]:
+    """shapes-sugarcrepe's replace-rel items, how many the depth-phrase rule decides and its
+    accuracy on them."""
+    rows = manifest[manifest["category"] == "replace-rel"]
+    depth = np.array([[relation_of(c) in ("front", "behind") for c in caps] for caps in rows["captions"]]).reshape(-1, 2)
+    decided = depth.sum(1) == 1
+    right = depth[np.arange(len(rows)), rows["correct"].to_numpy()][decided]
+    return {"items": int(len(rows)), "decided": int(decided.sum()), "right when decided": float(right.mean()) if decided.any() else float("nan")}
+
+
+def negation_count(manifest: pd.DataFrame) -> dict[str, float]:
+    """The negation family's items and the object-count rule's expected accuracy."""
+    rows = manifest[manifest["family"] == "negation"]
+    n_objects = rows["scene"].map(lambda s: len(json.loads(s)["objects"])).to_numpy()
+    no_true = np.array([" no " in f" {caps[c]} " for caps, c in zip(rows["captions"], rows["correct"], strict=True)], dtype=bool)
+    right = np.where(n_objects == 2, no_true, np.where(n_objects >= 4, ~no_true, 0.5))
+    return {"items": int(len(rows)), "object-count accuracy": float(right.mean()) if len(rows) else float("nan")}
