@@ -258,3 +258,25 @@ def test_steering_prompts_contrast_each_phrase_with_another_objects_colour():
     assert steering_prompts(claim) == (["red circle", "blue square"], ["blue circle", "red square"])
     same = Rel(Ref("circle", "red"), "left", Ref("square", "red"))
     assert steering_prompts(same) == ([], [])  # no other colour: no contrast
+
+
+def test_every_multi_caption_has_a_paraphrase_of_the_same_truth(groups):
+    """world.md: paraphrases for any caption. A shapes-multi caption is an ``And`` of
+    relations: its equivalents reorder the relations and state each as itself or its
+    converse, and every one is true or false on exactly the scenes the caption is."""
+    import numpy as np
+
+    from pipeline.world.captions import N_STYLES, caption, equivalents, paraphrase, truth
+
+    rng = np.random.default_rng(0)
+    for items in groups[:2]:
+        scenes = [it.scene for it in items]
+        for it in items[:5]:
+            (claim,) = it.claims
+            text = caption(claim)
+            other = paraphrase(claim, text, rng)
+            assert other != text and other in {caption(c, s) for c in equivalents(claim) for s in range(N_STYLES)}
+            want = [truth(claim, s) for s in scenes]
+            assert want.count(True) >= 1
+            for c in equivalents(claim):
+                assert [truth(c, s) for s in scenes] == want
