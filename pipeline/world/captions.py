@@ -333,16 +333,13 @@ def flip_text(text: str) -> str:
 
 
 def equivalents(claim: Claim) -> list[Claim]:
-    """Claims with the same truth in every scene: reorderings and converses (an ``And`` in
-    any order of its relations, each as stated or as its converse)."""
+    """Claims with the same truth in every scene: reorderings and converses (of an ``And``'s relations)."""
     if isinstance(claim, Rel):
         return [claim, converse(claim)]
     if isinstance(claim, Has):
         return [Has(tuple(p), claim.absent) for p in itertools.permutations(claim.present)]
-    if isinstance(claim, And):
-        forms = itertools.product(*[(r, converse(r)) for r in claim.parts])
-        return [And(tuple(order)) for parts in forms for order in itertools.permutations(parts)]
-    return [claim]
+    forms = itertools.product(*[(r, converse(r)) for r in claim.parts]) if isinstance(claim, And) else None
+    return [claim] if forms is None else [And(order) for parts in forms for order in itertools.permutations(parts)]
 
 
 def paraphrase(claim: Claim, text: str, rng: np.random.Generator) -> str:
