@@ -100,6 +100,32 @@ def source_hashes(root: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".
     }
 
 
+def write_parquet_json(df: pd.DataFrame, out: str | Path, key: bytes, value: Any) -> Path:
+    """Write ``df`` as Parquet with ``value`` (JSON, sorted keys) in the file metadata under
+    ``key``: what a file was made from travels with it."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = {**(table.schema.metadata or {}), key: json.dumps(value, sort_keys=True).encode()}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.replace_schema_metadata(meta), out)
+    return out
+
+
+def read_parquet_json(path: str | Path, key: bytes, default: Any = None) -> Any:
+    """The JSON :func:`write_parquet_json` recorded under ``key``; ``default`` when none."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(path).metadata or {}
+    return json.loads(meta[key]) if key in meta else default
+
+
 def write_manifest(df: pd.DataFrame, out: str | Path, sources: dict[str, Any]) -> Path:
     """Write a manifest as Parquet, recording its source files' hashes (and how it was cut,
     e.g. ``disjoint_from``'s dropped rows) in the file metadata (so a changed annotation file
@@ -109,29 +135,13 @@ def write_manifest(df: pd.DataFrame, out: str | Path, sources: dict[str, Any]) -
         ValueError: two rows share an ``item_id`` (each would be counted; the source file
             is named by ``out``'s suite).
     """
-    import json
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     check_unique_ids(df, f"manifest {out}")
-    table = pa.Table.from_pandas(df, preserve_index=False)
-    meta = dict(table.schema.metadata or {})
-    meta[b"pipeline.sources"] = json.dumps(sources, sort_keys=True).encode()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table.replace_schema_metadata(meta), out)
-    return out
+    return write_parquet_json(df, out, b"pipeline.sources", sources)
 
 
 def manifest_sources(path: str | Path) -> dict[str, str]:
     """The source hashes recorded by `write_manifest` ({} if none)."""
-    import json
-
-    import pyarrow.parquet as pq
-
-    meta = pq.read_schema(path).metadata or {}
-    return json.loads(meta.get(b"pipeline.sources", b"{}"))
+    return read_parquet_json(path, b"pipeline.sources", {})
 
 
 def check_unique_ids(df: pd.DataFrame, what: str) -> None:

@@ -36,7 +36,14 @@ from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import Suite, extracted_items, gallery_images
 from pipeline.cache import FeatureStore, StaleCacheError
 from pipeline.features import module_device, to_device
-from pipeline.manifests import cells, file_sha256, read_manifest, world_suite
+from pipeline.manifests import (
+    cells,
+    file_sha256,
+    read_manifest,
+    read_parquet_json,
+    world_suite,
+    write_parquet_json,
+)
 from pipeline.scorers import Scorer, create_scorer, option_scores
 from pipeline.scorers.base import Reranker
 
@@ -394,25 +401,12 @@ ORIGIN_KEY = b"pipeline.scored_from"  # the scores table's Parquet metadata: {"e
 def write_scores(table: pd.DataFrame, path: Path, encoder: str, store_id: str | None) -> None:
     """Write a scores table as Parquet recording what it was scored from (the encoder key
     and the store's ``fingerprint_id``), so the report can refuse tables of mixed stores."""
-    import json
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    arrow = pa.Table.from_pandas(table, preserve_index=False)
-    meta = {**(arrow.schema.metadata or {}), ORIGIN_KEY: json.dumps({"encoder": encoder, "store": store_id}).encode()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(arrow.replace_schema_metadata(meta), path)
+    write_parquet_json(table, path, ORIGIN_KEY, {"encoder": encoder, "store": store_id})
 
 
 def scores_origin(path: str | Path) -> dict[str, Any] | None:
     """What a scores table was scored from (:func:`write_scores`); None when it records nothing."""
-    import json
-
-    import pyarrow.parquet as pq
-
-    meta = pq.read_schema(path).metadata or {}
-    return json.loads(meta[ORIGIN_KEY]) if ORIGIN_KEY in meta else None
+    return read_parquet_json(path, ORIGIN_KEY)
 
 
 def load_scores(scores_out: str | Path, variant: str, suite: str) -> np.ndarray:
