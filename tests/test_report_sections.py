@@ -720,7 +720,7 @@ def test_example_figures_show_the_crop_the_encoder_saw(tmp_path):
 def test_shortcut_baselines_read_position_pixels_and_counts(world, tmp_path):
     """The shortcuts section scores the tiny world's What'sUp-style items by the subject's
     half and a fixed pixel, on the suite's official metrics, and a hand-made item shows what
-    each baseline reads: the subject's place, not the other object's."""
+    each baseline reads: the subject's place, or only the other object's."""
     import pandas as pd
     from PIL import Image
 
@@ -743,6 +743,7 @@ def test_shortcut_baselines_read_position_pixels_and_counts(world, tmp_path):
                              "arrangement": ["left"]})  # fmt: skip
     got = whatsup_shortcuts(manifest, tmp_path)
     assert got["subject's half"]["individual"] == 0.0 and got["fixed-pixel lookup"]["individual"] == 0.0  # both pick "right"
+    assert got["reference's half"]["individual"] == 1.0  # the square far right: the circle is left of it
     negation = pd.DataFrame({"family": ["negation"] * 3, "correct": [0, 0, 1],
                              "captions": [["a red circle and no square", "x"], ["a red circle and a square", "x"], ["x", "a cube and no star"]],
                              "scene": [json.dumps({"objects": [{}] * n}) for n in (2, 4, 3)]})  # fmt: skip

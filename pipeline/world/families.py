@@ -11,7 +11,8 @@ entity                 a shape noun -> a shape absent from scene   that object's
 attribute              a colour (or size) word -> another (half    recolour (resize)
                        the colour edits: another object's colour)
 role-swap              ``A rel B`` -> ``B rel A``                  swap A and B (or depth)
-negation               ``A and no B`` <-> ``A and B``              add B / remove B
+negation               ``A and no B`` <-> ``A and B``              an object becomes B, or
+                                                                   B another object
 relative-geometry      ``A left of B`` -> ``A right of B``         swap the x of A and B
 absolute-position      ``A on the left side`` -> ``right side``    mirror A's x
 depth                  ``A in front of B`` -> ``A behind B``       swap the drawing order
@@ -59,7 +60,7 @@ from pipeline.world.captions import (
     truth,
 )
 from pipeline.world.grounding import grounding
-from pipeline.world.sampling import make_obj, place_free, random_scene
+from pipeline.world.sampling import make_obj, place_free, random_scene, sample_attributes
 from pipeline.world.scenes import (
     AXIS,
     COLOURS,
@@ -183,10 +184,13 @@ def _absolute(rng: np.random.Generator, sid: str) -> Proposal | None:
 
 
 def _negation(rng: np.random.Generator, sid: str) -> Proposal | None:
-    if rng.random() < 0.5:  # pos "A and no B", neg "A and B": the counterfactual adds B
-        scene = random_scene(rng, sid, n_objects=int(rng.integers(2, 4)))
-        i = int(rng.integers(len(scene.objects)))
-        a = ref_of(scene.objects[i], scene, rng)
+    """"A and no B" against "A and B" on a scene of 2-4 objects either way; the counterfactual
+    replaces one object (another object by B, or B by another), so that the number of objects
+    in the image says nothing about which caption is true."""
+    scene = random_scene(rng, sid)
+    i, j = (int(v) for v in rng.permutation(len(scene.objects))[:2])
+    a = ref_of(scene.objects[i], scene, rng)
+    if rng.random() < 0.5:  # pos "A and no B", neg "A and B": object j becomes B
         shape = _pick(rng, list(SHAPES))
         colour = _pick(
             rng,
@@ -195,19 +199,19 @@ def _negation(rng: np.random.Generator, sid: str) -> Proposal | None:
         b = Ref(shape, colour)
         if rng.random() < 0.3 and all(o.shape != shape for o in scene.objects):
             b = Ref(shape)  # "no star" at all
-        new = place_free(
-            rng, make_obj(rng, shape, colour, _pick(rng, list(SIZES))), list(scene.objects)
-        )
-        if new is None:
-            return None
-        z = max(o.z for o in scene.objects) + 1
-        cf = replace(scene, objects=scene.objects + (replace(new, z=z),))
-        return scene, Has((a,), (b,)), Has((a, b)), cf
-    scene = random_scene(rng, sid, n_objects=int(rng.integers(3, 5)))  # pos "A and B", cf removes B
-    i, j = (int(v) for v in rng.permutation(len(scene.objects))[:2])
-    a = ref_of(scene.objects[i], scene, rng)
-    b = Ref(scene.objects[j].shape, scene.objects[j].colour)
-    return scene, Has((a, b)), Has((a,), (b,)), scene.without(j)
+        pos, neg, made = Has((a,), (b,)), Has((a, b)), (shape, colour)
+    else:  # pos "A and B", neg "A and no B": B (object j) becomes another object
+        o = scene.objects[j]
+        b = Ref(o.shape, o.colour)
+        taken = tuple((x.colour, x.shape) for x in scene.objects)
+        (shape, colour, _), = sample_attributes(rng, 1, taken=taken)
+        pos, neg, made = Has((a, b)), Has((a,), (b,)), (shape, colour)
+    rest = scene.without(j)
+    new = place_free(rng, make_obj(rng, *made, _pick(rng, list(SIZES))), list(rest.objects))
+    if new is None:
+        return None
+    cf = replace(rest, objects=rest.objects + (replace(new, z=max(x.z for x in rest.objects) + 1),))
+    return scene, pos, neg, cf
 
 
 PROPOSERS = {

@@ -6,7 +6,9 @@ suite's own official metrics:
 
 * ``subject's half`` (shapes-whatsup): option "X <rel> Y" scores X's centre offset from the
   image centre in <rel>'s direction, Y ignored: relative geometry answered by absolute
-  position.
+  position; ``reference's half`` the same from Y's offset against <rel>'s direction, X
+  ignored. A relation fixes the pair's offset, so the two cannot both be at chance; how far
+  above chance they are is set by the pair's distance against the span of its placements.
 * ``fixed-pixel lookup`` (shapes-whatsup): option "X <rel> Y" scores how close the pixel
   :data:`OFFSET` from the image centre in <rel>'s direction is to X's palette colour.
 * ``depth phrase`` (shapes-sugarcrepe replace-rel, text only): prefer the caption stating a
@@ -42,9 +44,10 @@ def _subject(caption: str, objects: list[dict]) -> dict:
 
 
 def whatsup_shortcuts(manifest: pd.DataFrame, image_root: Path) -> dict[str, dict[str, float]]:
-    """{baseline: shapes-whatsup's official metrics} for ``subject's half`` and ``fixed-pixel
-    lookup`` on ``manifest``'s items (images under ``image_root``)."""
+    """{baseline: shapes-whatsup's official metrics} for ``subject's half``, ``reference's half``
+    and ``fixed-pixel lookup`` on ``manifest``'s items (images under ``image_root``)."""
     half = np.full((len(manifest), 4), np.nan)  # [n, K]
+    ref_half = np.full((len(manifest), 4), np.nan)  # [n, K]
     pixel = np.full((len(manifest), 4), np.nan)  # [n, K]
     for i, row in enumerate(manifest.itertuples()):
         objects = json.loads(row.scene)["objects"]
@@ -53,11 +56,17 @@ def whatsup_shortcuts(manifest: pd.DataFrame, image_root: Path) -> dict[str, dic
         for k, caption in enumerate(row.captions):
             dx, dy = DIRECTION[relation_of(caption)]
             subject = _subject(caption, objects)
+            reference = next(o for o in objects if o is not subject)
             half[i, k] = dx * (subject["x"] - 0.5) + dy * (subject["y"] - 0.5)
+            ref_half[i, k] = -dx * (reference["x"] - 0.5) - dy * (reference["y"] - 0.5)
             spot = img[int((0.5 + dy * OFFSET) * h), int((0.5 + dx * OFFSET) * w)]
             pixel[i, k] = -np.linalg.norm(spot - COLOURS[subject["colour"]])
     suite = SUITES.get("shapes-whatsup")
-    return {"subject's half": suite.metrics(manifest, half), "fixed-pixel lookup": suite.metrics(manifest, pixel)}
+    return {
+        "subject's half": suite.metrics(manifest, half),
+        "reference's half": suite.metrics(manifest, ref_half),
+        "fixed-pixel lookup": suite.metrics(manifest, pixel),
+    }
 
 
 def depth_phrase(manifest: pd.DataFrame) -> dict[str, float]:

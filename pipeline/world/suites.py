@@ -9,8 +9,10 @@ generator) and keeping the first proposal whose positives are true and negatives
 under ``captions.truth``; a proposal that is ambiguous is redrawn.
 
 * shapes-whatsup (What'sUp Controlled): two objects of distinct shape and colour in four
-  arrangements (object left of / right of / above / below the reference); only the
-  placement differs (mild jitter). Options: the true preposition first, then the others.
+  arrangements (object left of / right of / above / below the reference), both small; each
+  arrangement places the pair anywhere in frame (:func:`_whatsup_midpoint`), so that no
+  object's absolute position, and no fixed pixel, answers the relation by itself.
+  Options: the true preposition first, then the others.
 * shapes-aro: ``relation`` ([false, true], the arguments swapped, as VG-Relation),
   ``attribution`` ([false, true], colours swapped between the shapes, as
   VG-Attribution), ``order`` ([true, 4 ARO shuffles], as COCO/Flickr-Order).
@@ -71,6 +73,7 @@ from pipeline.world.scenes import (
     AXIS,
     CLEAR,
     COLOURS,
+    MARGIN,
     OPPOSITE,
     RELATIONS,
     SHAPES,
@@ -233,24 +236,31 @@ def give_up(kind: str, sid: str) -> RuntimeError:
 # ------------------------------------------------------------------------------ shapes-whatsup
 
 
+def _whatsup_midpoint(rng: np.random.Generator, d: np.ndarray, dist: float, r: float) -> np.ndarray:
+    """The midpoint of a What'sUp-style pair ``dist`` apart along unit axis ``d``: uniform over
+    every position that keeps both shapes (circumradius up to ``r``) in frame, drawn afresh for
+    each arrangement, so that where one object sits says as little as the geometry allows about
+    the relation (the subject's offset from the centre predicts it only through ``dist`` against
+    the span of midpoints)."""
+    pad = r + MARGIN + 0.005
+    half = np.abs(d) * dist / 2  # [2]
+    return rng.uniform(pad + half, 1.0 - pad - half)  # [2]
+
+
 def whatsup_items(seed: int, index: int, suite: str = "shapes-whatsup") -> list[Item]:
     """The four arrangements of object pair ``index`` (one row each)."""
     sid, rng = holdout(seed, "whatsup", index)
     for _ in range(MAX_TRIES):
-        (s1, c1, z1), (s2, c2, z2) = sample_attributes(rng, 2, True, True)
-        obj, ref = make_obj(rng, s1, c1, z1, z=1), make_obj(rng, s2, c2, z2, z=0)
+        (s1, c1, _), (s2, c2, _) = sample_attributes(rng, 2, True, True)
+        obj, ref = make_obj(rng, s1, c1, "small", z=1), make_obj(rng, s2, c2, "small", z=0)
         bg = sample_background(rng)
         dist = max(CLEAR + 0.02, obj.r + ref.r + rng.uniform(0.03, 0.09))
-        mid = 0.5 + rng.uniform(-0.06, 0.06, size=2)
         claims = {a: Rel(colour_ref(obj), a, colour_ref(ref)) for a in WHATSUP_ARRANGEMENTS}
         items = []
         for arr in WHATSUP_ARRANGEMENTS:
-            d = {"left": (-1, 0), "right": (1, 0), "above": (0, -1), "below": (0, 1)}[arr]
-            m = mid + rng.uniform(-0.02, 0.02, size=2)  # mild jitter of the pair
-            wobble = rng.uniform(-0.012, 0.012)  # mild jitter across the axis
-            ox = m[0] + d[0] * dist / 2 + (wobble if d[0] == 0 else 0.0)
-            oy = m[1] + d[1] * dist / 2 + (wobble if d[1] == 0 else 0.0)
-            rx, ry = m[0] - d[0] * dist / 2, m[1] - d[1] * dist / 2
+            d = np.array({"left": (-1, 0), "right": (1, 0), "above": (0, -1), "below": (0, 1)}[arr])
+            m = _whatsup_midpoint(rng, d, dist, max(obj.r, ref.r))
+            (ox, oy), (rx, ry) = m + d * dist / 2, m - d * dist / 2
             objs = (replace(obj, x=float(ox), y=float(oy)), replace(ref, x=float(rx), y=float(ry)))
             scene = Scene(sid, objs, bg)
             order = [arr] + [a for a in WHATSUP_ARRANGEMENTS if a != arr]
@@ -395,10 +405,13 @@ def sugarcrepe_item(seed: int, category: str, index: int, suite: str = "shapes-s
             if category == "swap-obj":
                 neg = Rel(pos.b, pos.rel, pos.a)
             else:
+                depth = AXIS[pos.rel] == "depth"  # a depth phrase in one option only would decide
                 wrong = [
                     r
                     for r in RELATIONS
-                    if r != pos.rel and truth(Rel(pos.a, r, pos.b), scene) is False
+                    if r != pos.rel
+                    and (AXIS[r] == "depth") == depth
+                    and truth(Rel(pos.a, r, pos.b), scene) is False
                 ]
                 if not wrong:
                     continue
