@@ -13,7 +13,11 @@ import json
 from pathlib import Path
 
 from pipeline.manifests import read_manifest
-from pipeline.world.shortcuts import depth_phrase, negation_count, whatsup_shortcuts
+from pipeline.world.shortcuts import depth_phrase, negation_count, subject_half, whatsup_shortcuts
+
+
+def _rows(df, column: str, values: list[str]):
+    return df[df[column].isin(values)]
 
 
 def main() -> None:
@@ -24,7 +28,10 @@ def main() -> None:
     out = {
         "shapes-whatsup": whatsup_shortcuts(manifest("shapes-whatsup"), args.world / "images"),
         "shapes-sugarcrepe replace-rel": depth_phrase(manifest("shapes-sugarcrepe")),
+        "shapes-sugarcrepe replace-rel subject's half": subject_half(_rows(manifest("shapes-sugarcrepe"), "category", ["replace-rel"])),
         **{f"{s} negation": negation_count(manifest(s)) for s in ("shapes-train", "shapes-dev")},
+        **{f"{s} relative-geometry and vertical subject's half": subject_half(_rows(manifest(s), "family", ["relative-geometry", "vertical"]))
+           for s in ("shapes-train", "shapes-dev")},
     }
     print(json.dumps(out, indent=1, default=float))
 

@@ -729,6 +729,7 @@ def test_shortcut_baselines_read_position_pixels_and_counts(world, tmp_path):
     text = "\n\n".join(SECTIONS.get("shortcuts").render(make_context(world, tmp_path, {"clip": "right"})))
     assert "## Shortcut baselines" in text and "| shapes-whatsup | subject's half | individual " in text
     assert "| shapes-dev | object count | negation: " in text and "| shapes-sugarcrepe | depth phrase (text only) |" in text
+    assert "| shapes-sugarcrepe | subject's half | replace-rel: " in text and "| shapes-dev | subject's half | relative-geometry and vertical: " in text
     # a red circle right of centre, *left of* a blue square further right: the true option is
     # "left", but the subject sits in the right half, where the pixel lookup also sees red
     from pipeline.world.scenes import COLOURS

@@ -72,3 +72,23 @@ def test_negation_scenes_count_alike_whichever_caption_is_true(world):
     no_true = np.array([" no " in f" {caps[c]} " for caps, c in zip(rows["captions"], rows["correct"], strict=True)])
     assert set(n[no_true]) == set(n[~no_true]) == {2, 3, 4}
     assert abs(negation_count(rows)["object-count accuracy"] - 0.5) < 0.15
+
+
+def test_subject_half_reads_the_first_named_object_of_each_option():
+    """The two-option rule scores each option by its own subject (named with or without size
+    and colour) and skips rows with a caption that states no left/right/above/below."""
+    from pipeline.world.shortcuts import subject_half
+
+    objects = [{"shape": "circle", "colour": "red", "size": "small", "x": 0.7, "y": 0.5},
+               {"shape": "circle", "colour": "blue", "size": "large", "x": 0.9, "y": 0.5},
+               {"shape": "square", "colour": "green", "size": "small", "x": 0.3, "y": 0.2}]  # fmt: skip
+    scene = json.dumps({"objects": objects})
+    df = pd.DataFrame({
+        "captions": [["the small red circle is left of the large blue circle", "a red circle to the right of a blue circle"],
+                     ["a blue circle above a square", "the square is above the blue circle"],
+                     ["a red circle in front of a square", "a red circle to the left of a square"]],
+        "correct": [0, 1, 0], "scene": [scene] * 3})  # fmt: skip
+    # row 0: the red circle sits right of centre, so "right" wins, wrongly; row 1: the square
+    # (y 0.2) is higher than the blue circle (y 0.5 is the centre), so it wins, rightly;
+    # row 2 states a depth relation and is skipped
+    assert subject_half(df) == {"items": 2, "accuracy": 0.5}

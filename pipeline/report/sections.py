@@ -170,7 +170,13 @@ def failure_profile(ctx: ReportContext) -> list[str]:
 def shortcuts(ctx: ReportContext) -> list[str]:
     """Baselines that bind nothing on the scored shapes suites (:mod:`pipeline.world.shortcuts`),
     so each suite's figures read against what position, pixels or counts alone give."""
-    from pipeline.world.shortcuts import OFFSET, depth_phrase, negation_count, whatsup_shortcuts
+    from pipeline.world.shortcuts import (
+        OFFSET,
+        depth_phrase,
+        negation_count,
+        subject_half,
+        whatsup_shortcuts,
+    )
 
     if not ctx.layout.toy_world:
         return []
@@ -182,9 +188,13 @@ def shortcuts(ctx: ReportContext) -> list[str]:
         d = depth_phrase(entry["manifest"])
         figure = f"replace-rel: decides {d['decided']} of {d['items']}, right on {pct(d['right when decided'])}"
         rows.append(["shapes-sugarcrepe", "depth phrase (text only)", figure])
+        h = subject_half(entry["manifest"][entry["manifest"]["category"] == "replace-rel"])
+        rows.append(["shapes-sugarcrepe", "subject's half", f"replace-rel: {pct(h['accuracy'])} of the {h['items']} spatial items"])
     if (entry := ctx.results.get("shapes-dev")) is not None:
         n = negation_count(entry["manifest"])
         rows.append(["shapes-dev", "object count", f"negation: {pct(n['object-count accuracy'])} of {n['items']}"])
+        h = subject_half(entry["manifest"][entry["manifest"]["family"].isin(["relative-geometry", "vertical"])])
+        rows.append(["shapes-dev", "subject's half", f"relative-geometry and vertical: {pct(h['accuracy'])} of {h['items']}"])
     if not rows:
         return []
     table = md_table(["suite", "baseline", "figure"], rows)
