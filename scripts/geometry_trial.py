@@ -14,7 +14,8 @@ the ridge section's) and the width of the compared space (the map's top directio
 all of them); ``--inverse`` (with
 ``--lam``) fits the map the other way, from object embeddings to phrase embeddings, and compares
 in the phrase space (phrases centred and whitened, objects mapped) — a diagnostic: the spec's map
-goes from phrases to objects. ``--fuse W`` ranks each shortlist by the reranker's score plus
+goes from phrases to objects; ``--plain`` (with ``--lam``) is the spec's map as written: phrases
+mapped by W, b and compared by cosine with the raw object embeddings. ``--fuse W`` ranks each shortlist by the reranker's score plus
 W times CLIP's cosine, each standardised over the shortlist (a diagnostic: the spec reranks by
 the structural score alone). It reads ``cache/features`` and never writes there. The geometry
 rows of ``docs/trials.md`` rerun this way.
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("--shrinkage", type=float, default=None, help="with --lam: the whitening's shrinkage (default: the ridge section's)")
     ap.add_argument("--rank", type=int, default=0, help="with --lam: compare in the map's top RANK directions (default 0: all)")
     ap.add_argument("--inverse", action="store_true", help="with --lam: fit the map from objects to phrases and compare in the phrase space")
+    ap.add_argument("--plain", action="store_true", help="with --lam: the spec's plain map (phrases mapped by W, b; cosine with the raw objects; no centring, whitening or rank cut)")
     ap.add_argument("--fuse", type=float, default=None, help="rank shortlists by the standardised reranker score + FUSE x the standardised CLIP cosine")
     args = ap.parse_args()
 
@@ -54,7 +56,7 @@ def main() -> None:
     from pipeline.cache import open_store
     from pipeline.config import ExtractConfig, RidgeConfig, ScoreConfig, load_config
     from pipeline.scorers.checkpoints import load_scorer
-    from pipeline.scorers.geometry.ridge import fit_map, training_pairs
+    from pipeline.scorers.geometry.ridge import RidgeMap, fit_map, fit_ridge, training_pairs
     from pipeline.scoring import drop_missing, score_retrieval, suite_inputs
     from pipeline.stats import bootstrap_ci, units_bootstrap
 
@@ -66,8 +68,8 @@ def main() -> None:
             raise SystemExit(f"override {item!r}: expected key=YAML")
         options[key] = yaml.safe_load(value)
     store = open_store(load_config(ExtractConfig, args.params, "extract"))
-    if (args.shrinkage is not None or args.inverse or args.rank) and args.lam is None:
-        raise SystemExit("--shrinkage, --rank and --inverse refit the map: pass --lam too")
+    if (args.shrinkage is not None or args.inverse or args.rank or args.plain) and args.lam is None:
+        raise SystemExit("--shrinkage, --rank, --inverse and --plain refit the map: pass --lam too")
     if args.lam is None:
         scorer = load_scorer(args.variant, store, score.checkpoints, options=options)
     else:
@@ -83,7 +85,8 @@ def main() -> None:
             scorer.map_phrases = lambda phrases: phrases.with_embed(inverse.objects(phrases.embed))
             scorer.map_objects = lambda objects: objects.with_embed(inverse.phrases(objects.embed))
         else:
-            fitted = fit_map(P, Y, args.lam, shrinkage, args.rank)
+            D = Y.shape[1]
+            fitted = RidgeMap(*fit_ridge(P, Y, args.lam), torch.zeros(D), torch.eye(D)) if args.plain else fit_map(P, Y, args.lam, shrinkage, args.rank)
             width = fitted.whiten.shape[1]
             scorer = create_scorer(args.variant, dims=store.dims, proj=store.projections(), **options, rank=width).eval()
             with torch.no_grad():

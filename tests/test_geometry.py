@@ -494,7 +494,7 @@ def test_the_ridge_stage_keeps_the_held_out_best_grid_and_scoring_reads_it(geo, 
 
     store, manifest, index = geo
     cfg = RidgeConfig(suite=SUITE, out=str(tmp_path), ranks=[2, 0])
-    record = fit(cfg, store, manifest, index, "sha")
+    record = fit(cfg, store, manifest, index, store.suite_attrs(SUITE)["manifest_sha256"])
     assert record["layer"] in ("final", "final-raw", "early") and record["rank"] in (2, 0)
     aucs = record["heldout_auc"]
     assert set(aucs) == {"final", "final-raw", "early"} and all(set(a) == {"2", "0"} for a in aucs.values())
@@ -508,9 +508,17 @@ def test_the_ridge_stage_keeps_the_held_out_best_grid_and_scoring_reads_it(geo, 
         torch.testing.assert_close(getattr(scorer, name).detach(), value)
     scores = score_retrieval(scorer, store, manifest, index, 256)
     assert np.isfinite(scores).all()
-    other = tmp_path / "ridge-fgw" / "config.json"
-    other.write_text(other.read_text().replace(record["store_fingerprint"], "another-store"))
+    config = tmp_path / "ridge-fgw" / "config.json"
+    text = config.read_text()
+    config.write_text(text.replace(record["store_fingerprint"], "another-store"))
     with pytest.raises(ValueError, match="fitted on another feature store"):
+        load_scorer("ridge-fgw", store, tmp_path)
+    # the same store, its training suite re-extracted from another manifest: the fit is stale
+    config.write_text(text.replace(record["manifest_sha256"], "another-manifest"))
+    with pytest.raises(ValueError, match=f"fitted on another {SUITE} manifest .*another-manifest"):
+        load_scorer("ridge-fgw", store, tmp_path)
+    config.unlink()  # no record of what it was fitted on: nothing to check it against
+    with pytest.raises(FileNotFoundError, match="has no config.json .*pipeline ridge"):
         load_scorer("ridge-fgw", store, tmp_path)
 
 

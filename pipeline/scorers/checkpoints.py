@@ -54,7 +54,12 @@ def load_scorer(
     if not ckpt.is_file():
         raise FileNotFoundError(f"{variant} is trained but {ckpt} does not exist; run `{how}`")
     config = ckpt_dir / "config.json"
-    record = json.loads(config.read_text()) if config.is_file() else {}
+    if not config.is_file():
+        raise FileNotFoundError(
+            f"{ckpt} ({variant}) has no {config.name} beside it: without its record of what it was fitted on "
+            f"(store, suite, options) it cannot be checked against this store; rerun `{how}`"
+        )
+    record = json.loads(config.read_text())
     _check_fitted_on(record, store, ckpt, variant, how)
     kwargs = record.get("scorer_kwargs", {})
     if kwargs:
@@ -68,7 +73,9 @@ def _check_fitted_on(record: dict, store: FeatureStore, ckpt: Path, variant: str
     (trained variants: their weights sit on this encoder's features and are combined with
     its frozen projections, so any store of the same encoder, weights and layers serves) or
     ``store_fingerprint`` (the ridge map: fitted on the store's object embeddings, which its
-    options, e.g. re-encoded crops, change); ``how`` is the command that refits it."""
+    options, e.g. re-encoded crops, change), and, where the record names its ``train_suite``,
+    that suite's manifest as the store holds it now (``manifest_sha256``: a fit on rows the
+    store no longer holds is stale); ``how`` is the command that refits it."""
     checks = (
         ("store_encoder", encoder_id(store.fingerprint), "features of another encoder"),
         ("store_fingerprint", store.root.attrs.get("fingerprint_id"), "another feature store"),
@@ -79,6 +86,15 @@ def _check_fitted_on(record: dict, store: FeatureStore, ckpt: Path, variant: str
             raise ValueError(
                 f"{ckpt} ({variant}) was fitted on {what} ({key} {fitted_on}, this store's {have} at "
                 f"{store.path}); rerun `{how}` on this store"
+            )
+    suite = record.get("train_suite")
+    if suite is not None and record.get("manifest_sha256") is not None:
+        have = store.suite_attrs(suite).get("manifest_sha256") if suite in store.suites() else None
+        if have != record["manifest_sha256"]:
+            now = f"this store's {suite} is manifest {have}" if have else f"this store no longer holds {suite}"
+            raise ValueError(
+                f"{ckpt} ({variant}) was fitted on another {suite} manifest ({record['manifest_sha256']}; {now} "
+                f"at {store.path}); rerun `{how}`"
             )
 
 

@@ -110,30 +110,43 @@ def pad_sets(embeds: list[torch.Tensor], positions: list[torch.Tensor], dim: int
 
 
 def relation_positions(relations: list[tuple[int, str, int]], n: int) -> torch.Tensor:
-    """[n, 2] a layout of ``n`` phrases in which every directional relation holds: a
-    breadth-first walk from each unplaced phrase places its neighbours one unit away in
-    the relation's direction (:data:`DIRECTIONS`, read on its spatial part:
-    :func:`pipeline.benchmarks.phrases.spatial_relation`, so "sitting on" places like
-    "on"); non-directional relations ("next to", "behind", "holding") place nothing."""
-    edges: dict[int, list[tuple[int, np.ndarray]]] = {i: [] for i in range(n)}
-    for i, rel, j in relations:
-        d = DIRECTIONS.get(spatial_relation(rel))
-        if d is not None:
-            edges[i].append((j, np.array(d)))
-            edges[j].append((i, -np.array(d)))
+    """[n, 2] a layout of ``n`` phrases from their directional relations: each relation asks
+    for its object one unit from its subject in the relation's direction (:data:`DIRECTIONS`,
+    read on its spatial part: :func:`pipeline.benchmarks.phrases.spatial_relation`, so
+    "sitting on" places like "on"), and the layout is the least-squares solution of those
+    offsets with each connected group's first phrase at the origin. Where the relations form
+    a tree (every query of the shapes suites but a few) each holds exactly, one unit long; a
+    cycle whose unit offsets disagree ("A left of B, B right of C, A left of C") is met in
+    the least-squares sense, which keeps all three here. Phrases no chain of relations links
+    may coincide ("A left of B, C left of B" puts A and C at one point): the layout states
+    only what the caption does. Non-directional relations ("next to", "behind", "holding")
+    place nothing."""
+    edges = [(i, j, np.array(d, dtype=float)) for i, rel, j in relations if (d := DIRECTIONS.get(spatial_relation(rel))) is not None]
+    group = list(range(n))  # union-find over the directional relations
+
+    def root(i: int) -> int:
+        while group[i] != i:
+            group[i] = group[group[i]]
+            i = group[i]
+        return i
+
+    for i, j, _ in edges:
+        group[root(i)] = root(j)
+    anchors = {}  # each group's first phrase, fixed at the origin
+    for i in range(n):
+        anchors.setdefault(root(i), i)
     pos = np.zeros((n, 2))
-    placed = np.zeros(n, dtype=bool)
-    for start in range(n):
-        if placed[start]:
-            continue
-        placed[start] = True
-        queue = [start]
-        while queue:
-            i = queue.pop(0)
-            for j, d in edges[i]:
-                if not placed[j]:
-                    pos[j], placed[j] = pos[i] + d, True
-                    queue.append(j)
+    free = [i for i in range(n) if anchors[root(i)] != i]
+    if edges and free:
+        col = {i: k for k, i in enumerate(free)}
+        A = np.zeros((len(edges), len(free)))  # [E, F] incidence of each offset pos_j - pos_i
+        for e, (i, j, _) in enumerate(edges):
+            if j in col:
+                A[e, col[j]] += 1.0
+            if i in col:
+                A[e, col[i]] -= 1.0
+        target = np.stack([d for _, _, d in edges])  # [E, 2]
+        pos[free] = np.round(np.linalg.lstsq(A, target, rcond=None)[0], 9)  # a tree's unit offsets exactly
     return torch.from_numpy(pos).float()
 
 

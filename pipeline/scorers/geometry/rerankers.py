@@ -16,7 +16,9 @@ objects :math:`O = (o_j)` at their box centres (:mod:`pipeline.scorers.geometry.
   to the structure.
 * ``fgw-hungarian``: the ``fgw`` order, except that among its ``top`` best candidates the
   one with the best Hungarian matching goes first (the paper's "Hungarian on the FGW
-  shortlist": hard assignment for rank 1, the soft order for the rest).
+  shortlist": hard assignment for rank 1, the soft order for the rest). *(ours:* "the FGW
+  shortlist" is read as FGW's ``top`` best, 5 in ``params.yaml``; with ``top`` = K the pick
+  is Hungarian's best of the whole shortlist and R@1 is ``hungarian``'s*)*.
 * ``ridge-fgw``: ``fgw`` with every phrase embedding first mapped into the image-object
   space by the ridge regression of :mod:`pipeline.scorers.geometry.ridge` (fitted on the
   training split by ``pipeline ridge``), and phrases and objects compared in the fit's

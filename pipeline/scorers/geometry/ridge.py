@@ -253,6 +253,7 @@ def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], m
         "objects": objects,
         "heldout_auc": aucs,
         "store_fingerprint": store.root.attrs.get("fingerprint_id"),
+        "train_suite": cfg.suite,
         "manifest_sha256": manifest_sha256,
         "scorer_kwargs": {"layer": layer, "rank": int(fitted.whiten.shape[1]), **({"objects": "crops"} if objects == "crops" else {})},
     }
