@@ -272,7 +272,7 @@ def test_the_ridge_stage_fits_on_crops_and_scoring_reads_them(crops_store, tmp_p
 
     _, _, store = crops_store
     manifest, index = suite_inputs(store, SUITE)
-    record = fit(RidgeConfig(suite=SUITE, out=str(tmp_path), objects="crops"), store, manifest, index, "sha")
+    record = fit(RidgeConfig(suite=SUITE, out=str(tmp_path), objects="crops"), store, manifest, index, store.suite_attrs(SUITE)["manifest_sha256"])
     assert record["objects"] == "crops" and set(record["heldout_auc"]) == {"crops"}
     width = min(record["rank"] or store.dims.embed_dim, store.dims.embed_dim)
     assert record["scorer_kwargs"] == {"layer": "final", "rank": width, "objects": "crops"}

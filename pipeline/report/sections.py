@@ -189,12 +189,14 @@ def shortcuts(ctx: ReportContext) -> list[str]:
         figure = f"replace-rel: decides {d['decided']} of {d['items']}, right on {pct(d['right when decided'])}"
         rows.append(["shapes-sugarcrepe", "depth phrase (text only)", figure])
         h = subject_half(entry["manifest"][entry["manifest"]["category"] == "replace-rel"])
-        rows.append(["shapes-sugarcrepe", "subject's half", f"replace-rel: {pct(h['accuracy'])} of the {h['items']} spatial items"])
+        figure = f"replace-rel: {pct(h['accuracy'])} of the {h['items']} spatial items"
+        rows.append(["shapes-sugarcrepe", "subject's half", figure])
     if (entry := ctx.results.get("shapes-dev")) is not None:
         n = negation_count(entry["manifest"])
         rows.append(["shapes-dev", "object count", f"negation: {pct(n['object-count accuracy'])} of {n['items']}"])
         h = subject_half(entry["manifest"][entry["manifest"]["family"].isin(["relative-geometry", "vertical"])])
-        rows.append(["shapes-dev", "subject's half", f"relative-geometry and vertical: {pct(h['accuracy'])} of {h['items']}"])
+        figure = f"relative-geometry and vertical: {pct(h['accuracy'])} of {h['items']}"
+        rows.append(["shapes-dev", "subject's half", figure])
     if not rows:
         return []
     table = md_table(["suite", "baseline", "figure"], rows)
