@@ -16,6 +16,7 @@ from pipeline.config import WorldConfig
 from pipeline.world import build_world
 from pipeline.world.scenes import AXIS
 from pipeline.world.shortcuts import depth_phrase, negation_count, whatsup_shortcuts
+from tests.test_world import manifest
 
 SMALL = WorldConfig(n_whatsup=40, n_aro=3, n_sugarcrepe=30, n_retrieval_groups=2, n_multi_groups=1,
                     n_train=320, n_dev=8)  # fmt: skip
@@ -26,10 +27,6 @@ def world(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("world")
     build_world(SMALL, out=out, progress=False)
     return out
-
-
-def manifest(world: Path, suite: str) -> pd.DataFrame:
-    return pd.read_parquet(world / "manifests" / f"{suite}.parquet")
 
 
 def test_whatsup_pairs_are_small_and_placed_anywhere(world):
