@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import Suite, extracted_items, gallery_images
-from pipeline.cache import FeatureStore, StaleCacheError
+from pipeline.cache import FeatureStore, StaleCacheError, distinct_rows
 from pipeline.features import module_device, to_device
 from pipeline.manifests import (
     cells,
@@ -125,6 +125,10 @@ def replacement_images(index: dict[str, np.ndarray], mode: str, seed: int = 0) -
     * ``fixed``: one image of the suite, drawn with ``seed``, for every item (the items
       whose own image it is keep it, as in Flow-CLIP's Fixed setting).
 
+    Both draws run over the suite's images in order of first appearance
+    (:func:`~pipeline.cache.distinct_rows`), so a fresh store and a grown one, whose row
+    numbers differ, replace every item by the same image.
+
     Raises:
         ValueError: for an unknown ``mode`` (naming the valid ones), an item without an
             image (row -1; see :func:`drop_missing`), or a shuffle that cannot avoid every
@@ -140,7 +144,8 @@ def replacement_images(index: dict[str, np.ndarray], mode: str, seed: int = 0) -
     if mode == "true" or len(own) == 0:
         return own.copy()
     rng = np.random.default_rng(seed)
-    images, counts = np.unique(own, return_counts=True)
+    images, image_of = distinct_rows(own)  # [U] by first appearance, [n] each item's: never by row number
+    counts = np.bincount(image_of)  # [U]
     if mode == "fixed":
         return np.full(len(own), images[rng.integers(len(images))], dtype=np.int64)
     m = int(counts.max())
@@ -149,7 +154,7 @@ def replacement_images(index: dict[str, np.ndarray], mode: str, seed: int = 0) -
             f"shuffle cannot give every item another image: image row {int(images[counts.argmax()])} "
             f"is shared by {m} of {len(own)} items (more than half); use 'fixed' for this suite"
         )
-    group = rng.permutation(len(images))[np.searchsorted(images, own)]  # [n] random group label
+    group = rng.permutation(len(images))[image_of]  # [n] random group label
     order = np.lexsort((rng.permutation(len(own)), group))  # [n] items by group, random within
     out = np.empty_like(own)
     out[order] = own[np.roll(order, -m)]  # circle position j takes position j + m's image

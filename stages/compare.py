@@ -7,8 +7,9 @@ features are extracted into its own store under ``<out>/<encoder>/features`` (ou
 ``extract.out``, which is the ``extract`` stage's output); every trainable variant is trained on them
 through the one training loop (``train.<variant>`` with ``compare.seeds``); every variant is
 scored; then :func:`pipeline.report.compare.variant_means` summarises each encoder's
-variants into ``<metrics_out>/summary.json``, which the report's encoder-comparison section
-shows. With ``reuse_pipeline`` the pipeline's own encoder (``extract.model``) is read from
+variants into ``<metrics_out>/summary.json``, with the sha256 of each compared suite's
+manifest, which the report's encoder-comparison section shows only while the manifests it
+reads are those. With ``reuse_pipeline`` the pipeline's own encoder (``extract.model``) is read from
 what ``dvc repro`` scored, whose first training seed is the same model a one-seed run trains.
 Not a DVC stage: a second toy CLIP would push the default ``dvc repro`` past its time budget.
 """
@@ -117,6 +118,7 @@ def run(
             "seconds": round(time.perf_counter() - t0, 1),
             "variants": variant_means(results, cfg.variants, n_resamples=cfg.bootstrap, seed=cfg.seed),
         }
+        summary["manifests"] = {s: e["manifest_sha256"] for s, e in results.items() if s in cfg.suites}
     out = Path(cfg.metrics_out) / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     summary["config"] = dataclasses.asdict(cfg)

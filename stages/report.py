@@ -19,18 +19,21 @@ from typing import Any
 import pandas as pd
 
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
-from pipeline.manifests import read_manifest, resolve_source
+from pipeline.manifests import file_sha256, read_manifest, resolve_source
 from pipeline.report import FIGURE_DPI, ReportContext, render
 from pipeline.scorers.checkpoints import seed_checkpoints
 from pipeline.scoring import load_scores, scores_origin
 
 
 def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> dict[str, Any]:
-    """{suite: {"manifest": df, "image_root": path, "scores": {variant: [n, K]}, "missing": [ids]}}
-    for what the score stage wrote (the configured variants, each seed variant's ``@seed<k>``,
-    each replaced variant's ``@<mode>``). Items the score stage left out because their image
-    was missing at extract are taken out of the manifest too and listed under ``missing``, so
-    every table's denominator is the scored items and the report can name what is left out.
+    """{suite: {"manifest": df, "manifest_sha256": hex, "image_root": path, "scores": {variant:
+    [n, K]}, "missing": [ids]}} for what the score stage wrote (the configured variants, each
+    seed variant's ``@seed<k>``, each replaced variant's ``@<mode>``). Items the score stage
+    left out because their image was missing at extract are taken out of the manifest too and
+    listed under ``missing``, so every table's denominator is the scored items and the report
+    can name what is left out. ``manifest_sha256`` is the manifest file's hash, by which the
+    report knows whether a result computed elsewhere (``pipeline compare-encoders``) is of
+    these suites.
 
     Every scores table must record that it was scored with ``score.encoder`` and all from
     one feature store (:func:`pipeline.scoring.scores_origin`): a table left by a run on
@@ -45,7 +48,8 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
     for suite in score.suites:
         src = resolve_source(suite, world.out, extract.manifests, extract.image_roots)
         manifest = read_manifest(src.manifest)
-        entry = {"manifest": manifest, "image_root": src.image_root, "scores": {}, "missing": []}
+        entry = {"manifest": manifest, "manifest_sha256": file_sha256(src.manifest), "image_root": src.image_root,
+                 "scores": {}, "missing": []}  # fmt: skip
         names = list(score.variants)
         for variant in score.seed_variants:  # the seeds the score stage scores: the last training's
             names += [f"{variant}@{d.name}" for d in seed_checkpoints(variant, score.checkpoints)]

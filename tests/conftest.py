@@ -171,22 +171,27 @@ def _pairs_manifest(path, images, n, seed):
 @pytest.fixture(scope="session")
 def tiny_store(tmp_path_factory, tiny_encoder):
     """A tiny store with shapes-train (16 pairs) and shapes-dev (8 pairs) and every column."""
+    return build_pair_store(tmp_path_factory.mktemp("train_store"), tiny_encoder)
+
+
+def build_pair_store(tmp: Path, encoder, suites: tuple[str, ...] = ("shapes-train", "shapes-dev"), dev_reversed: bool = False):
+    """The tiny pair store under ``tmp``, its suites extracted in the order ``suites``, which
+    decides the store's row numbers: shapes-dev first, its images taken in reverse order
+    (``dev_reversed``), numbers shapes-train's features otherwise, as a grown store would."""
     import dataclasses
 
     from pipeline.benchmarks import SUITES
     from pipeline.cache import FeatureStore, store_path
     from pipeline.config import ExtractConfig
     from stages import extract as extract_stage
-    from tests.conftest import make_images
 
-    tmp = tmp_path_factory.mktemp("train_store")
     names = make_images(tmp / "images", 12)
     paths = {
         "shapes-train": tmp / "m" / "train.parquet",
         "shapes-dev": tmp / "m" / "dev.parquet",
     }
     _pairs_manifest(paths["shapes-train"], names, 16, seed=0)
-    _pairs_manifest(paths["shapes-dev"], names, 8, seed=1)
+    _pairs_manifest(paths["shapes-dev"], names[::-1] if dev_reversed else names, 8, seed=1)
     SUITES.names()
     saved = {s: SUITES._entries[s] for s in paths}
     for s in paths:  # encode the extra columns whatever shapes.py declares
@@ -198,13 +203,13 @@ def tiny_store(tmp_path_factory, tiny_encoder):
     try:
         cfg = ExtractConfig(
             model="tiny-test",
-            suites=list(paths),
-            manifests={s: str(p) for s, p in paths.items()},
-            image_roots={s: str(tmp / "images") for s in paths},
+            suites=list(suites),
+            manifests={s: str(paths[s]) for s in suites},
+            image_roots={s: str(tmp / "images") for s in suites},
             out=str(tmp / "features"),
             batch_size=16,
         )
-        extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+        extract_stage.run(cfg, progress=False, encoder=encoder)
     finally:
         SUITES._entries.update(saved)
     return FeatureStore.open(store_path(cfg))

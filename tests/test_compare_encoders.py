@@ -133,6 +133,41 @@ def test_the_pipelines_own_encoder_is_read_from_its_current_scores(compared):
     assert f"{100 * fresh['value']:.1f} [{100 * fresh['lo']:.1f}, {100 * fresh['hi']:.1f}]" in text
 
 
+def test_a_comparison_of_other_manifests_is_not_shown(compared, tmp_path):
+    """The summary records each compared suite's manifest hash; when the report reads another
+    manifest of a suite (the world was rebuilt since), or the summary records none, the
+    section names the suites and the command instead of the table."""
+    from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
+    from pipeline.manifests import file_sha256
+    from pipeline.report.sections import encoder_comparison
+    from pipeline.report.tasks import SHAPES
+    from stages.report import load_results
+
+    summary = json.loads((compared / "reports/encoders/summary.json").read_text())
+    world = compared / "cache/world"
+    assert summary["manifests"] == {s: file_sha256(world / "manifests" / f"{s}.parquet") for s in SUITES[:4]}
+    score = ScoreConfig(variants=["clip", "global-m"], suites=SUITES[:4], encoder="tiny-a",
+                        scores_out=str(compared / "cache/encoders/tiny-a/scores"))  # fmt: skip
+
+    class Ctx:
+        cfg = ReportConfig(encoders=str(compared / "reports/encoders/summary.json"))
+        layout = SHAPES
+        extract = ExtractConfig(model="tiny-a")
+        results = load_results(score, extract, WorldConfig(out=str(world)))
+
+    assert "| `global-m` | binding |" in "\n".join(encoder_comparison(Ctx()))
+    Ctx.results["shapes-aro"]["manifest_sha256"] = "0" * 64  # the world rebuilt since
+    text = "\n".join(encoder_comparison(Ctx()))
+    assert "other manifests of shapes-aro than" in text and "rerun `pipeline compare-encoders`" in text
+    assert "| `global-m` |" not in text
+    del summary["manifests"]  # a summary of an older pipeline: nothing to check it by
+    (tmp_path / "old.json").write_text(json.dumps(summary))
+    Ctx.cfg = ReportConfig(encoders=str(tmp_path / "old.json"))
+    assert "other manifests of shapes-whatsup, shapes-aro, shapes-sugarcrepe, shapes-retrieval" in "\n".join(
+        encoder_comparison(Ctx())
+    )
+
+
 def test_one_encoder_is_refused(tmp_path):
     from pipeline.config import (
         CompareConfig,
@@ -166,7 +201,7 @@ def test_each_encoder_column_holds_its_own_mean_and_difference(tmp_path):
         for enc, base in (("enc-a", 0.2), ("enc-b", 0.6))
     }
     path = tmp_path / "summary.json"
-    path.write_text(json.dumps({"encoders": encoders, "variants": ["clip", "global-m"]}))
+    path.write_text(json.dumps({"encoders": encoders, "variants": ["clip", "global-m"], "manifests": {}}))
 
     class Ctx:
         cfg = ReportConfig(encoders=str(path))

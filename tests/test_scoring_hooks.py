@@ -392,6 +392,30 @@ def test_true_and_fixed_rows_and_errors():
         replacement_images({"image": np.array([[3], [-1]])}, "fixed")
 
 
+@pytest.mark.parametrize("mode", ["shuffle", "fixed"])
+def test_replacement_follows_the_images_not_the_stores_row_numbers(mode):
+    """The same suite in a store whose rows are numbered otherwise (a fresh store against a
+    grown one) gets the same replacement image for every item: the draw is over the images
+    in order of first appearance, never over the row numbers."""
+    rng = np.random.default_rng(0)
+    own = _shared_images(rng, 60)
+    relabel = rng.permutation(1000)  # another store's row number for each row
+    for seed in range(5):
+        here = replacement_images({"image": own[:, None]}, mode, seed=seed)
+        there = replacement_images({"image": relabel[own][:, None]}, mode, seed=seed)
+        np.testing.assert_array_equal(relabel[here], there)
+
+
+def test_distinct_rows_are_in_order_of_first_appearance():
+    from pipeline.cache import distinct_rows
+
+    rows, position = distinct_rows(np.array([[7, 3], [-1, 7], [2, 3], [9, -1]]))
+    np.testing.assert_array_equal(rows, [7, 3, 2, 9])
+    np.testing.assert_array_equal(position, [[0, 1], [-1, 0], [2, 1], [3, -1]])
+    rows, position = distinct_rows(np.array([-1, -1]))
+    assert rows.size == 0 and position.tolist() == [-1, -1]
+
+
 def test_image_blind_scorer_is_unchanged_by_replacement(tiny_store):
     _, index = suite_inputs(tiny_store, "shapes-train")
     scorer = TextOnly()

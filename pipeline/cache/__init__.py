@@ -3,7 +3,7 @@
 from pipeline.cache.integrity import CorruptStoreError
 from pipeline.cache.lock import StoreLockedError, store_lock
 from pipeline.cache.open import expected_fingerprint, open_store, store_path
-from pipeline.cache.reader import FeatureStore
+from pipeline.cache.reader import FeatureStore, distinct_rows
 from pipeline.cache.schema import (
     SCHEMA_VERSION,
     CacheError,
@@ -23,4 +23,5 @@ __all__ = [
     "open_store",
     "store_lock",
     "store_path",
+    "distinct_rows",
 ]

@@ -61,6 +61,25 @@ from pipeline.cache.schema import (
 )
 from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
 
+def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct [U], position [...]): the distinct store rows among ``rows`` (any shape; -1,
+    a skipped item, left out) in order of first appearance, and each entry's position among
+    them (-1 where the row is -1). A store's row numbers are its history (rows are appended as
+    suites are extracted, and a grown store keeps its old ones), so anything ordered by them —
+    a batch's images, a seeded draw over a suite's images — would differ between a fresh store
+    and a grown one holding the same features; first appearance in the manifest does not."""
+    rows = np.asarray(rows, dtype=np.int64)
+    flat = rows.reshape(-1)
+    valid = flat >= 0
+    values, first, inverse = np.unique(flat[valid], return_index=True, return_inverse=True)  # [V], [V], [n_valid]
+    order = np.argsort(first)  # [V] the values by first appearance
+    rank = np.empty(len(values), dtype=np.int64)
+    rank[order] = np.arange(len(values))
+    position = np.full(flat.shape, -1, dtype=np.int64)
+    position[valid] = rank[inverse.reshape(-1)]
+    return values[order], position.reshape(rows.shape)
+
+
 GAP_BYTES = 1 << 20  # a gap between wanted rows up to this size is read through, not skipped
 
 

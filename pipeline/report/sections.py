@@ -401,11 +401,24 @@ def current_means(ctx: ReportContext, summary: dict[str, Any]) -> dict[str, dict
     )  # fmt: skip
 
 
+def stale_suites(ctx: ReportContext, summary: dict[str, Any]) -> str:
+    """The compared suites whose manifest this report reads is not the one ``pipeline
+    compare-encoders`` scored (its ``manifests``: suite -> sha256), comma-separated; every
+    compared suite when the summary records no manifests. A comparison of another world's
+    suites would otherwise stand beside this world's figures."""
+    recorded = summary.get("manifests")
+    if recorded is None:
+        return ", ".join(summary.get("suites", [])) or "(no suites recorded)"
+    results = getattr(ctx, "results", {})
+    return ", ".join(s for s, sha in recorded.items() if s in results and results[s].get("manifest_sha256") != sha)
+
+
 @section("encoder-comparison", order=47)
 def encoder_comparison(ctx: ReportContext) -> list[str]:
     """``pipeline compare-encoders``' summary (``report.encoders``): each variant's all-task
     and binding means per encoder, with CIs and the paired difference to ``clip`` on the
-    same encoder; a pointer to the command when it has not been run."""
+    same encoder; a pointer to the command when it has not been run, or when it ran on other
+    manifests than the report's (:func:`stale_suites`)."""
     if not ctx.layout.toy_world:  # the comparison trains toy encoders on the shapes world
         return []
     path = Path(ctx.cfg.encoders)
@@ -414,6 +427,9 @@ def encoder_comparison(ctx: ReportContext) -> list[str]:
         encoders = summary["encoders"]
     except (OSError, ValueError, KeyError):
         return ["## Encoder comparison", TEXT("no-encoder-comparison", path=str(path))]
+    stale = stale_suites(ctx, summary)
+    if stale:
+        return ["## Encoder comparison", TEXT("stale-encoder-comparison", path=str(path), suites=stale)]
     for enc, e in encoders.items():  # the pipeline's own scores: read now, never a stale copy
         if e.get("reused_pipeline_scores") and enc == ctx.extract.model:
             e["variants"] = current_means(ctx, summary)

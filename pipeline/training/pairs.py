@@ -31,7 +31,7 @@ import torch
 
 from pipeline.benchmarks.base import SuiteSelection, extracted_items
 from pipeline.benchmarks.coco_families import FAMILIES
-from pipeline.cache import FeatureStore
+from pipeline.cache import FeatureStore, distinct_rows
 from pipeline.features import ImageFeatures, TextFeatures
 from pipeline.manifests import file_sha256, read_manifest
 
@@ -40,8 +40,8 @@ from pipeline.manifests import file_sha256, read_manifest
 class PairData:
     """One suite's [pos, neg] pairs with their features, in memory (fp16).
 
-    Item arrays index into ``images`` / ``texts`` (the suite's unique store rows, sorted);
-    -1 marks a missing column value (e.g. no paraphrase).
+    Item arrays index into ``images`` / ``texts`` (the suite's distinct store rows, in order of
+    first appearance); -1 marks a missing column value (e.g. no paraphrase).
     """
 
     manifest: Any  # pandas DataFrame of the suite
@@ -93,7 +93,8 @@ def _read_half(read, rows: np.ndarray):
 
 
 def load_pairs(store: FeatureStore, suite: str | SuiteSelection) -> PairData:
-    """Read every feature of ``suite``'s pairs, in sorted blocks of rows.
+    """Read every feature of ``suite``'s pairs, each distinct image and caption once, in order
+    of first appearance (:func:`~pipeline.cache.distinct_rows`).
 
     ``suite`` is a suite name or a selection of its rows (``coco-families[train]``,
     ``suite[column=value]``, possibly cut to a seeded sample;
@@ -147,27 +148,23 @@ def load_pairs(store: FeatureStore, suite: str | SuiteSelection) -> PairData:
     img_cols = {c: _column(index, c, n)[:, 0] for c in ("image", "cf_image", "flip_image")}
     para = _column(index, "paraphrase", n)[:, 0]
 
-    img_rows = np.unique(np.concatenate(list(img_cols.values())))
-    img_rows = img_rows[img_rows >= 0]
-    txt_rows = np.unique(np.concatenate([pos, neg, fpos, fneg, para]))
-    txt_rows = txt_rows[txt_rows >= 0]
-
-    def local(rows: np.ndarray, uniq: np.ndarray) -> torch.Tensor:
-        out = np.searchsorted(uniq, rows)
-        return torch.from_numpy(np.where(rows >= 0, out, -1).astype(np.int64))
-
+    # local indices in order of first appearance, not of store rows (distinct_rows): a batch's
+    # images and captions, and so every float sum over them, are the same in a fresh store and a grown one
+    img_rows, img_local = distinct_rows(np.stack([img_cols["image"], img_cols["cf_image"], img_cols["flip_image"]]))
+    txt_rows, txt_local = distinct_rows(np.stack([pos, neg, fpos, fneg, para]))
+    local = torch.from_numpy
     return PairData(
         manifest=m,
-        images=_read_half(store.images, img_rows),  # sorted unique rows
+        images=_read_half(store.images, img_rows),
         texts=_read_half(store.texts, txt_rows),
-        image=local(img_cols["image"], img_rows),
-        cf=local(img_cols["cf_image"], img_rows),
-        flip=local(img_cols["flip_image"], img_rows),
-        pos=local(pos, txt_rows),
-        neg=local(neg, txt_rows),
-        flip_pos=local(fpos, txt_rows),
-        flip_neg=local(fneg, txt_rows),
-        para=local(para, txt_rows),
+        image=local(img_local[0]),
+        cf=local(img_local[1]),
+        flip=local(img_local[2]),
+        pos=local(txt_local[0]),
+        neg=local(txt_local[1]),
+        flip_pos=local(txt_local[2]),
+        flip_neg=local(txt_local[3]),
+        para=local(txt_local[4]),
         family=torch.tensor([FAMILIES.index(f) for f in m["family"]], dtype=torch.long),
     )
 

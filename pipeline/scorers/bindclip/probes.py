@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipeline.cache import FeatureStore
+from pipeline.cache import FeatureStore, distinct_rows
 from pipeline.manifests import read_manifest
 from pipeline.world.grounding import visible_cover
 
@@ -239,9 +239,7 @@ def text_probe(store: FeatureStore, max_captions: int = 6000, seed: int = 0) -> 
 
     colour_of, shape_of = one_piece(COLOURS), one_piece(SHAPES)
     _, index = _suite(store, "shapes-train")
-    flat = np.asarray(index["captions"]).reshape(-1)
-    flat = flat[flat >= 0]
-    rows = flat[np.sort(np.unique(flat, return_index=True)[1])]  # manifest order, not the store's row layout
+    rows = distinct_rows(index["captions"])[0]  # manifest order, not the store's row layout
     rows = np.random.default_rng(seed).permutation(rows)[:max_captions]  # held out: the last 20%
     texts = store.texts(rows)
     ids, states = texts.ids.numpy(), texts.tokens.float().numpy()

@@ -45,6 +45,8 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
 from pipeline.benchmarks.phrases import spatial_relation
 from pipeline.benchmarks.retrieval import parse_boxes, parse_relations
@@ -122,21 +124,12 @@ def relation_positions(relations: list[tuple[int, str, int]], n: int) -> torch.T
     only what the caption does. Non-directional relations ("next to", "behind", "holding")
     place nothing."""
     edges = [(i, j, np.array(d, dtype=float)) for i, rel, j in relations if (d := DIRECTIONS.get(spatial_relation(rel))) is not None]
-    group = list(range(n))  # union-find over the directional relations
-
-    def root(i: int) -> int:
-        while group[i] != i:
-            group[i] = group[group[i]]
-            i = group[i]
-        return i
-
-    for i, j, _ in edges:
-        group[root(i)] = root(j)
-    anchors = {}  # each group's first phrase, fixed at the origin
-    for i in range(n):
-        anchors.setdefault(root(i), i)
+    ends = np.array([(i, j) for i, j, _ in edges], dtype=np.int64).reshape(-1, 2).T  # [2, E]
+    graph = coo_matrix((np.ones(len(edges)), (ends[0], ends[1])), shape=(n, n))
+    label = connected_components(graph, directed=False)[1]  # [n] the group each phrase's relations link it into
+    anchor = np.unique(label, return_index=True)[1][label]  # [n] each group's first phrase, fixed at the origin
     pos = np.zeros((n, 2))
-    free = [i for i in range(n) if anchors[root(i)] != i]
+    free = [i for i in range(n) if anchor[i] != i]
     if edges and free:
         col = {i: k for k, i in enumerate(free)}
         A = np.zeros((len(edges), len(free)))  # [E, F] incidence of each offset pos_j - pos_i
