@@ -118,7 +118,7 @@ def run(
             "seconds": round(time.perf_counter() - t0, 1),
             "variants": variant_means(results, cfg.variants, n_resamples=cfg.bootstrap, seed=cfg.seed),
         }
-        summary["manifests"] = {s: e["manifest_sha256"] for s, e in results.items() if s in cfg.suites}
+    summary["manifests"] = {s: e["manifest_sha256"] for s, e in results.items() if s in cfg.suites}  # one world for all
     out = Path(cfg.metrics_out) / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     summary["config"] = dataclasses.asdict(cfg)

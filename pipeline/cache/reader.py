@@ -61,6 +61,7 @@ from pipeline.cache.schema import (
 )
 from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
 
+
 def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(distinct [U], position [...]): the distinct store rows among ``rows`` (any shape; -1,
     a skipped item, left out) in order of first appearance, and each entry's position among
