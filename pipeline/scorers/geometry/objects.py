@@ -45,8 +45,6 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from pipeline.benchmarks.phrases import spatial_relation
 from pipeline.benchmarks.retrieval import parse_boxes, parse_relations
@@ -123,6 +121,10 @@ def relation_positions(relations: list[tuple[int, str, int]], n: int) -> torch.T
     may coincide ("A left of B, C left of B" puts A and C at one point): the layout states
     only what the caption does. Non-directional relations ("next to", "behind", "holding")
     place nothing."""
+    # imported here: `pipeline score` of a choice suite never loads scipy
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
     edges = [(i, j, np.array(d, dtype=float)) for i, rel, j in relations if (d := DIRECTIONS.get(spatial_relation(rel))) is not None]
     ends = np.array([(i, j) for i, j, _ in edges], dtype=np.int64).reshape(-1, 2).T  # [2, E]
     graph = coo_matrix((np.ones(len(edges)), (ends[0], ends[1])), shape=(n, n))
