@@ -14,6 +14,7 @@ from pipeline.benchmarks.base import bucket_split, hash_bucket
 from pipeline.benchmarks.coco_families import (
     FAMILIES,
     CocoFamiliesConfig,
+    _caption_items,
     _geometric_items,
     build_families,
     family_units,
@@ -193,9 +194,32 @@ def test_an_annotation_of_an_undefined_category_names_the_file(tmp_path):
 
 
 def test_plural():
-    assert [plural(w) for w in ("bus", "person", "knife", "teddy bear", "dog", "skis")] == [
-        "buses", "people", "knives", "teddy bears", "dogs", "skis",
+    words = ("bus", "person", "knife", "teddy bear", "dog", "skis", "sheep", "broccoli", "wine glass")
+    assert [plural(w) for w in words] == [
+        "buses", "people", "knives", "teddy bears", "dogs", "skis", "sheep", "broccoli", "wine glasses",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("caption", "negative"),
+    [
+        ("Two dogs chasing a cat on the grass", "Two cats chasing a dog on the grass"),
+        ("Dogs chasing a cat", "Cats chasing a dog"),
+        ("A sheep standing on a bench", "A bench standing on a sheep"),
+        ("Two sheep standing on a bench", "Two benches standing on a sheep"),
+        ("A person riding a sheep", "A sheep riding a person"),
+    ],
+)
+def test_role_swap_keeps_each_places_number(caption, negative):
+    present = {"dog", "cat", "sheep", "bench", "person"}
+    assert _caption_items([caption], present, {}, "k")["role-swap"] == (caption, negative)
+
+
+def test_entity_keeps_the_number_of_a_same_plural_name():
+    items = _caption_items(["Two sheep in a field", "A sheep in a field"], {"sheep"}, {"sheep": ["cow"]}, "k")
+    assert items["entity"] == ("Two sheep in a field", "Two cows in a field")
+    one = _caption_items(["A sheep in a field"], {"sheep"}, {"sheep": ["elephant"]}, "k")
+    assert one["entity"] == ("A sheep in a field", "An elephant in a field")
 
 
 def test_family_metric_strict_and_unweighted_mean():

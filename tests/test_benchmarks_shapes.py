@@ -76,7 +76,7 @@ def test_sugarcrepe_and_family_suites_reuse_official_metrics():
                       "family": ["negation", "depth"]})  # fmt: skip
     scores = np.array([[0.2, 0.2], [0.3, 0.1]])
     assert SUITES.get("shapes-sugarcrepe").metrics(m, scores) == {
-        "add-att": 0.5, "total": 0.5, "add-att-length-matched": 0.0,
+        "add-att": 0.5, "total": 0.5, "category-mean": 0.5, "length-matched": 0.0, "add-att-length-matched": 0.0,
     }  # fmt: skip
     assert SUITES.get("shapes-dev").metrics(m, scores) == {
         "negation": 0.0,

@@ -57,11 +57,22 @@ def test_metric_strict_greater_tie_is_wrong_and_pooled_total():
     assert units["add-att"].statistic() == pytest.approx(1 / 3)  # the tie counts wrong
     assert units["swap-obj"].statistic() == 1.0
     assert units["total"].statistic() == pytest.approx(2 / 4)  # item-pooled, not (1/3 + 1)/2
+    assert units["category-mean"].statistic() == pytest.approx((1 / 3 + 1) / 2)  # unweighted
     assert units["add-att-length-matched"].statistic() == pytest.approx(1 / 2)
     assert "replace-obj" not in units and "add-obj-length-matched" not in units
     metrics = SUITES.get("sugarcrepe").metrics(m, scores)
     assert metrics == {name: units[name].statistic() for name in metrics}
-    assert set(metrics) == {"add-att", "swap-obj", "total", "add-att-length-matched"}
+    assert set(metrics) == {"add-att", "swap-obj", "total", "category-mean", "length-matched", "add-att-length-matched"}
+
+
+def test_length_matched_pools_the_add_slices_only():
+    cats = ["add-obj", "add-obj", "add-att", "swap-obj", "add-att"]
+    m = _manifest(cats, lm=[True, False, True, True, False])  # a swap-obj flag is not an add-* item
+    scores = np.array([[0.3, 0.2], [0.3, 0.2], [0.1, 0.2], [0.5, 0.4], [0.5, 0.4]])  # R R W R R
+    units = sugarcrepe_units(m, scores)
+    assert units["length-matched"].values.tolist() == [1.0, 0.0]
+    assert units["add-obj-length-matched"].statistic() == 1.0
+    assert units["add-att-length-matched"].statistic() == 0.0
 
 
 def test_missing_files_raise_with_source(tmp_path):

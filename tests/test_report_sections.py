@@ -749,3 +749,16 @@ def test_shortcut_baselines_read_position_pixels_and_counts(world, tmp_path):
                              "captions": [["a red circle and no square", "x"], ["a red circle and a square", "x"], ["x", "a cube and no star"]],
                              "scene": [json.dumps({"objects": [{}] * n}) for n in (2, 4, 3)]})  # fmt: skip
     assert negation_count(negation) == {"items": 3, "object-count accuracy": (1 + 1 + 0.5) / 3}  # 2 → "no", 4 → not, 3 → a coin
+
+
+def test_the_failure_profile_reads_the_published_figures_with_their_sources():
+    from pipeline.report.sections import real_clip_profile
+
+    profile = real_clip_profile()
+    value, source = profile[("shapes-aro", "order")]
+    assert value == pytest.approx((46.58 + 56.58) / 2 / 100)  # COCO- and Flickr-Order, not COCO alone
+    assert source.startswith("mean of aro-coco-order P@1") and "third-party" in source
+    value, source = profile[("shapes-sugarcrepe", "swap-obj")]
+    assert value == pytest.approx(0.6016) and "246 items" in source
+    assert "third-party" in profile[("shapes-whatsup", "individual")][1]
+    assert "official" in profile[("shapes-sugarcrepe", "replace-obj")][1]

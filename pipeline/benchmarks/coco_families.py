@@ -13,7 +13,8 @@ Each item is ``captions = [positive, negative]`` with ``correct = 0`` and a ``fa
 * ``attribute``: a caption with a colour word; the negative has another colour;
 * ``role-swap``: a caption naming two present categories joined by an asymmetric relation
   word (``on``, ``riding``, ``holding`` ...; none of ``and``/``with``/``next to`` between
-  them); the negative swaps the two names;
+  them); the negative swaps the two names, each place keeping its number ("two dogs chasing
+  a cat" -> "two cats chasing a dog"), so that grammar gives no cue;
 * ``negation``: "a photo of a A and no Bs" vs "a photo of a B and no As" (A the largest
   present category, B absent from the image);
 * ``relative-geometry``: "a A to the left of a B" vs "... to the right of ...", for two
@@ -120,18 +121,19 @@ def _replace(text: str, start: int, end: int, new: str) -> str:
     return head + new + text[end:]
 
 
+IRREGULAR_PLURALS = {"person": "people", "mouse": "mice", "knife": "knives"}
+SAME_PLURAL = frozenset({"sheep", "broccoli", "skis", "scissors"})  # the plural is the name itself
+ALWAYS_PLURAL = frozenset({"skis", "scissors"})  # plural-only nouns
+SINGULAR_MARKERS = ("a", "an", "one", "this", "that", "each", "another", "every")
+
+
 def plural(word: str) -> str:
     """English plural of a COCO category name (last word inflected)."""
-    irregular = {
-        "person": "people",
-        "mouse": "mice",
-        "knife": "knives",
-        "skis": "skis",
-        "scissors": "scissors",
-    }
     head, _, last = word.rpartition(" ")
-    if last in irregular:
-        out = irregular[last]
+    if last in SAME_PLURAL:
+        out = last
+    elif last in IRREGULAR_PLURALS:
+        out = IRREGULAR_PLURALS[last]
     elif last.endswith(("s", "sh", "ch", "x")):
         out = last + "es"
     elif last.endswith("y") and last[-2:-1] not in tuple("aeiou"):
@@ -139,6 +141,25 @@ def plural(word: str) -> str:
     else:
         out = last + "s"
     return f"{head} {out}" if head else out
+
+
+def _is_plural(low: str, start: int, name: str, matched_plural: bool) -> bool:
+    """Whether the mention of ``name`` at ``start`` of the lower-cased caption ``low`` is plural:
+    the form that matched, or for a name whose plural is itself ("sheep") its determiner
+    ("a sheep" singular, "two sheep" plural; plural-only nouns such as "skis" always plural)."""
+    last = name.rpartition(" ")[2]
+    if last not in SAME_PLURAL:
+        return matched_plural
+    if last in ALWAYS_PLURAL:
+        return True
+    before = low[:start].split()
+    return not (before and before[-1] in SINGULAR_MARKERS)
+
+
+def _inflected(name: str, is_plural: bool, like: str) -> str:
+    """``name`` in the number ``is_plural`` and with ``like``'s leading capital."""
+    word = plural(name) if is_plural else name
+    return word[0].upper() + word[1:] if like[:1].isupper() else word
 
 
 def _pick(options: list[str], key: str) -> str:
@@ -155,7 +176,7 @@ def _mentions(caption: str, names: list[str]) -> list[tuple[int, int, str, bool]
         for form, is_pl in ((plural(name), True), (name, False)):
             for m in re.finditer(rf"\b{re.escape(form)}\b", low):
                 if all(m.end() <= s or m.start() >= e for s, e, _, _ in found):
-                    found.append((m.start(), m.end(), name, is_pl))
+                    found.append((m.start(), m.end(), name, _is_plural(low, m.start(), name, is_pl)))
     return sorted(found)
 
 
@@ -187,7 +208,7 @@ def _caption_items(captions: list[str], present: set[str], absent_by_super: dict
                     new = _pick(pool, key + cap)
                     out["entity"] = (
                         cap,
-                        _replace(cap, s, e, plural(new) if is_pl else new),
+                        _replace(cap, s, e, _inflected(new, is_pl, cap[s:e])),
                     )
                     break
         if "attribute" not in out:
@@ -196,14 +217,16 @@ def _caption_items(captions: list[str], present: set[str], absent_by_super: dict
                 new = _pick([c for c in COLOURS if c != m.group(1).lower()], key + cap)
                 out["attribute"] = (cap, _replace(cap, m.start(), m.end(), new))
         if "role-swap" not in out:
-            for (s1, e1, n1, _), (s2, e2, n2, _) in pairwise(ments):
+            for (s1, e1, n1, pl1), (s2, e2, n2, pl2) in pairwise(ments):
                 between = f" {cap[e1:s2].lower().strip()} "
                 if n1 == n2 or any(f" {w} " in between for w in SYMMETRIC):
                     continue
                 if any(f" {w} " in between for w in ASYMMETRIC):
-                    # the right span first, so that s1 and e1 stay valid
-                    swapped = _replace(cap, s2, e2, cap[s1:e1])
-                    out["role-swap"] = (cap, _replace(swapped, s1, e1, cap[s2:e2]))
+                    # each slot keeps its number ("two dogs chasing a cat" -> "two cats chasing
+                    # a dog"), so the negative is as grammatical as the positive; the right
+                    # span first, so that s1 and e1 stay valid
+                    swapped = _replace(cap, s2, e2, _inflected(n1, pl2, cap[s2:e2]))
+                    out["role-swap"] = (cap, _replace(swapped, s1, e1, _inflected(n2, pl1, cap[s1:e1])))
                     break
     return out
 

@@ -12,7 +12,8 @@ folder; images are relative to ``<root>/images``). Columns beyond the common
   (macro over relation names, no exclusion list), ``attribution`` (macro over attribute
   pairs, ``min_count`` 1), ``order`` (P@1);
 * ``shapes-sugarcrepe``: the 7 SugarCrepe categories, ``[pos, neg]``, ``length_matched`` ->
-  per-category accuracy with strict ``>``, ``total`` and the length-matched slices (ours);
+  per-category accuracy with strict ``>``, ``total``, ``category-mean`` and the
+  length-matched slices (ours; :mod:`pipeline.benchmarks.sugarcrepe`);
 * ``shapes-retrieval``: one row per gallery image with ``captions = [query]`` and ``group``;
   scores ``[n_queries, n_gallery]`` over ``gallery_images(manifest)`` -> ``R@1``, ``R@5``,
   ``R@10``, ``nDCG@10``, ``mean-rank`` (:mod:`pipeline.benchmarks.retrieval`);

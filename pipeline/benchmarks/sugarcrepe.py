@@ -8,9 +8,12 @@ val2017 image folder.
 
 Official metric (``main_eval.py``): per category, the share of items whose positive caption
 scores *strictly* higher than the negative (a tie is wrong); no aggregate. Ours, labelled
-as such: ``total`` (item-pooled over the categories present) and the length-matched slices
+as such, since papers aggregate both ways: ``total`` (item-pooled over the categories
+present: replace-obj and add-obj weigh 49% on the official files) and ``category-mean``
+(the unweighted mean of the categories present); the length-matched slices
 ``add-obj-length-matched`` / ``add-att-length-matched`` (items whose two captions have the
-same number of CLIP BPE tokens, the BindCLIP control; 28 and 7 items on the official files).
+same number of CLIP BPE tokens, the BindCLIP control; 28 and 7 items on the official files)
+and ``length-matched``, the two pooled (the 35 items BindCLIP's seed reports on).
 
 The metric functions here are shared with ``shapes-sugarcrepe`` (``pipeline.benchmarks.shapes``).
 """
@@ -37,7 +40,7 @@ CATEGORIES = (
     "add-att",
 )
 LENGTH_MATCHED = ("add-obj-length-matched", "add-att-length-matched")  # ours
-METRIC_NAMES = (*CATEGORIES, "total", *LENGTH_MATCHED)
+METRIC_NAMES = (*CATEGORIES, "total", "category-mean", "length-matched", *LENGTH_MATCHED)
 SOURCE = "download data/<category>.json from github.com/RAIVNLab/sugar-crepe"
 
 
@@ -133,16 +136,20 @@ def build_manifest(root: Path, categories: tuple[str, ...] = CATEGORIES) -> pd.D
 
 
 def sugarcrepe_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units]:
-    """Per-category accuracy with strict ``>`` (official), item-pooled ``total`` and the
-    ``add-*-length-matched`` slices (ours). ``scores``: [n, 2] for [pos, neg]."""
+    """Per-category accuracy with strict ``>`` (official); the item-pooled ``total``, the
+    unweighted ``category-mean`` and the length-matched slices (ours). ``scores``: [n, 2] for
+    [pos, neg]."""
     correct = choice_correct(scores, manifest["correct"].to_numpy(), ties="wrong").astype(float)
     cat = manifest["category"].to_numpy()
     units = {c: Units(correct[cat == c]) for c in CATEGORIES if (cat == c).any()}
     units["total"] = Units(correct)
+    units["category-mean"] = Units(correct, groups=cat)
     if "length_matched" in manifest:
-        lm = manifest["length_matched"].to_numpy(bool)
+        lm = manifest["length_matched"].to_numpy(bool) & np.isin(cat, ("add-obj", "add-att"))
+        if lm.any():  # an empty slice reports nothing rather than NaN
+            units["length-matched"] = Units(correct[lm])
         for c in ("add-obj", "add-att"):
-            if ((cat == c) & lm).any():  # an empty slice reports nothing rather than NaN
+            if ((cat == c) & lm).any():
                 units[f"{c}-length-matched"] = Units(correct[(cat == c) & lm])
     return units
 

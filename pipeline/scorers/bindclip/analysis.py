@@ -34,6 +34,7 @@ HEADLINE_ROWS = (
     ("shapes-aro", "relation"),
     ("shapes-aro", "attribution"),
     ("shapes-sugarcrepe", "total"),
+    ("shapes-sugarcrepe", "category-mean"),
 )
 BINDING_ROWS = (
     ("shapes-whatsup", "individual"),
@@ -43,6 +44,7 @@ BINDING_ROWS = (
     ("shapes-sugarcrepe", "replace-rel"),
     ("shapes-sugarcrepe", "replace-att"),
     ("shapes-sugarcrepe", "replace-obj"),
+    ("shapes-sugarcrepe", "length-matched"),
     ("shapes-sugarcrepe", "add-obj-length-matched"),
     ("shapes-sugarcrepe", "add-att-length-matched"),
 )
@@ -161,15 +163,23 @@ def additive_grid(
     """SugarCrepe(-style) accuracy of ``clip + w * local`` for each pooling and w (the scored
     world's SugarCrepe suite).
 
-    Columns: pooling, w, then ``total``, the length-matched add-* slices, ``replace-rel``
-    and ``swap-att`` (the categories the seed discusses).
+    Columns: pooling, w, then ``total``, ``category-mean``, the length-matched items (pooled,
+    then each add-* slice), ``replace-rel`` and ``swap-att`` (the categories the seed discusses).
     """
     name = layout_for(results).suite("shapes-sugarcrepe")
     entry = results.get(name) if name else None
     if not entry or "clip" not in entry["scores"]:
         return pd.DataFrame()
     s = SUITES.get(name)
-    keep = ("total", "add-obj-length-matched", "add-att-length-matched", "replace-rel", "swap-att")
+    keep = (
+        "total",
+        "category-mean",
+        "length-matched",
+        "add-obj-length-matched",
+        "add-att-length-matched",
+        "replace-rel",
+        "swap-att",
+    )
     rows = []
     for pooling in ("local-max", "local-softmax"):
         if pooling not in entry["scores"]:
