@@ -242,6 +242,7 @@ def test_missing_category_files_are_reported_on_one_line_through_the_installed_c
     assert len(lines) == 1, run.stderr
     assert lines[0].startswith(f"warning: SugarCrepe: {tmp_path / 'sc'} lacks replace_obj.json, "), lines[0]
     assert "add_obj.json" in lines[0] and "those categories are skipped" in lines[0]
+    assert "every aggregate covers only the 1 of 7 present" in lines[0]
     assert "cli.py" not in lines[0]
 
 

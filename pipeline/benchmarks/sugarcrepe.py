@@ -119,7 +119,11 @@ def read_present_categories(
             f"no {benchmark} file found under {root} (expected {', '.join(missing)}); {source}"
         )
     if missing:
-        warnings.warn(f"{benchmark}: {root} lacks {', '.join(missing)}; those categories are skipped ({source})", stacklevel=3)
+        warnings.warn(
+            f"{benchmark}: {root} lacks {', '.join(missing)}; those categories are skipped, and every aggregate "
+            f"covers only the {len(present)} of {len(categories)} present ({source})",
+            stacklevel=3,
+        )
     return pd.concat([read(root / file_name(c), c) for c in present], ignore_index=True)
 
 
