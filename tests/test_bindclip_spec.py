@@ -21,7 +21,7 @@ from tests.test_scorers_contract import DIMS
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS_SCORER = read_params(ROOT / "params.yaml")["train"]["bindclip"]["scorer"]
-CONFIGS = {"defaults": {}, "params.yaml": PARAMS_SCORER}
+CONFIGS = {"defaults": {}, "params.yaml": PARAMS_SCORER, "var_floor": {"var_floor": 1e-2}}
 L = 2  # visual depths (early, final)
 
 pytestmark = pytest.mark.usefixtures("single_thread")

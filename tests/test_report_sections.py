@@ -552,6 +552,21 @@ def test_compare_puts_the_baseline_and_the_variant_in_their_places(world):
     assert compare_mean(results, [("shapes-sugarcrepe", metrics[0]), ("shapes-dev", "all")], "v") is None
 
 
+def test_compare_mean_draws_the_resamples_its_seed_names(world):
+    """The mean's interval is ``units_mean_bootstrap`` of the tasks' units with the given seed."""
+    from pipeline.report.compare import compare_mean, task_units
+    from pipeline.stats import units_mean_bootstrap
+
+    results = make_results(world, {"v": "random", "clip": "random"}, suites=["shapes-sugarcrepe"])
+    tasks = [("shapes-sugarcrepe", k) for k in ("swap-att", "swap-obj", "replace-rel")]
+    a, b = ([task_units(results, tasks, v)[t] for t in tasks] for v in ("v", "clip"))
+    got = {seed: compare_mean(results, tasks, "v", n_resamples=300, seed=seed) for seed in (0, 7)}
+    for seed, m in got.items():
+        r = units_mean_bootstrap(a, b, n_resamples=300, seed=seed)
+        assert (m.diff, m.lo, m.hi, m.p) == (r.diff, r.lo, r.hi, r.p)
+    assert (got[0].lo, got[0].hi) != (got[7].lo, got[7].hi)
+
+
 def test_training_seeds_keep_each_value_under_its_seed(world, tmp_path):
     """Seed 0 and 2 all right, seed 1 all wrong and not scored on What'sUp: its What'sUp cell
     is "–", seed 2's 100.0 stays under seed 2, and the spread leaves the missing seed out."""

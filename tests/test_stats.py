@@ -522,3 +522,18 @@ def test_a_reused_draw_equals_a_fresh_one_and_leaves_the_generator_where_a_fresh
     monkeypatch.setattr(stats, "_DRAW_CACHE_BYTES", 2 * 300 * 15 * 8)  # room for two draws
     stats._distribution(v, None, 300, np.random.default_rng(12))
     assert len(stats._draw_cache) == 2  # least recently used entries dropped
+
+
+def test_every_interval_is_the_percentile_interval_at_its_level():
+    """The ``ci`` argument sets the quantiles: (1 - ci) / 2 and (1 + ci) / 2 of the resamples."""
+    rng = np.random.default_rng(11)
+    a, b = rng.random(40), rng.random(40)
+    for level in (0.5, 0.9, 0.95):
+        q = [(1 - level) / 2, (1 + level) / 2]
+        one = bootstrap_ci(a, n_resamples=400, seed=2, ci=level)
+        np.testing.assert_allclose((one.lo, one.hi), np.quantile(bootstrap_distribution(a, n_resamples=400, seed=2), q))
+        diff = paired_bootstrap(a, b, n_resamples=400, seed=2, ci=level)
+        dist = bootstrap_distribution(a - b, n_resamples=400, seed=2)  # the paired resamples draw the same rows
+        np.testing.assert_allclose((diff.lo, diff.hi), np.quantile(dist, q))
+    narrow, wide = (bootstrap_ci(a, n_resamples=400, seed=2, ci=c) for c in (0.5, 0.95))
+    assert wide.lo < narrow.lo < narrow.hi < wide.hi

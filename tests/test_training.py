@@ -57,9 +57,11 @@ def test_training_layout_determinism_and_resume(tmp_path, tiny_store):
     q0 = rec["chosen"]["q0"]
     assert rec["seed"] == 0 and q0 in (0.5, 1.0) and rec["scorer_kwargs"]["q0"] == q0
     assert set(rec["chosen"]["q0_dev_mean"]) == {"0.5", "1.0"}
-    assert rec["selected_step"] in (0, 3, 6) and rec["scorer"]["h"] == 16
+    assert rec["scorer"]["h"] == 16
     log = json.loads((root / "seed0" / "train_log.json").read_text())
     assert [d["step"] for d in log["dev"]] == [0, 3, 6] and len(log["steps"]) == 6
+    means = [d["mean"] for d in log["dev"]]
+    assert rec["selected_step"] == log["dev"][means.index(max(means))]["step"]  # the best, earliest of equals
     assert {"total", "preference", "image", "sufficiency", "grounding", "reflection", "paraphrase"} <= set(log["steps"][0])
     w0, w1, top = (_weights(root / p) for p in ("seed0/model.safetensors", "seed1/model.safetensors", "model.safetensors"))
     assert all(torch.equal(top[k], w0[k]) for k in w0)
@@ -193,6 +195,20 @@ def test_cosine_schedule_resumes_on_the_same_curve(tmp_path, tiny_store):
     assert log_c["steps"][1]["total"] != logs["a"][1]["total"]  # a different first update
 
 
+def test_pair_decisions_put_each_preference_on_its_caption():
+    """s = s(I, pos, neg) > 0 prefers the positive, wherever the manifest lists it."""
+    import pandas as pd
+
+    from pipeline.training.pairs import pair_decisions
+
+    out = pair_decisions(np.array([0.5, 0.5, -2.0]), pd.DataFrame({"correct": [0, 1, 1]}))
+    assert out.tolist() == [[0.5, -0.5], [-0.5, 0.5], [2.0, -2.0]]
+    assert (out.argmax(1) == [0, 1, 0]).all()  # the third item prefers its negative, option 0
+
+
+W_PEAK = 0.05  # the test family's dev figure peaks at this weight (-|w - W_PEAK|)
+
+
 def test_a_family_registered_in_the_test_trains_through_the_loop(tmp_path, tiny_store):
     """A new trainable family touches only its own code: a scorer, a factory with a
     ``make_trainer`` hook and one registry line. The loop trains, selects, resumes and
@@ -220,6 +236,7 @@ def test_a_family_registered_in_the_test_trains_through_the_loop(tmp_path, tiny_
 
     class MarginTrainer(FamilyTrainer):
         calls = 0
+        flat = False  # a dev figure equal at every step
 
         def __init__(self, objective):
             self.margin = objective.get("margin", 1.0)
@@ -240,7 +257,9 @@ def test_a_family_registered_in_the_test_trains_through_the_loop(tmp_path, tiny_
 
         def dev_metrics(self, model, data, suite):
             s = self._s(model, data, torch.arange(len(data))).detach().double().numpy()
-            return {"mean": float((pair_decisions(s, data.manifest)[:, 0] > 0).mean())}
+            accuracy = float((pair_decisions(s, data.manifest)[:, 0] > 0).mean())
+            w = float(model.w.detach())  # a dev figure that peaks inside the run: selection must pick it
+            return {"mean": 0.5 if MarginTrainer.flat else -abs(w - W_PEAK), "accuracy": accuracy, "w": w}
 
         def select(self, model, data, suite):
             return {"scorer_kwargs": {"bias": 0.0}, "record": {"bias": 0.0}}
@@ -258,9 +277,18 @@ def test_a_family_registered_in_the_test_trains_through_the_loop(tmp_path, tiny_
         assert MarginTrainer.calls == 3 + 3  # resumed at the step-2 checkpoint: steps 3..5
         rec = json.loads((tmp_path / "test-margin" / "config.json").read_text())
         assert rec["chosen"] == {"bias": 0.0} and rec["scorer_kwargs"] == {"bias": 0.0}
-        assert summary["seeds"]["0"]["selected_step"] in (0, 2, 4, 5)
+        dev = json.loads((tmp_path / "test-margin" / "seed0" / "train_log.json").read_text())["dev"]
+        means = [e["mean"] for e in dev]
+        best = means.index(max(means))  # the earliest of equals
+        assert [e["step"] for e in dev] == [0, 2, 4, 5] and len(set(means)) == len(means)
+        assert 0 < best < len(dev) - 1  # neither the initialisation nor the last step
+        assert summary["seeds"]["0"]["selected_step"] == dev[best]["step"]
         w = _weights(tmp_path / "test-margin" / "model.safetensors")["w"]
-        assert float(w) > 0.1  # the margin loss pushes w up (every positive pair)
+        assert float(w) == pytest.approx(dev[best]["w"], abs=1e-6) and float(w) != pytest.approx(0.1, abs=1e-4)
+        MarginTrainer.flat = True  # equal dev figures: the earliest, the initialisation, is kept
+        flat = train_variant(TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "flat")}), tiny_store, progress=False)
+        assert flat["seeds"]["0"]["selected_step"] == 0
+        assert float(_weights(tmp_path / "flat" / "test-margin" / "model.safetensors")["w"]) == pytest.approx(0.1)
         scorer = load_scorer("test-margin", tiny_store, tmp_path)
         assert float(scorer.w.detach()) == float(w)
     finally:
