@@ -425,9 +425,10 @@ def encoders() -> None:
 @app.command("probes")
 def probes_command(params: Params = None) -> None:
     """Linear probes of the cached features (colour, front/behind, the text's colour) ->
-    reports/probes.json: what the features hold, the ceiling of what a scorer can read."""
+    <report.out>/probes.json: what the features hold, the ceiling of what a scorer can read."""
     from pipeline.cache import open_store
-    from pipeline.config import ExtractConfig, load_config
+    from pipeline.config import ExtractConfig, ReportConfig, load_config
+    from pipeline.perf.cli import write_bench
     from pipeline.scorers.bindclip.probes import probes
 
     try:
@@ -436,11 +437,10 @@ def probes_command(params: Params = None) -> None:
         if missing:
             raise ValueError(f"the probes read the shapes world's {', '.join(missing)}, which {store.path} lacks; run `pipeline extract`")
         result = probes(store)
+        folder = load_config(ReportConfig, params, "report").out  # where the report reads probes.json
+        write_bench("probes", f"pipeline probes --params {params}", result, folder=folder)
     except USER_ERRORS as e:
         _fail(e)
-    from pipeline.perf.cli import write_bench
-
-    write_bench("probes", f"pipeline probes --params {params}", result, folder="reports")
 
 
 def _given_value(argv: list[str], opts: list[str]) -> str | None:

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
+    AfterValidator,
     ConfigDict,
     Field,
     NonNegativeInt,
@@ -38,6 +39,18 @@ STRICT = ConfigDict(strict=True, extra="forbid")  # no coercion ('no' -> True, '
 PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # a learning rate, a temperature
 NonNegativeFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]  # a weight decay, a penalty
 BatchSize = Annotated[int, Field(gt=0, le=1 << 20)]  # items per batch: positive, and an array size numpy can hold
+
+
+def _distinct(values: list) -> list:
+    """A list of names or seeds run once each: an entry given twice would run (and count) twice."""
+    twice = sorted({str(v) for v in values if values.count(v) > 1})
+    if twice:
+        raise ValueError(f"lists {', '.join(twice)} more than once; give each once")
+    return values
+
+
+Names = Annotated[list[str], AfterValidator(_distinct)]  # suites, variants, encoders: each once
+Seeds = Annotated[list[int], AfterValidator(_distinct)]
 # The sections a params file may have: one per stage and command (a misspelled one is refused).
 SECTIONS = ("world", "toyclip", "extract", "manifests", "train", "ridge", "score", "report", "compare")
 
@@ -116,7 +129,7 @@ class WorldConfig:
     n_multi_groups: NonNegativeInt = 40  # shapes-multi galleries of near-duplicates (3-5 objects a scene)
     n_train: NonNegativeInt = 2400  # training pairs (shapes-train), spread over the 8 families
     n_dev: NonNegativeInt = 480  # development pairs (shapes-dev), spread over the 8 families
-    suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES))  # suites to write
+    suites: Names = field(default_factory=lambda: list(SHAPES_SUITES))  # suites to write
 
 
 @with_config(STRICT)
@@ -153,7 +166,7 @@ class ExtractConfig:
     init_seed: NonNegativeInt = 0  # seed of the random init (pretrained: none), recorded in the store fingerprint
     checkpoint: str = "cache/toyclip/model.safetensors"  # toy CLIP weights
     world: str = "cache/world"  # shapes world folder (manifests/ and images/ of shapes-* suites)
-    suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES))  # suites to encode
+    suites: Names = field(default_factory=lambda: list(SHAPES_SUITES))  # suites to encode
     manifests: dict[str, str] = field(default_factory=dict)  # suite -> manifest path override
     image_roots: dict[str, str] = field(default_factory=dict)  # suite -> image root override
     out: str = "cache/features"  # store folder: <out>/<encoder>.zarr (or an fsspec URL: s3://, gs://, memory://, file://)
@@ -183,12 +196,12 @@ class ExtractConfig:
 class ScoreConfig:
     """Scoring suites from the cache (``pipeline score``)."""
 
-    variants: list[str] = field(default_factory=lambda: ["clip"])  # scorer registry keys
-    suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES[:4]))  # suites to score
+    variants: Names = field(default_factory=lambda: ["clip"])  # scorer registry keys
+    suites: Names = field(default_factory=lambda: list(SHAPES_SUITES[:4]))  # suites to score
     encoder: str = "toy"  # which store under extract.out
     batch_size: BatchSize = 256  # items per scoring batch
-    seed_variants: list[str] = field(default_factory=list)  # trained variants also scored per training seed (<variant>@seed<k>)
-    seed_suites: list[str] = field(default_factory=list)  # suites the per-seed runs score ([] = every entry of `suites`)
+    seed_variants: Names = field(default_factory=list)  # trained variants also scored per training seed (<variant>@seed<k>)
+    seed_suites: Names = field(default_factory=list)  # suites the per-seed runs score ([] = every entry of `suites`)
     checkpoints: str = "cache/checkpoints"  # trained scorers: <checkpoints>/<variant>/
     device: str = "cpu"  # torch device the scorers run on (features are read on the host, moved per batch)
     scores_out: str = "cache/scores"  # per-item scores: <scores_out>/<variant>/<suite>.parquet
@@ -221,7 +234,7 @@ class TrainConfig:
     train_items: PositiveInt | None = None  # train on a seeded sample of this many training items (None: all); bounds a large suite's memory
     dev_items: PositiveInt | None = None  # select on a seeded sample of this many dev items (None: all); bounds the time of each dev evaluation
     sample_seed: int = 0  # seed of both samples, the same for every training seed
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # one model per seed; the first is the one scored as `variant`
+    seeds: Seeds = field(default_factory=lambda: [0, 1, 2])  # one model per seed; the first is the one scored as `variant`
     steps: NonNegativeInt = 300  # optimisation steps (BindCLIP paper: 3 epochs x 100 steps)
     batch_size: BatchSize = 64  # items per step (BindCLIP paper: 64)
     lr: PositiveFinite = 1e-4  # AdamW peak learning rate on the scorer's parameters (BindCLIP paper: 1e-4)
@@ -273,10 +286,10 @@ class CompareConfig:
     ``toyclip``) supply every setting not named here, so the encoders differ in nothing else.
     """
 
-    encoders: list[str] = field(default_factory=lambda: ["toy", "toy-small"])  # encoder keys
-    variants: list[str] = field(default_factory=lambda: ["clip", "bindclip", "global-m", "flowclip", "flowclip-cimr"])  # scored on every encoder (trainable ones trained first)
-    suites: list[str] = field(default_factory=lambda: list(SHAPES_SUITES[:4]))  # suites scored
-    seeds: list[int] = field(default_factory=lambda: [0])  # training seeds per trainable variant
+    encoders: Names = field(default_factory=lambda: ["toy", "toy-small"])  # encoder keys
+    variants: Names = field(default_factory=lambda: ["clip", "bindclip", "global-m", "flowclip", "flowclip-cimr"])  # scored on every encoder (trainable ones trained first)
+    suites: Names = field(default_factory=lambda: list(SHAPES_SUITES[:4]))  # suites scored
+    seeds: Seeds = field(default_factory=lambda: [0])  # training seeds per trainable variant
     reuse_pipeline: bool = True  # the pipeline's own encoder (extract.model) reads `dvc repro`'s scores instead of retraining
     pretrained: dict[str, str] = field(default_factory=dict)  # encoder -> weights for non-toy encoders ("none" = random init)
     toyclip: dict = field(default_factory=dict)  # overrides of the toyclip section for training a toy encoder's weights

@@ -134,6 +134,13 @@ def _connect(scheduler: str):
     return done["client"]
 
 
+def local_worker_cap() -> int:
+    """The most local workers ``local:N`` starts: four per core (at least 8). Past the cores
+    they only queue for them, and each holds a model; ``local:99999`` would spend minutes
+    starting processes before failing for memory."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
 @contextmanager
 def cluster(scheduler: str, quiet: bool = False) -> Iterator[Any]:
     """A ``distributed.Client`` for ``scheduler``: ``local:N`` starts (and afterwards stops)
@@ -153,7 +160,12 @@ def cluster(scheduler: str, quiet: bool = False) -> Iterator[Any]:
         count = scheduler.split(":", 1)[1]
         if not count.isdigit() or int(count) < 1:
             raise ValueError(f"--scheduler {scheduler}: local:N needs a worker count N of at least 1 (e.g. local:2)")
-        n = int(count)
+        n, most = int(count), local_worker_cap()
+        if n > most:
+            raise ValueError(
+                f"--scheduler {scheduler}: local:N starts N worker processes here, each with the model loaded, and "
+                f"this machine has {os.cpu_count()} cores: give N <= {most}, or a scheduler's address for more"
+            )
         with (
             dask.config.set({NANNY_MALLOC: None}),
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as lc,

@@ -69,7 +69,7 @@ class ExtractPlan:
     images: dict[str, tuple[Path, str, Any]]  # hex key -> (root, rel path, crop)
     todo: dict[str, tuple[np.ndarray, list]] = field(default_factory=dict)
     totals: dict[str, int] = field(default_factory=dict)  # modality -> unique keys
-    truncation: dict[str, dict[str, int]] = field(default_factory=dict)  # suite -> n_truncated, n_truncation_ties
+    truncation: dict[str, dict[str, int]] = field(default_factory=dict)  # suite -> n_truncated, n_truncation_ties, n_identical_options
     repaired: dict[str, int] = field(default_factory=dict)  # array -> damaged rows found by --repair
     bad: dict[tuple[str, int], str] = field(default_factory=dict)  # (modality, row) -> why it cannot be decoded
     image_paths: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # suite -> hex key -> every path with that content
@@ -382,11 +382,13 @@ def _encode_texts(enc: Encoder, root, rows: np.ndarray, bpe: list[list[int]], cf
 
 def _truncation(enc: Encoder, suite_cells: list, tokens: dict[str, list[int]]) -> dict[str, dict[str, int]]:
     """Per suite, ``n_truncated``: captions longer than the context (cut to its first
-    ``context_length - 2`` BPE tokens, eot kept), and ``n_truncation_ties``: items with two
+    ``context_length - 2`` BPE tokens, eot kept); ``n_truncation_ties``: items with two
     captions in one column whose tokens differ but that the cut makes identical (their options
-    score the same, whatever the scorer). Captions whose tokens are equal to begin with (they
-    differ only in case, whitespace or characters the tokenizer drops) tie without any cut and
-    are not counted."""
+    score the same, whatever the scorer); and ``n_identical_options``: choice items two of whose
+    options are one token sequence to begin with (the same caption, or one differing only in
+    case, whitespace or characters the tokenizer drops), which tie without any cut. A tie
+    counts as wrong under SugarCrepe's strict ``>`` and for the first option under ARO's
+    argmax, so both kinds are reported rather than left to look like a scorer's error."""
     limit = enc.dims.context_length - 2  # sot and eot
     out = {}
     for src, columns, _ in suite_cells:
@@ -399,11 +401,19 @@ def _truncation(enc: Encoder, suite_cells: list, tokens: dict[str, list[int]]) -
             for ks in keyed:
                 cut = {tuple(tokens[k][:limit]) for k in set(ks)}
                 ties += len(cut) < len({tuple(tokens[k]) for k in set(ks)})
-        out[src.suite] = {"n_truncated": int(n_long), "n_truncation_ties": int(ties)}
+        _, options = columns.get("captions", ("text", []))
+        same = sum(len(ks) > 1 and len({tuple(tokens[k]) for k in ks}) < len(ks) for ks in options)
+        out[src.suite] = {"n_truncated": int(n_long), "n_truncation_ties": int(ties), "n_identical_options": int(same)}
         if n_long:
             log.warning(
                 "%s: %d caption(s) exceed the context of %d tokens and are cut (eot kept); %d item(s) tie because of it",
                 src.suite, n_long, enc.dims.context_length, ties,
+            )  # fmt: skip
+        if same:
+            log.warning(
+                "%s: %d item(s) have two options with the same tokens; they tie whatever the scorer "
+                "(n_identical_options in every metrics file); fix the manifest's captions",
+                src.suite, same,
             )  # fmt: skip
     return out
 

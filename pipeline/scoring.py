@@ -400,13 +400,15 @@ def scores_array(table: pd.DataFrame) -> np.ndarray:
     return out
 
 
-ORIGIN_KEY = b"pipeline.scored_from"  # the scores table's Parquet metadata: {"encoder", "store"}
+ORIGIN_KEY = b"pipeline.scored_from"  # the scores table's Parquet metadata: {"encoder", "store", "manifest_sha256"}
 
 
-def write_scores(table: pd.DataFrame, path: Path, encoder: str, store_id: str | None) -> None:
-    """Write a scores table as Parquet recording what it was scored from (the encoder key
-    and the store's ``fingerprint_id``), so the report can refuse tables of mixed stores."""
-    write_parquet_json(table, path, ORIGIN_KEY, {"encoder": encoder, "store": store_id})
+def write_scores(table: pd.DataFrame, path: Path, encoder: str, store_id: str | None, manifest_sha256: str | None = None) -> None:
+    """Write a scores table as Parquet recording what it was scored from (the encoder key,
+    the store's ``fingerprint_id`` and the sha256 of the suite's manifest file), so the report
+    can refuse tables of mixed stores or of another manifest than the one it reads."""
+    origin = {"encoder": encoder, "store": store_id, "manifest_sha256": manifest_sha256}
+    write_parquet_json(table, path, ORIGIN_KEY, origin)
 
 
 def scores_origin(path: str | Path) -> dict[str, Any] | None:

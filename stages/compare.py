@@ -73,9 +73,14 @@ def run(
     specs = {e: ENCODERS.get(e) for e in cfg.encoders}
     for v in cfg.variants:
         SCORERS.get(v)
+    if not cfg.variants or not cfg.suites:
+        raise ValueError("compare.variants and compare.suites must each name at least one entry; nothing to compare")
     unknown = sorted(set(cfg.suites) - set(score.suites) - set(extract.suites))
     if unknown:
         raise ValueError(f"compare.suites {unknown} are neither extracted nor scored by the pipeline")
+    unknown = sorted(set(cfg.pretrained) - set(cfg.encoders))
+    if unknown:  # a misspelt encoder's weights would silently not apply
+        raise ValueError(f"compare.pretrained names {unknown}, not among compare.encoders ({', '.join(cfg.encoders)})")
     summary: dict[str, Any] = {"variants": list(cfg.variants), "suites": list(cfg.suites), "encoders": {}}
     for enc, spec in specs.items():
         t0 = time.perf_counter()

@@ -35,13 +35,16 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
     report knows whether a result computed elsewhere (``pipeline compare-encoders``) is of
     these suites.
 
-    Every scores table must record that it was scored with ``score.encoder`` and all from
-    one feature store (:func:`pipeline.scoring.scores_origin`): a table left by a run on
-    another encoder or an earlier store would otherwise be reported as this run's.
+    Every scores table must record that it was scored with ``score.encoder``, all from one
+    feature store, and on the manifest file the configuration names (its sha256;
+    :func:`pipeline.scoring.scores_origin`): a table left by a run on another encoder, an
+    earlier store or a rebuilt or edited manifest would otherwise be reported as this run's,
+    its scores joined to other items.
 
     Raises:
         ValueError: nothing at all was scored (the report would be its header alone), or
-            the scores tables come from another encoder or from more than one store.
+            the scores tables come from another encoder, from more than one store or from
+            another manifest.
     """
     out: dict[str, Any] = {}
     stores: dict[str, Path] = {}  # store fingerprint_id -> the first table scored from it
@@ -60,22 +63,31 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
             path = Path(score.scores_out) / name / f"{suite}.parquet"
             if not path.is_file():
                 continue
-            origin = scores_origin(path) or {}
+            try:
+                origin = scores_origin(path) or {}
+                ids = pd.read_parquet(path, columns=["item_id"])["item_id"].astype(str).tolist()
+                scores = load_scores(score.scores_out, name, suite)
+            except (OSError, ValueError, KeyError) as e:  # pyarrow's ArrowInvalid is a ValueError
+                raise ValueError(f"{path} is damaged ({' '.join(str(e).split())}); rerun `pipeline score`") from None
             if origin.get("encoder") != score.encoder:
                 was = f"with encoder {origin['encoder']!r}" if origin else "by an older pipeline (no origin recorded)"
                 raise ValueError(
                     f"{path} was scored {was}, not score.encoder {score.encoder!r}; rerun `pipeline score`"
                 )
+            if origin.get("manifest_sha256") != entry["manifest_sha256"]:
+                raise ValueError(
+                    f"{path} was scored on another manifest of {suite} than {src.manifest} (other bytes, or none "
+                    f"recorded); rerun `pipeline score`"
+                )
             stores.setdefault(origin.get("store"), path)
             if len(stores) > 1:  # the first table of the first store, and this one
                 raise ValueError(f"{next(iter(stores.values()))} and {path} were scored from different feature "
                                  f"stores of {score.encoder}; rerun `pipeline score`")  # fmt: skip
-            ids = pd.read_parquet(path, columns=["item_id"])["item_id"].astype(str).tolist()
             if scored_ids is None:
                 scored_ids = ids
             elif ids != scored_ids:
                 raise ValueError(f"{path} scores other items than the suite's other variants; rerun `pipeline score`")
-            entry["scores"][name] = load_scores(score.scores_out, name, suite)
+            entry["scores"][name] = scores
         if scored_ids is not None and len(scored_ids) != len(manifest):
             keep = manifest["item_id"].astype(str).isin(set(scored_ids)).to_numpy()
             entry["missing"] = manifest.loc[~keep, "item_id"].astype(str).tolist()  # image missing at extract

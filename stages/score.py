@@ -54,14 +54,15 @@ from pipeline.scoring import (
 log = logging.getLogger(__name__)
 
 
-def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, manifest: pd.DataFrame, scores: np.ndarray, skipped: dict[str, int] | None = None, extra: dict[str, float] | None = None, truncation: dict[str, int] | None = None, store_id: str | None = None) -> dict[str, Any]:
-    """Per-item scores (Parquet, recording the encoder and the store's ``fingerprint_id``
-    ``store_id`` they were scored from) and the metrics file (JSON); returns the metrics record.
+def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, manifest: pd.DataFrame, scores: np.ndarray, skipped: dict[str, int] | None = None, extra: dict[str, float] | None = None, truncation: dict[str, int] | None = None, store_id: str | None = None, manifest_sha256: str | None = None) -> dict[str, Any]:
+    """Per-item scores (Parquet, recording the encoder, the store's ``fingerprint_id``
+    ``store_id`` and the manifest's ``manifest_sha256`` they were scored from) and the metrics
+    file (JSON); returns the metrics record.
 
     Args:
         skipped: items left out, per reason (:func:`pipeline.scoring.skip_reasons`).
-        truncation: the suite's ``n_truncated`` captions and ``n_truncation_ties`` items
-            (recorded at extract).
+        truncation: the suite's ``n_truncated`` captions, its ``n_truncation_ties`` items and
+            its ``n_identical_options`` items (recorded at extract).
     """
     skipped = skipped or {}
     scores_path = Path(cfg.scores_out) / variant / f"{suite.name}.parquet"
@@ -72,7 +73,7 @@ def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, ma
             "scores": [row[~np.isnan(row)].tolist() for row in scores],
         }
     )
-    write_scores(table, scores_path, encoder, store_id)
+    write_scores(table, scores_path, encoder, store_id, manifest_sha256)
     record = {
         "suite": suite.name,
         "variant": variant,
@@ -141,8 +142,13 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
             attrs = store.suite_attrs(suite.name)
             check_image_root(store, suite.name, attrs, source.image_root)
             skipped = skip_reasons(manifest, index, attrs, suite.image_columns)
-            truncation = {k: attrs[k] for k in ("n_truncated", "n_truncation_ties") if k in attrs}
+            truncation = {k: attrs[k] for k in ("n_truncated", "n_truncation_ties", "n_identical_options") if k in attrs}
             manifest, index, n_missing = drop_missing(manifest, index)
+            if manifest.empty:
+                raise ValueError(
+                    f"no item of {suite.name} can be scored: all {n_missing} lack a usable image at extract "
+                    f"({', '.join(f'{k}: {v}' for k, v in skipped.items())}); fix the images under {source.image_root}"
+                )
             if n_missing:
                 log.warning("%s: %d item(s) without a usable image are left out of every metric (%s)", suite.name, n_missing, skipped)
             if suite.task == "retrieval":
@@ -157,14 +163,15 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
                 desc = f"{name} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc, reference=suite.pairwise_reference)
             extra = text_only_metrics(suite, store, manifest, index)
-            records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, skipped, extra, truncation, store_id))
+            sha = attrs.get("manifest_sha256")  # the configured manifest's: suite_inputs refuses another
+            records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, skipped, extra, truncation, store_id, sha))
             if suite.task == "retrieval" or ckpt is not None or name not in replaced:
                 continue  # image replacement: choice suites, the replaced variants (not per seed)
             for mode in cfg.replacements:
                 images = replacement_images(index, mode, cfg.replacement_seed)
                 desc = f"{name}@{mode} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc, images=images, reference=suite.pairwise_reference)
-                records.append(write_outputs(cfg, suite, f"{name}@{mode}", extract.model, manifest, scores, skipped, extra, truncation, store_id))
+                records.append(write_outputs(cfg, suite, f"{name}@{mode}", extract.model, manifest, scores, skipped, extra, truncation, store_id, sha))
         if ckpt is None and len(records) == first:  # never silent: say what it can score
             can = "retrieval suites only" if not scorer.scores_choices else "choice suites only"
             raise ValueError(

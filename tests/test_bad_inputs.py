@@ -176,13 +176,31 @@ def test_bad_params_value_is_named(tmp_path, text, needles):
         ("extract:\n  model: tiny-vit\n  manifests: {sugarcrep: m.parquet}\n", ["extract: manifests names unknown suite(s) sugarcrep", "pipeline suites"]),
         ("extract:\n  model: tiny-vit\n  image_roots: {sugarcrep: images}\n", ["image_roots names unknown suite(s) sugarcrep"]),
         ("extract:\n  model: tiny-vit\n  batch_size: 99999999999999999999\n", ["extract.batch_size", "expected less than or equal to 1048576"]),
+        ("extract:\n  model: tiny-vit\n  suites: [shapes-aro, shapes-aro]\n", ["extract.suites: lists shapes-aro more than once"]),
     ],
-    ids=["duplicate-key", "misspelled-section", "unknown-manifest-suite", "unknown-image-root-suite", "huge-batch"],
+    ids=["duplicate-key", "misspelled-section", "unknown-manifest-suite", "unknown-image-root-suite", "huge-batch", "suite-twice"],
 )
 def test_params_that_would_silently_run_something_else_are_refused(tmp_path, text, needles):
     params = tmp_path / "params.yaml"
     params.write_text(text)
     refused(cli("extract", "--params", params, "--quiet"), str(params), *needles)
+
+
+@pytest.mark.parametrize(
+    ("section", "cls", "text", "needle"),
+    [
+        ("score", "ScoreConfig", "variants: [clip, clip]", "score.variants: lists clip more than once"),
+        ("train", "TrainConfig", "seeds: [0, 0]", "train.seeds: lists 0 more than once"),
+        ("compare", "CompareConfig", "encoders: [toy, toy]", "compare.encoders: lists toy more than once"),
+    ],
+)
+def test_an_entry_given_twice_is_refused(tmp_path, section, cls, text, needle):
+    import pipeline.config as config
+
+    params = tmp_path / "params.yaml"
+    params.write_text(f"{section}:\n  {text}\n")
+    with pytest.raises(config.ParamsError, match=needle):
+        config.load_config(getattr(config, cls), params, section)
 
 
 @pytest.mark.parametrize(
@@ -345,6 +363,14 @@ def test_weights_a_random_init_model_lacks_are_one_line(good, caplog):
     edited(params, "extract", pretrained="openai")
     refused(cli("extract", "--params", params, "--quiet"), "could not load weights 'openai' for tiny-vit", "pretrained: none")
     assert not [r for r in caplog.records if r.levelname == "ERROR"]  # open_clip's own line of the same failure
+
+
+def test_a_file_that_is_not_weights_is_one_line_naming_it(good, tmp_path):
+    _, params = good
+    (tmp_path / "notes.pt").write_text("not a state dict\n" * 50)
+    edited(params, "extract", pretrained=str(tmp_path / "notes.pt"))
+    line = refused(cli("extract", "--params", params, "--quiet"), "notes.pt", "is not an open_clip state dict of tiny-vit")
+    assert "random init" not in line  # not the hint for a model without weights
 
 
 # ---------------------------------------------------------------- official annotation files
@@ -621,6 +647,22 @@ def test_a_thin_strip_is_refused_before_resizing_blows_it_up(tmp_path, images):
     refused(cli("extract", "--params", params, "--quiet"), "strip.png: 30000x1 pixels, an aspect ratio over 100:1", "extract.skip_bad_images: true")
 
 
+# ---------------------------------------------------------------- measuring commands
+
+
+def test_bench_commands_refuse_in_one_line(tmp_path):
+    refused(cli("bench", "--out", tmp_path / "b", "cli", "--model", "nosuch"), "unknown encoder 'nosuch'", "valid encoders")
+    (tmp_path / "file").write_text("")
+    refused(cli("bench", "--out", tmp_path / "file", "sinkhorn", "--problems", 2, "--rows", 2, "--cols", 3), "File exists", str(tmp_path / "file"))
+
+
+def test_a_suite_with_no_item_is_refused(tmp_path, images):
+    folder, _ = images
+    empty = write_manifest(tmp_path / "m.parquet", [item(0, "x.png")]).with_name("empty.parquet")
+    pd.read_parquet(tmp_path / "m.parquet").iloc[:0].to_parquet(empty)
+    refused(cli("extract", "--params", write_params(tmp_path, empty, folder), "--quiet"), "empty.parquet", "the manifest has no items")
+
+
 # ---------------------------------------------------------------- captions over the context
 
 
@@ -657,6 +699,16 @@ def test_captions_the_tokenizer_makes_equal_are_not_truncation_ties(tmp_path, im
     params = write_params(tmp_path, write_manifest(tmp_path / "m.parquet", rows), folder)
     m = extract_and_score(params)
     assert m["n_truncated"] == 0 and m["n_truncation_ties"] == 0
+    assert m["n_identical_options"] == 1  # they tie all the same, and are counted as such
+
+
+def test_an_option_equal_to_the_true_caption_is_counted(tmp_path, images):
+    folder, names = images
+    rows = [item(i, n) for i, n in enumerate(names)]
+    rows[2]["captions"] = ["a green star", "a green star"]
+    params = write_params(tmp_path, write_manifest(tmp_path / "m.parquet", rows), folder)
+    m = extract_and_score(params)
+    assert m["n_identical_options"] == 1 and m["n_truncation_ties"] == 0 and m["n_items"] == 8
 
 
 # ---------------------------------------------------------------- the store
@@ -705,6 +757,13 @@ def test_an_option_the_scorer_does_not_take_is_refused(good):
     ok(cli("extract", "--params", params, "--quiet"))
     edited(params, "score", options={"clip": {"foo": 1}})
     refused(cli("score", "--params", params, "--quiet"), "score.options.clip", "foo")
+
+
+def test_an_option_value_the_scorer_refuses_is_named_by_its_key(tiny_store):
+    from pipeline.scorers.checkpoints import load_scorer
+
+    with pytest.raises(ValueError, match=r"score.options.fgw = \{'k': -1\}: .*k=-1"):
+        load_scorer("fgw", tiny_store, "none", options={"k": -1})
 
 
 def test_nothing_to_score_is_refused(good):

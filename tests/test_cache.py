@@ -314,4 +314,6 @@ def test_truncation_counts_at_the_context_boundary():
     assert [len(t) for t in tokens.values()] == [8, 9]
     enc = SimpleNamespace(dims=SimpleNamespace(context_length=10))
     cells = [(SimpleNamespace(suite="s"), {"captions": ("text", [["k8", "k9"]])}, None)]
-    assert _truncation(enc, cells, tokens) == {"s": {"n_truncated": 1, "n_truncation_ties": 1}}
+    assert _truncation(enc, cells, tokens) == {"s": {"n_truncated": 1, "n_truncation_ties": 1, "n_identical_options": 0}}
+    same = [(SimpleNamespace(suite="s"), {"captions": ("text", [["k8", "k8"], ["k8", "k9"], ["k8"]])}, None)]
+    assert _truncation(enc, same, tokens)["s"]["n_identical_options"] == 1  # one caption twice; a query is one

@@ -212,3 +212,25 @@ def test_each_encoder_column_holds_its_own_mean_and_difference(tmp_path):
     rows = {(r[0], r[1]): r[2:] for r in table[2:]}
     assert rows["`clip`", "all-task"] == ["20.0 [19.0, 21.0]", "–", "60.0 [59.0, 61.0]", "–"]
     assert rows["`global-m`", "binding"] == ["35.0 [34.0, 36.0]", "+3.5 [+3.4, +3.6]", "75.0 [74.0, 76.0]", "+7.5 [+7.4, +7.6]"]
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"pretrained": {"toyy": "none"}}, r"compare.pretrained names \['toyy'\], not among compare.encoders \(toy, toy-small\)"),
+        ({"suites": []}, r"compare.variants and compare.suites must each name at least one entry"),
+        ({"variants": []}, r"compare.variants and compare.suites must each name at least one entry"),
+    ],
+)
+def test_a_comparison_that_would_silently_run_something_else_is_refused(change, needle):
+    from pipeline.config import (
+        CompareConfig,
+        ExtractConfig,
+        ScoreConfig,
+        ToyClipConfig,
+        WorldConfig,
+    )
+    from stages import compare
+
+    with pytest.raises(ValueError, match=needle):
+        compare.run(CompareConfig(**change), ToyClipConfig(), ExtractConfig(), {}, ScoreConfig(), WorldConfig(), progress=False)

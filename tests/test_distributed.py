@@ -270,6 +270,13 @@ def test_local_0_is_refused():
         pass
 
 
+def test_more_local_workers_than_the_cap_are_refused_before_any_starts():
+    from pipeline.distributed import cluster, local_worker_cap
+
+    with pytest.raises(ValueError, match=rf"local:99999: .* give N <= {local_worker_cap()},"), cluster("local:99999"):
+        pass
+
+
 def test_a_distributed_extract_into_a_locked_store_is_refused_before_a_cluster_starts(reference, monkeypatch):
     import pipeline.distributed as dist
     from pipeline.cache import store_lock

@@ -652,6 +652,13 @@ def dev_scores_table(world):
     return pd.DataFrame({"item_id": manifest["item_id"].astype(str), "scores": [[1.0, 0.0]] * len(manifest)})
 
 
+def dev_sha(world) -> str:
+    """The sha256 of the tiny world's shapes-dev manifest, which its scores record."""
+    from pipeline.manifests import file_sha256
+
+    return file_sha256(resolve_source("shapes-dev", world, {}, {}).manifest)
+
+
 @pytest.mark.parametrize(
     ("origins", "refusal"),
     [
@@ -674,12 +681,38 @@ def test_scores_of_another_encoder_or_store_are_refused(world, tmp_path, origins
             path.parent.mkdir(parents=True)
             table.to_parquet(path)
         else:
-            write_scores(table, path, *origin)
+            write_scores(table, path, *origin, dev_sha(world))
     score = ScoreConfig(variants=["clip", "bindclip"], suites=["shapes-dev"], scores_out=str(tmp_path / "scores"), replacements=[])
     with pytest.raises(ValueError, match=refusal):
         load_results(score, ExtractConfig(), WorldConfig(out=str(world)))
-    write_scores(table, tmp_path / "scores" / "bindclip" / "shapes-dev.parquet", "toy", "store-a")
+    write_scores(table, tmp_path / "scores" / "bindclip" / "shapes-dev.parquet", "toy", "store-a", dev_sha(world))
     assert set(load_results(score, ExtractConfig(), WorldConfig(out=str(world)))["shapes-dev"]["scores"]) == {"clip", "bindclip"}
+
+
+def test_a_damaged_scores_table_is_named(world, tmp_path):
+    from pipeline.scoring import write_scores
+    from stages.report import load_results
+
+    path = tmp_path / "scores" / "clip" / "shapes-dev.parquet"
+    write_scores(dev_scores_table(world), path, "toy", "store-a", dev_sha(world))
+    path.write_bytes(path.read_bytes()[:200])
+    score = ScoreConfig(variants=["clip"], suites=["shapes-dev"], scores_out=str(tmp_path / "scores"), replacements=[])
+    with pytest.raises(ValueError, match=r"clip/shapes-dev\.parquet is damaged \(.*\); rerun `pipeline score`"):
+        load_results(score, ExtractConfig(), WorldConfig(out=str(world)))
+
+
+@pytest.mark.parametrize("sha", ["0" * 64, None], ids=["edited-manifest", "none-recorded"])
+def test_scores_of_another_manifest_are_refused(world, tmp_path, sha):
+    """A manifest rebuilt or edited after scoring: the same item ids may name other captions,
+    so the report refuses the old scores instead of joining them to the new items."""
+    from pipeline.scoring import write_scores
+    from stages.report import load_results
+
+    table = dev_scores_table(world)
+    write_scores(table, tmp_path / "scores" / "clip" / "shapes-dev.parquet", "toy", "store-a", sha)
+    score = ScoreConfig(variants=["clip"], suites=["shapes-dev"], scores_out=str(tmp_path / "scores"), replacements=[])
+    with pytest.raises(ValueError, match=r"clip/shapes-dev.parquet was scored on another manifest of shapes-dev than .*; rerun `pipeline score`"):
+        load_results(score, ExtractConfig(), WorldConfig(out=str(world)))
 
 
 def test_the_report_reads_the_seeds_of_the_last_training_only(world, tmp_path):
@@ -690,7 +723,7 @@ def test_the_report_reads_the_seeds_of_the_last_training_only(world, tmp_path):
 
     table = dev_scores_table(world)
     for name in ("clip", "bindclip@seed0", "bindclip@seed1"):
-        write_scores(table, tmp_path / "scores" / name / "shapes-dev.parquet", "toy", "store-a")
+        write_scores(table, tmp_path / "scores" / name / "shapes-dev.parquet", "toy", "store-a", dev_sha(world))
     ckpt = tmp_path / "checkpoints" / "bindclip"
     for seed in ("seed0", "seed1"):
         (ckpt / seed).mkdir(parents=True)
@@ -730,6 +763,16 @@ def test_example_figures_show_the_crop_the_encoder_saw(tmp_path):
     assert shown == {(30, 50, 3), (80, 100, 3)}  # the cropped item, and the uncropped one whole
     cropped = next(np.asarray(ax.images[0].get_array()) for ax in fig.axes if ax.images[0].get_array().shape[0] == 30)
     assert (cropped == (255, 0, 0)).all()
+
+
+def test_shortcut_baselines_skip_a_manifest_without_the_worlds_scenes(world, tmp_path):
+    """A shapes manifest made by hand, without the scene column: its row says so, the others stay."""
+    ctx = make_context(world, tmp_path, {"clip": "right"})
+    entry = ctx.results["shapes-sugarcrepe"]
+    entry["manifest"] = entry["manifest"].drop(columns=["scene"])
+    text = "\n\n".join(SECTIONS.get("shortcuts").render(ctx))
+    assert "| shapes-sugarcrepe | – | not computed: its manifest has no scene column |" in text
+    assert "| shapes-whatsup | subject's half | individual " in text
 
 
 def test_shortcut_baselines_read_position_pixels_and_counts(world, tmp_path):

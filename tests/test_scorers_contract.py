@@ -145,3 +145,33 @@ def test_a_missing_checkpoint_names_the_command_that_writes_it(variant, tiny_sto
         load_scorer(variant, tiny_store, tmp_path)
     want = "pipeline ridge" if variant == "ridge-fgw" else f"pipeline train --variant {checkpoint_owner(variant)}"
     assert f"run `{want}`" in str(e.value)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage-config", "config-list", "other-shapes"])
+def test_a_damaged_checkpoint_is_one_message_naming_the_file_and_the_fix(damage, tiny_store, tmp_path):
+    """A checkpoint cut short, a config.json that is not JSON (or not an object), or tensors of
+    another scorer's shapes: one ValueError naming the file and the command that rewrites it."""
+    from safetensors.torch import save_file
+
+    from pipeline.scorers.checkpoints import load_scorer
+
+    folder = tmp_path / "global-m"
+    folder.mkdir()
+    scorer = create_scorer("global-m", dims=tiny_store.dims, proj=tiny_store.projections())
+    save_file({k: v.contiguous() for k, v in scorer.state_dict().items()}, folder / "model.safetensors")
+    (folder / "config.json").write_text("{}")
+    load_scorer("global-m", tiny_store, tmp_path)  # sound
+    if damage == "truncated":
+        (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:100])
+        needle = r"model\.safetensors \(global-m\) cannot be loaded"
+    elif damage == "garbage-config":
+        (folder / "config.json").write_text('{"a": "\x01')
+        needle = r"config\.json \(global-m\) is damaged"
+    elif damage == "config-list":
+        (folder / "config.json").write_text("[]")
+        needle = r"config\.json \(global-m\) is damaged \(not a JSON object\)"
+    else:
+        save_file({k: torch.zeros(3) for k in scorer.state_dict()}, folder / "model.safetensors")
+        needle = r"model\.safetensors \(global-m\) cannot be loaded \(.*size mismatch"
+    with pytest.raises(ValueError, match=needle + r".*; rerun `pipeline train --variant global-m`"):
+        load_scorer("global-m", tiny_store, tmp_path)

@@ -114,7 +114,7 @@ class Suite:
 
     def check_manifest(self, manifest: pd.DataFrame, where: str) -> None:
         """Refuse a manifest this suite cannot score correctly, naming ``where`` (the file),
-        the column and the first bad item: a missing column; a null or repeated ``item_id``
+        the column and the first bad item: a missing column; no item at all; a null or repeated ``item_id``
         (an item without a name cannot be reported, a repeated one would count twice); a
         ``category`` outside :attr:`categories` (the item would fall out of every
         per-category metric while still counting in the totals); an ``image`` that is not a
@@ -130,6 +130,8 @@ class Suite:
         absent = [c for c in need if c not in manifest]
         if absent:
             raise ValueError(f"{where}: no column {', '.join(absent)} (a {self.name} manifest needs {', '.join(need)})")
+        if manifest.empty:  # every metric would be NaN
+            raise ValueError(f"{where}: the manifest has no items; rebuild it (a {self.name} manifest needs at least one)")
         check_unique_ids(manifest, where)
         ids = manifest["item_id"].astype(str).to_numpy()
 

@@ -391,9 +391,14 @@ def load_encoder(
         try:
             model = create_model(config, pretrained=tag)
         except Exception as e:  # open_clip raises RuntimeError/FileNotFoundError/HF errors
-            raise WeightsUnavailableError(
-                f"could not load weights {tag!r} for {spec.name}: {e}; {spec.weights_hint}"
-            ) from e
+            why = " ".join(str(e).split())  # torch's multi-line messages (unpickling, missing keys) on one line
+            why = why if len(why) <= 300 else why[:297] + "..."
+            fix = (
+                f"the file is not an open_clip state dict of {spec.name}: check the path and --model"
+                if Path(tag).is_file()
+                else spec.weights_hint
+            )
+            raise WeightsUnavailableError(f"could not load weights {tag!r} for {spec.name}: {why}; {fix}") from None
         finally:
             logging.disable(logging.NOTSET)
     _check_activation(spec, model, config, identity)

@@ -5,6 +5,7 @@ results) for the report's performance sections. Heavy imports happen inside the 
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Annotated
@@ -14,6 +15,22 @@ import typer
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measurements behind the README/report figures.")
 DEFAULT_OUT = "reports/bench"  # the shapes report's bench folder (report.out / "bench")
 OUT = {"folder": DEFAULT_OUT}  # this run's --out
+
+
+def one_line(command):
+    """A bench command whose user errors (an unknown model, a folder that is a file, a
+    missing params file) print one ``error:`` line and exit 1, as every pipeline command's."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        from pipeline.cli import USER_ERRORS, _fail
+
+        try:
+            return command(*args, **kwargs)
+        except USER_ERRORS as e:
+            _fail(e)
+
+    return run
 
 
 @bench_app.callback()
@@ -39,6 +56,7 @@ def write_bench(name: str, command: str, results: dict, folder: str | None = Non
 
 
 @bench_app.command("extract")
+@one_line
 def bench_extract(
     toy_images: Annotated[int, typer.Option(min=1, help="images for the toy encoder")] = 512,
     vit_images: Annotated[int, typer.Option(min=0, help="images for ViT-L-14-336 (0 = skip)")] = 8,
@@ -61,6 +79,7 @@ def bench_extract(
 
 
 @bench_app.command("cli")
+@one_line
 def bench_cli(
     model: Annotated[str, typer.Option(help="encoder (random init saved as a weights file)")] = "ViT-B-32",
     items: Annotated[int, typer.Option(min=1, help="SugarCrepe-style items scored")] = 100,
@@ -74,6 +93,7 @@ def bench_cli(
 
 
 @bench_app.command("scoring")
+@one_line
 def bench_scoring(
     params: Annotated[Path | None, typer.Option(help="params.yaml (score.checkpoints, score.batch_size, train.<variant>.scorer; default: ./params.yaml if present)")] = None,
     items: Annotated[int, typer.Option(min=1, help="items (an image, two captions) for the toy encoder")] = 500,
@@ -92,18 +112,11 @@ def bench_scoring(
     params = _resolve_params(params)  # ./params.yaml when present, as `pipeline score`
     flags = " ".join(f"--variants {v}" for v in variants)
     cmd = f"pipeline bench scoring{f' --params {params}' if params else ''} --items {items} --vit-items {vit_items} {flags} --threads {threads}"
-    try:
-        results = run_bench(params, items, vit_items, variants, threads, progress=not quiet)
-    except Exception as e:
-        from pipeline.cli import USER_ERRORS, _fail
-
-        if not isinstance(e, USER_ERRORS):
-            raise
-        _fail(e)
-    write_bench("scoring", cmd, results)
+    write_bench("scoring", cmd, run_bench(params, items, vit_items, variants, threads, progress=not quiet))
 
 
 @bench_app.command("rerank")
+@one_line
 def bench_rerank(
     queries: Annotated[int, typer.Option(min=1, help="queries reranked per variant")] = 200,
     objects: Annotated[int, typer.Option(min=1, help="objects per query and per image")] = 4,
@@ -118,6 +131,7 @@ def bench_rerank(
 
 
 @bench_app.command("memory")
+@one_line
 def bench_memory(
     sizes: Annotated[list[int] | None, typer.Option(min=1, help="image counts (repeatable)")] = None,
 ) -> None:
@@ -130,6 +144,7 @@ def bench_memory(
 
 
 @bench_app.command("sinkhorn")
+@one_line
 def bench_sinkhorn(
     problems: Annotated[int, typer.Option(min=1, help="number of OT problems")] = 256,
     rows: Annotated[int, typer.Option(min=1, help="rows per problem")] = 64,

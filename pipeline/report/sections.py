@@ -194,17 +194,30 @@ def shortcuts(ctx: ReportContext) -> list[str]:
     if not ctx.layout.toy_world:
         return []
     rows = []
-    if (entry := ctx.results.get("shapes-whatsup")) is not None:
+
+    def world_entry(suite: str, *columns: str) -> dict | None:
+        """The suite's results when its manifest has the world's columns the baselines read
+        (a manifest made by hand may lack the scene), else None and a row saying so."""
+        entry = ctx.results.get(suite)
+        if entry is None:
+            return None
+        absent = [c for c in ("scene", *columns) if c not in entry["manifest"]]
+        if absent:
+            rows.append([suite, "–", f"not computed: its manifest has no {', '.join(absent)} column"])
+            return None
+        return entry
+
+    if (entry := world_entry("shapes-whatsup")) is not None:
         for name, metrics in whatsup_shortcuts(entry["manifest"], entry["image_root"]).items():
             rows.append(["shapes-whatsup", name, ", ".join(f"{k} {pct(v)}" for k, v in metrics.items())])
-    if (entry := ctx.results.get("shapes-sugarcrepe")) is not None:
+    if (entry := world_entry("shapes-sugarcrepe")) is not None:
         d = depth_phrase(entry["manifest"])
         figure = f"replace-rel: decides {d['decided']} of {d['items']}, right on {pct(d['right when decided'])}"
         rows.append(["shapes-sugarcrepe", "depth phrase (text only)", figure])
         h = subject_half(entry["manifest"][entry["manifest"]["category"] == "replace-rel"])
         figure = f"replace-rel: {pct(h['accuracy'])} of the {h['items']} spatial items"
         rows.append(["shapes-sugarcrepe", "subject's half", figure])
-    if (entry := ctx.results.get("shapes-dev")) is not None:
+    if (entry := world_entry("shapes-dev", "family")) is not None:
         n = negation_count(entry["manifest"])
         rows.append(["shapes-dev", "object count", f"negation: {pct(n['object-count accuracy'])} of {n['items']}"])
         h = subject_half(entry["manifest"][entry["manifest"]["family"].isin(["relative-geometry", "vertical"])])

@@ -44,6 +44,10 @@ def load_scorer(
         scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **options)
     except TypeError as e:  # an option its factory does not take: the user's typo, named
         raise ValueError(f"score.options.{variant} = {options}: {e}") from None
+    except ValueError as e:  # a value the factory refuses (k: -1), named by its key
+        if not options:
+            raise
+        raise ValueError(f"score.options.{variant} = {options}: {e}") from None
     if not scorer.trainable:
         return scorer.eval()
     from safetensors.torch import load_file
@@ -59,12 +63,22 @@ def load_scorer(
             f"{ckpt} ({variant}) has no {config.name} beside it: without its record of what it was fitted on "
             f"(store, suite, options) it cannot be checked against this store; rerun `{how}`"
         )
-    record = json.loads(config.read_text())
+    try:
+        record = json.loads(config.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{config} ({variant}) is damaged ({e}); rerun `{how}`") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{config} ({variant}) is damaged (not a JSON object); rerun `{how}`")
     _check_fitted_on(record, store, ckpt, variant, how)
     kwargs = record.get("scorer_kwargs", {})
     if kwargs:
         scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **{**options, **kwargs})
-    scorer.load_state_dict(load_file(ckpt))
+    try:  # a truncated file, or tensors of another shape or name than this scorer's
+        scorer.load_state_dict(load_file(ckpt))
+    except Exception as e:  # safetensors' SafetensorError derives from Exception only
+        why = " ".join(str(e).split()) or type(e).__name__  # torch's list of mismatches, on one line
+        why = why if len(why) <= 300 else why[:297] + "..."
+        raise ValueError(f"{ckpt} ({variant}) cannot be loaded ({why}); rerun `{how}`") from None
     return scorer.eval()
 
 
