@@ -76,6 +76,24 @@ def test_round_trip_equals_direct_forward(tmp_path, tiny_encoder, tiny_suite):
     assert torch.equal(slim_t.mask, cached_t.mask)
 
 
+def test_a_crop_box_is_encoded_as_its_crop(tmp_path, tiny_encoder, tiny_suite):
+    """ARO's VG items name a region of an image (``crop_box``): the store holds that region's
+    features under its own key, not the whole image's, which another item of it keeps."""
+    path, manifest = tiny_suite
+    name = manifest["image"][0]
+    cropped = manifest.assign(image=[name, name, *manifest["image"][2:]], crop_box=[None, [4, 8, 40, 30]] + [None] * 8)
+    cropped.to_parquet(path)
+    cfg = _cfg(tmp_path, {"shapes-sugarcrepe": path})
+    extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+    store = FeatureStore.open(store_path(cfg))
+    rows = store.suite_index("shapes-sugarcrepe")["image"][:2, 0]
+    cached = store.images(rows, grids=False).embed
+    data = (tmp_path / "images" / name).read_bytes()
+    pixels = torch.stack([tiny_encoder.preprocess(decode_image(data, name, box)) for box in (None, [4, 8, 40, 30])])
+    torch.testing.assert_close(cached, tiny_encoder.encode_images(pixels)["embed"], rtol=1e-5, atol=1e-5)
+    assert rows[0] != rows[1] and not torch.allclose(cached[0], cached[1], atol=1e-3)
+
+
 def test_dedup_across_suites_and_rerun_encodes_only_new(tmp_path, tiny_encoder, tiny_suite):
     path, manifest = tiny_suite
     cfg = _cfg(tmp_path, {"shapes-sugarcrepe": path})
@@ -317,3 +335,5 @@ def test_truncation_counts_at_the_context_boundary():
     assert _truncation(enc, cells, tokens) == {"s": {"n_truncated": 1, "n_truncation_ties": 1, "n_identical_options": 0}}
     same = [(SimpleNamespace(suite="s"), {"captions": ("text", [["k8", "k8"], ["k8", "k9"], ["k8"]])}, None)]
     assert _truncation(enc, same, tokens)["s"]["n_identical_options"] == 1  # one caption twice; a query is one
+    shared = [(SimpleNamespace(suite="s"), {"captions": ("text", [["k9", "k8"], ["k9", "k8"]]), "other": ("text", [["k9"], ["k9"]])}, None)]
+    assert _truncation(enc, shared, tokens)["s"]["n_truncated"] == 1  # a caption, however many items name it

@@ -423,6 +423,16 @@ def test_restricting_to_the_maps_range_drops_what_no_phrase_predicts():
     assert ranking_auc(P, Y, five) > 0.98 and ranking_auc(P, Y, five) > ranking_auc(P, Y, full) + 0.015
 
 
+def test_r_squared_is_zero_for_the_mean_and_one_for_the_true_map():
+    from pipeline.scorers.geometry.ridge import r_squared
+
+    g = torch.Generator().manual_seed(3)
+    P, W, b = torch.randn(40, 5, generator=g), torch.randn(5, 3, generator=g), torch.randn(3, generator=g) + 4.0
+    Y = P @ W + b
+    assert r_squared(P, Y, W, b) == pytest.approx(1.0)
+    assert r_squared(P, Y, torch.zeros(5, 3), Y.mean(0)) == pytest.approx(0.0, abs=1e-6)  # not 1 - |resid|² / |Y|²
+
+
 def test_held_out_training_objects_come_from_images_the_map_never_saw(monkeypatch):
     """The ridge stage's selection holds out every fifth training image with all its objects:
     no image gives objects to both the fit and the held-out comparison."""
@@ -444,12 +454,20 @@ def test_held_out_training_objects_come_from_images_the_map_never_saw(monkeypatc
         rows["held"] = Ph[:, 0].long()
         return 0.5
 
+    restrict = ridge.restrict_rank
+
+    def spy_restrict(fitted, Pr, rank):
+        rows.setdefault("directions", []).append(Pr[:, 0].long())
+        return restrict(fitted, Pr, rank)
+
     monkeypatch.setattr(ridge, "fit_map", spy_fit)
     monkeypatch.setattr(ridge, "ranking_auc", spy_auc)
-    ridge.heldout_aucs(None, None, {}, "s", lam=1.0, shrinkage=0.1, ranks=[0])
+    monkeypatch.setattr(ridge, "restrict_rank", spy_restrict)
+    ridge.heldout_aucs(None, None, {}, "s", lam=1.0, shrinkage=0.1, ranks=[0, 2])
     fit, held = set(image[rows["fit"]].tolist()), set(image[rows["held"]].tolist())
     assert held == {4, 9} and fit == set(range(10)) - held  # every fifth image, whole
     assert len(rows["fit"]) + len(rows["held"]) == len(image)
+    assert all(torch.equal(d, rows["fit"]) for d in rows["directions"])  # the rank's directions: the fit's rows too
 
 
 def test_ridge_refuses_a_training_suite_too_small_to_fit_and_choose_on(monkeypatch):

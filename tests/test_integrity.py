@@ -316,6 +316,23 @@ def test_an_extract_refused_for_its_fingerprint_names_each_differing_field(damag
     assert "replace_mismatch" in str(e.value)
 
 
+def test_replace_mismatch_starts_afresh_for_another_encoder_only(damaged, tiny_encoder):
+    """``replace_mismatch`` (the DVC pipeline's) deletes a store of other weights and writes a
+    new one; a store of the same encoder keeps its rows."""
+    from pipeline.cache.schema import fingerprint_id
+    from pipeline.cache.writer import open_for_writing
+
+    _, store = damaged
+    fs = FeatureStore.open(store)
+    fp, dims, n = dict(fs.fingerprint), dict(fs.root.attrs["dims"]), fs.root["image/embed"].shape[0]
+    assert n > 0
+    kept = open_for_writing(store, fp, dims, replace_mismatch=True)
+    assert kept["image/embed"].shape[0] == n and kept.attrs["fingerprint_id"] == fingerprint_id(fp)
+    other = {**fp, "early_layer": 7}
+    fresh = open_for_writing(store, other, dims, replace_mismatch=True)
+    assert fresh.attrs["fingerprint_id"] == fingerprint_id(other) and fresh["image/embed"].shape[0] == 0
+
+
 @pytest.mark.parametrize("what", ["root metadata lost", "a folder of other files"])
 def test_a_location_with_files_but_no_store_is_never_wiped(damaged, tiny_encoder, what):
     """A store whose root zarr.json is lost is not 'no store': score names it, and extract

@@ -803,6 +803,8 @@ def test_shortcut_baselines_read_position_pixels_and_counts(world, tmp_path):
     got = whatsup_shortcuts(manifest, tmp_path)
     assert got["subject's half"]["individual"] == 0.0 and got["fixed-pixel lookup"]["individual"] == 0.0  # both pick "right"
     assert got["reference's half"]["individual"] == 1.0  # the square far right: the circle is left of it
+    right = whatsup_shortcuts(manifest.assign(correct=[1]), tmp_path)  # had the answer been "right"
+    assert right["fixed-pixel lookup"]["individual"] == 1.0 and right["subject's half"]["individual"] == 1.0
     negation = pd.DataFrame({"family": ["negation"] * 3, "correct": [0, 0, 1],
                              "captions": [["a red circle and no square", "x"], ["a red circle and a square", "x"], ["x", "a cube and no star"]],
                              "scene": [json.dumps({"objects": [{}] * n}) for n in (2, 4, 3)]})  # fmt: skip

@@ -21,6 +21,7 @@ from pipeline.encoders.toyclip import (
     build_model,
     clip_loss,
     learning_rate,
+    make_optimizers,
     pixels_from_uint8,
     train_toyclip,
 )
@@ -80,6 +81,19 @@ def test_learning_rate_warms_up_then_decays_to_zero():
     assert learning_rate(100, cfg) == pytest.approx(0.0, abs=1e-12)
     lrs = [learning_rate(s, cfg) for s in range(10, 100)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
+
+
+def test_weight_decay_falls_on_trainable_matrices_only(tmp_path):
+    """As CLIP: decay on weight matrices; none on biases, gains, the logit scale or embeddings."""
+    cfg = tiny_cfg(tmp_path)
+    model = build_model(cfg)
+    decay, no_decay = make_optimizers(model, cfg)[0].param_groups
+    assert decay["weight_decay"] == cfg.weight_decay > 0 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["params"] and all(p.ndim >= 2 and "embedding" not in names[id(p)] for p in decay["params"])
+    assert all(p.ndim <= 1 for p in no_decay["params"] if "embedding" not in names[id(p)])  # biases, gains, logit scale
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    assert {id(p) for g in (decay, no_decay) for p in g["params"]} == trainable
 
 
 def test_clip_loss_is_symmetric_infonce():

@@ -251,13 +251,16 @@ def test_and_claims_render_and_hold_as_conjunctions():
 
 
 def test_steering_prompts_contrast_each_phrase_with_another_objects_colour():
-    from pipeline.world.captions import Ref, Rel
+    from pipeline.world.captions import And, Ref, Rel
     from pipeline.world.suites import steering_prompts
 
     claim = Rel(Ref("circle", "red"), "left", Ref("square", "blue"))
     assert steering_prompts(claim) == (["red circle", "blue square"], ["blue circle", "red square"])
     same = Rel(Ref("circle", "red"), "left", Ref("square", "red"))
     assert steering_prompts(same) == ([], [])  # no other colour: no contrast
+    red, blue, green = Ref("circle", "red"), Ref("square", "blue"), Ref("star", "green")
+    chain = And((Rel(red, "left", blue), Rel(blue, "left", green)))  # three refs: the next one's colour, cyclically
+    assert steering_prompts(chain) == (["red circle", "blue square", "green star"], ["blue circle", "green square", "red star"])
 
 
 def test_every_multi_caption_has_a_paraphrase_of_the_same_truth(groups):
