@@ -6,6 +6,7 @@ options given on the command line on top. Heavy imports happen inside the comman
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import sys
@@ -65,8 +66,22 @@ Device = Annotated[str | None, typer.Option(help="torch device: cpu, cuda, cuda:
 USER_ERRORS = (KeyError, ValueError, OSError, RuntimeError)
 
 
+# What the OS's own words leave unsaid: the fix, after the path the error names.
+OS_FIXES = (
+    (FileExistsError, "a file stands where a folder is needed: remove it or point the params at another path"),
+    (NotADirectoryError, "a file stands where a folder is needed: remove it or point the params at another path"),
+    (IsADirectoryError, "a folder stands where a file is needed: point the params at the file"),
+    (PermissionError, "no permission to write or read there: choose a folder you can write, or fix its permissions"),
+)
+
+
 def _fail(e: Exception) -> None:
-    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+    message = str(e)
+    if isinstance(e, OSError) and e.errno == errno.EROFS:
+        message += "; the file system is read-only: point the params' output paths at a writable folder"
+    elif isinstance(e, OSError) and e.filename is not None:
+        message += next((f"; {fix}" for kind, fix in OS_FIXES if isinstance(e, kind)), "")
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code=1)
 
 

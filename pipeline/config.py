@@ -340,6 +340,8 @@ def read_params(params: str | Path | None) -> dict[str, Any]:
     if params is None:
         return {}
     path = Path(params)
+    if path.is_dir():
+        raise ParamsError(f"{path}: a folder, not a params file (pass the YAML file itself, e.g. {path / 'params.yaml'})")
     if not path.is_file():
         raise ParamsError(f"{path}: no such params file (pass an existing --params, or run where params.yaml is)")
     try:

@@ -352,6 +352,14 @@ def test_a_scheduler_that_is_no_address_names_the_option(good, scheduler, needle
     refused(cli("extract", "--params", params, "--scheduler", scheduler, "--quiet"), *needles)
 
 
+def test_a_params_folder_and_an_output_under_a_file_are_one_line_with_the_fix(good, tmp_path):
+    _, params = good
+    refused(cli("extract", "--params", tmp_path, "--quiet"), "a folder, not a params file", str(tmp_path / "params.yaml"))
+    (tmp_path / "plain").write_text("")
+    edited(params, "extract", out=str(tmp_path / "plain" / "features"))
+    refused(cli("extract", "--params", params, "--quiet"), str(tmp_path / "plain"), "a file stands where a folder is needed")
+
+
 def test_a_memory_store_is_refused_by_the_command(good):
     """memory:// lives inside one process: a command would write it and lose it."""
     _, params = good

@@ -140,8 +140,8 @@ def suite_table(
     return md_table(["variant", *suite.metric_names], rows), long_rows
 
 
-def profile_table(results: dict[str, Any]) -> str:
-    """The toy CLIP's failure profile next to the figures reported for real ViT-L/14."""
+def profile_table(results: dict[str, Any], encoder: str = "toy") -> str:
+    """The frozen ``encoder``'s failure profile next to the figures reported for real ViT-L/14."""
     rows = []
     for (suite_name, metric), (real, source) in real_clip_profile().items():
         entry = results.get(suite_name)
@@ -150,7 +150,7 @@ def profile_table(results: dict[str, Any]) -> str:
         suite = SUITES.get(suite_name)
         value = suite.metrics(entry["manifest"], entry["scores"][BASELINE]).get(metric)
         rows.append([suite_name, metric, pct(value), pct(real), source])
-    header = ["suite", "metric", "toy CLIP (frozen, `clip`)", f"real CLIP {PROFILE_MODEL} (reported)", "source"]
+    header = ["suite", "metric", f"`{encoder}` (frozen, `clip`)", f"real CLIP {PROFILE_MODEL} (reported)", "source"]
     return md_table(header, rows)
 
 
@@ -176,7 +176,7 @@ def failure_profile(ctx: ReportContext) -> list[str]:
     published-figures section holds that comparison ([] here)."""
     if not ctx.layout.toy_world:
         return []
-    return ["## The toy CLIP's failure profile", TEXT("profile"), profile_table(ctx.results)]
+    return [f"## The frozen encoder's failure profile (`{ctx.extract.model}`)", TEXT("profile"), profile_table(ctx.results, ctx.extract.model)]
 
 
 @section("shortcuts", order=15)
