@@ -176,7 +176,8 @@ def failure_profile(ctx: ReportContext) -> list[str]:
     published-figures section holds that comparison ([] here)."""
     if not ctx.layout.toy_world:
         return []
-    return [f"## The frozen encoder's failure profile (`{ctx.extract.model}`)", TEXT("profile"), profile_table(ctx.results, ctx.extract.model)]
+    title = f"## The frozen encoder's failure profile (`{ctx.extract.model}`)"
+    return [title, TEXT("profile"), profile_table(ctx.results, ctx.extract.model)]
 
 
 @section("shortcuts", order=15)
