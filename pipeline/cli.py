@@ -66,22 +66,19 @@ Device = Annotated[str | None, typer.Option(help="torch device: cpu, cuda, cuda:
 USER_ERRORS = (KeyError, ValueError, OSError, RuntimeError)
 
 
-# What the OS's own words leave unsaid: the fix, after the path the error names.
+# The fix an OS error's own words leave unsaid, after the path it names.
 OS_FIXES = (
-    (FileExistsError, "a file stands where a folder is needed: remove it or point the params at another path"),
-    (NotADirectoryError, "a file stands where a folder is needed: remove it or point the params at another path"),
+    ((FileExistsError, NotADirectoryError), "a file stands where a folder is needed: remove it or point the params at another path"),
     (IsADirectoryError, "a folder stands where a file is needed: point the params at the file"),
     (PermissionError, "no permission to write or read there: choose a folder you can write, or fix its permissions"),
 )
+READ_ONLY = "the file system is read-only: point the params' output paths at a writable folder"
 
 
 def _fail(e: Exception) -> None:
-    message = str(e)
-    if isinstance(e, OSError) and e.errno == errno.EROFS:
-        message += "; the file system is read-only: point the params' output paths at a writable folder"
-    elif isinstance(e, OSError) and e.filename is not None:
-        message += next((f"; {fix}" for kind, fix in OS_FIXES if isinstance(e, kind)), "")
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    fixes = [fix for kinds, fix in OS_FIXES if isinstance(e, kinds) and e.filename is not None]
+    fixes = [READ_ONLY] if isinstance(e, OSError) and e.errno == errno.EROFS else fixes
+    typer.secho("; ".join([f"error: {e}", *fixes[:1]]), fg=typer.colors.RED, err=True)
     raise typer.Exit(code=1)
 
 

@@ -812,7 +812,7 @@ def test_shortcut_baselines_read_position_pixels_and_counts(world, tmp_path):
 
 
 def test_the_failure_profile_reads_the_published_figures_with_their_sources():
-    from pipeline.report.sections import real_clip_profile
+    from pipeline.report.published import real_clip_profile
 
     profile = real_clip_profile()
     value, source = profile[("shapes-aro", "order")]

@@ -35,13 +35,12 @@ from typing import Any
 import pandas as pd
 
 from pipeline.benchmarks import SUITES, Units
-from pipeline.benchmarks.sugarcrepe import CATEGORIES as SUGARCREPE_CATEGORIES
 from pipeline.config import ReportConfig
 from pipeline.report import ReportContext, section
 from pipeline.report.compare import common_tasks, compare_mean, mean_ci, task_units
 from pipeline.report.figures import examples_figure
 from pipeline.report.markdown import md_table, metric_ci, metric_diff, pct, pct_ci, points_ci
-from pipeline.report.published import PUBLISHED
+from pipeline.report.published import PROFILE_MODEL, real_clip_profile
 from pipeline.report.tasks import (
     ARO_TASKS,
     RETRIEVAL,
@@ -58,31 +57,6 @@ from pipeline.stats import ConfidenceInterval, bootstrap_ci, units_bootstrap
 
 TEXT = Templates("pipeline.report", "templates/sections.md")
 BASELINE = "clip"  # every other variant's Δ is taken against frozen global CLIP
-
-# The shapes tasks of the toy CLIP's failure profile and the real tasks whose published OpenAI
-# ViT-L/14 CLIP figures (:data:`pipeline.report.published.PUBLISHED`) each mirrors, averaged where
-# several do (shapes-aro's order stands for COCO- and Flickr-Order, its What'sUp for A and B).
-PROFILE_TASKS: dict[Task, tuple[Task, ...]] = {
-    **{("shapes-sugarcrepe", c): (("sugarcrepe", c),) for c in SUGARCREPE_CATEGORIES},
-    ("shapes-aro", "relation"): (("aro-relation", "relation"),),
-    ("shapes-aro", "attribution"): (("aro-attribution", "attribution"),),
-    ("shapes-aro", "order"): (("aro-coco-order", "P@1"), ("aro-flickr-order", "P@1")),
-    ("shapes-whatsup", "individual"): (("whatsup-a", "individual"), ("whatsup-b", "individual")),
-}
-PROFILE_MODEL = "ViT-L/14"
-
-
-def real_clip_profile() -> dict[Task, tuple[float, str]]:
-    """Each profile task's published real-CLIP value (a rate) and where it comes from: the real
-    tasks it averages, each with its source (official, or a third party's re-run)."""
-    published = {(p.suite, p.metric): p for p in PUBLISHED if p.variant == BASELINE and p.model == PROFILE_MODEL}
-    profile = {}
-    for task, real in PROFILE_TASKS.items():
-        rows = [published[r] for r in real]
-        how = "; ".join(f"{r.suite} {r.metric}: {r.source}" for r in rows)
-        profile[task] = (sum(r.value for r in rows) / len(rows) / 100, f"mean of {how}" if len(rows) > 1 else how)
-    return profile
-
 
 # The head-to-head rows, as roles (:mod:`pipeline.report.tasks`): every metric of these
 # suites, then single tasks, then the binding slices not among them.
