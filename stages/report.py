@@ -22,7 +22,7 @@ from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfi
 from pipeline.manifests import file_sha256, read_manifest, resolve_source
 from pipeline.report import FIGURE_DPI, ReportContext, render
 from pipeline.scorers.checkpoints import seed_checkpoints
-from pipeline.scoring import load_scores, scores_origin
+from pipeline.scoring import scores_array, scores_origin
 
 
 def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> dict[str, Any]:
@@ -65,8 +65,8 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
                 continue
             try:
                 origin = scores_origin(path) or {}
-                ids = pd.read_parquet(path, columns=["item_id"])["item_id"].astype(str).tolist()
-                scores = load_scores(score.scores_out, name, suite)
+                table = pd.read_parquet(path)  # once, for its ids and its scores
+                ids, scores = table["item_id"].astype(str).tolist(), scores_array(table)
             except (OSError, ValueError, KeyError) as e:  # pyarrow's ArrowInvalid is a ValueError
                 raise ValueError(f"{path} is damaged ({' '.join(str(e).split())}); rerun `pipeline score`") from None
             if origin.get("encoder") != score.encoder:
