@@ -37,7 +37,7 @@ from pipeline.cache import StaleCacheError, open_store
 from pipeline.config import ExtractConfig, ScoreConfig
 from pipeline.manifests import file_sha256, resolve_source
 from pipeline.scorers import SCORERS
-from pipeline.scorers.checkpoints import checkpoint_dir, load_scorer, seed_checkpoints
+from pipeline.scorers.checkpoints import build_scorer, checkpoint_dir, load_scorer, seed_checkpoints
 from pipeline.scoring import (
     READ_CACHE_BYTES,
     REPLACEMENTS,
@@ -119,6 +119,8 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
     if unknown:
         raise ValueError(f"score.seed_suites {unknown} are not in score.suites")
     store = open_store(extract).cache_reads(READ_CACHE_BYTES)  # every variant and mode rereads each suite
+    for variant in sorted(set(cfg.options) - set(cfg.variants)):  # options kept for a later run: valid now too
+        build_scorer(variant, store, cfg.options[variant])
     store_id = store.root.attrs.get("fingerprint_id")
     runs = [(v, v, None) for v in cfg.variants]  # (name in outputs, registry key, checkpoint)
     for variant in cfg.seed_variants:

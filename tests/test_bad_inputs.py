@@ -767,6 +767,13 @@ def test_an_option_the_scorer_does_not_take_is_refused(good):
     refused(cli("score", "--params", params, "--quiet"), "score.options.clip", "foo")
 
 
+def test_options_of_a_variant_not_scored_are_checked_too(good):
+    _, params = good
+    ok(cli("extract", "--params", params, "--quiet"))
+    edited(params, "score", options={"fgw": {"k": -1}})
+    refused(cli("score", "--params", params, "--quiet"), "score.options.fgw = {'k': -1}", "k=-1")
+
+
 def test_an_option_value_the_scorer_refuses_is_named_by_its_key(tiny_store):
     from pipeline.scorers.checkpoints import load_scorer
 

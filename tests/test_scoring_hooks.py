@@ -374,6 +374,17 @@ def test_shuffle_differs_across_seeds_and_refuses_impossible_suites():
         replacement_images({"image": np.array([[4]])}, "shuffle")
 
 
+def test_items_sharing_an_image_are_served_alike():
+    """Items that share an image stand in a random order within their group, so none of
+    them is always the one served by the same neighbour: here the singleton image 2 reaches
+    each of the two items of image 5 about a quarter of the time (a fixed order within the
+    group would never give it to the second)."""
+    own = np.array([5, 5, 1, 1, 2])
+    draws = np.stack([replacement_images({"image": own[:, None]}, "shuffle", seed=s) for s in range(400)])
+    share = (draws[:, :2] == 2).mean(0)  # [2] how often each item of image 5 gets image 2
+    assert (share > 0.15).all() and abs(share[0] - share[1]) < 0.1, share
+
+
 def test_true_and_fixed_rows_and_errors():
     own = np.array([3, 8, 8, 1, 5, 3])
     index = {"image": own[:, None]}

@@ -32,6 +32,21 @@ def checkpoint_dir(variant: str, checkpoints: str | Path) -> Path:
     return Path(checkpoints) / checkpoint_owner(variant)
 
 
+def build_scorer(variant: str, store: FeatureStore, options: dict | None = None) -> Scorer:
+    """``variant``'s factory called with this store's dims and projections and ``options``
+    (``score.options.<variant>``), its weights untrained; an option the factory does not take
+    or a value it refuses is one ``ValueError`` naming ``score.options.<variant>``."""
+    options = dict(options or {})
+    try:
+        return create_scorer(variant, dims=store.dims, proj=store.projections(), **options)
+    except TypeError as e:  # an option its factory does not take: the user's typo, named
+        raise ValueError(f"score.options.{variant} = {options}: {e}") from None
+    except ValueError as e:  # a value the factory refuses (k: -1), named by its key
+        if not options:
+            raise
+        raise ValueError(f"score.options.{variant} = {options}: {e}") from None
+
+
 def load_scorer(
     variant: str, store: FeatureStore, checkpoints: str | Path, ckpt_dir: Path | None = None, options: dict | None = None
 ) -> Scorer:
@@ -39,15 +54,7 @@ def load_scorer(
     (``score.options``); trained scorers load their checkpoint and the options chosen at
     training time (``config.json`` ``scorer_kwargs``, e.g. q0, which win). A checkpoint
     fitted on features this store does not hold is refused (:func:`_check_fitted_on`)."""
-    options = dict(options or {})
-    try:
-        scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **options)
-    except TypeError as e:  # an option its factory does not take: the user's typo, named
-        raise ValueError(f"score.options.{variant} = {options}: {e}") from None
-    except ValueError as e:  # a value the factory refuses (k: -1), named by its key
-        if not options:
-            raise
-        raise ValueError(f"score.options.{variant} = {options}: {e}") from None
+    scorer = build_scorer(variant, store, options)
     if not scorer.trainable:
         return scorer.eval()
     from safetensors.torch import load_file
