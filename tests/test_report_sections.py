@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
@@ -498,7 +499,7 @@ def test_geometry_shows_the_ridge_maps_held_out_choice(full_context):
 
 
 def test_geometry_goals_read_the_measured_numbers():
-    from pipeline.scorers.geometry.report import _verdict, goals
+    from pipeline.scorers.geometry.report import _goal_value, _verdict, goals
 
     def v(x):
         return {"value": x}
@@ -510,8 +511,8 @@ def test_geometry_goals_read_the_measured_numbers():
     soft = {"shapes-multi": {m: {"diff": d, "lo": d - w, "hi": d + w} for m, d, w in
                              (("R@1", 0.02, 0.03), ("R@5", -0.01, 0.005), ("R@10", -0.03, 0.01), ("nDCG@10", -0.01, 0.005))}}  # fmt: skip
     bench = {"variants": {"fgw": {"k": 20, "ms_per_query": 12.0}}, "fgw_batched_vs_loop": {"speedup": 25.0}}
-    got = {c["goal"]: c for c in goals(numbers, soft, bench)}
-    assert got["ridge-fgw R@1 >= 0.90 on shapes-retrieval"]["met"]
+    got = {c["goal"]: c for c in goals(numbers, soft, bench, {"k": 20, "value": 0.55})}
+    assert got["ridge-fgw R@1 >= 90% on shapes-retrieval"]["met"]
     twice = got["shapes-multi: best reranker R@10 >= 2 x clip"]
     assert not twice["met"] and twice["by"] == pytest.approx(-0.1) and twice["variant"] == "fgw"
     assert got["shapes-multi: steer-multi R@10 below clip"]["met"]
@@ -519,9 +520,31 @@ def test_geometry_goals_read_the_measured_numbers():
     assert soft_goal["met"]  # on the point estimates; R@1's CI [-1, +5] points includes 0
     assert soft_goal["significant"] == {"R@1": False, "R@5": True, "R@10": True, "nDCG@10": True}
     assert _verdict(soft_goal) == "met on the point estimates (R@1: 95% CI includes 0)"
-    assert _verdict(got["ridge-fgw R@1 >= 0.90 on shapes-retrieval"]) == "met"
+    assert _verdict(got["ridge-fgw R@1 >= 90% on shapes-retrieval"]) == "met"
     assert not got["reranking at K = 20 <= 10 ms per query"]["met"]
     assert got["FGW batched >= 10x the per-problem POT loop"]["met"]
+    # rates print in % and their shortfall in points, as every table of the report
+    assert _goal_value(twice) == "50.0% (clip 30.0%), short by 10.0 points; the shortlist's ceiling, CLIP's R@20, is 55.0%"
+    assert _goal_value(got["reranking at K = 20 <= 10 ms per query"]) == "12 ms"
+    assert _goal_value(got["FGW batched >= 10x the per-problem POT loop"]) == "25×"
+
+
+def test_the_shortlist_ceiling_is_clips_recall_at_the_rerankers_k():
+    """Three queries over three images; CLIP ranks their own images 1, 3 and 2. With the
+    default K (20) every target is in the shortlist; with ``k: 1`` only the first."""
+    from types import SimpleNamespace
+
+    from pipeline.scorers.geometry.report import shortlist_ceiling
+
+    manifest = pd.DataFrame({"image": ["a", "b", "c"]})
+    clip = np.array([[0.9, 0.1, 0.2], [0.8, 0.1, 0.5], [0.1, 0.7, 0.6]])  # own: 1st, 3rd, 2nd
+    ctx = SimpleNamespace(results={"s": {"manifest": manifest, "scores": {"clip": clip}}},
+                          score=SimpleNamespace(options={}))  # fmt: skip
+    assert shortlist_ceiling(ctx, "s", "fgw") == {"k": 20, "value": 1.0}
+    ctx.score.options = {"fgw": {"k": 2}, "hungarian": {"k": 1}}
+    assert shortlist_ceiling(ctx, "s", "fgw") == {"k": 2, "value": pytest.approx(2 / 3)}
+    assert shortlist_ceiling(ctx, "s", "hungarian") == {"k": 1, "value": pytest.approx(1 / 3)}
+    assert shortlist_ceiling(ctx, "other", "fgw") is None
 
 
 def test_rates_print_in_percent_and_ranks_as_they_are():

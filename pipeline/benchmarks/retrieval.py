@@ -51,15 +51,21 @@ def target_ranks(scores: np.ndarray, target: np.ndarray) -> np.ndarray:
     return (scores >= t).sum(axis=1)  # the target itself supplies the 1
 
 
-def retrieval_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units]:
-    """R@1, R@5, R@10, nDCG@10 and mean-rank, one unit per query (row); ``scores``:
-    [n_queries, n_gallery] over ``gallery_images(manifest)``."""
+def query_ranks(manifest: pd.DataFrame, scores: np.ndarray) -> np.ndarray:
+    """[n_queries] the rank of each query's (row's) own image in ``scores``:
+    [n_queries, n_gallery] over ``gallery_images(manifest)`` (:func:`target_ranks`)."""
     gallery = {img: j for j, img in enumerate(gallery_images(manifest))}
     if np.shape(scores) != (len(manifest), len(gallery)):
         raise ValueError(
             f"retrieval scores have shape {np.shape(scores)}, expected {(len(manifest), len(gallery))}"
         )
-    rank = target_ranks(scores, np.array([gallery[img] for img in manifest["image"]]))
+    return target_ranks(scores, np.array([gallery[img] for img in manifest["image"]]))
+
+
+def retrieval_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units]:
+    """R@1, R@5, R@10, nDCG@10 and mean-rank, one unit per query (row); ``scores``:
+    [n_queries, n_gallery] over ``gallery_images(manifest)``."""
+    rank = query_ranks(manifest, scores)
     units = {f"R@{k}": Units((rank <= k).astype(float)) for k in (1, 5, 10)}
     units["nDCG@10"] = Units(np.where(rank <= 10, 1.0 / np.log2(1.0 + rank), 0.0))
     units["mean-rank"] = Units(rank.astype(float))
