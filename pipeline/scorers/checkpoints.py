@@ -54,6 +54,7 @@ def load_scorer(
     (``score.options``); trained scorers load their checkpoint and the options chosen at
     training time (``config.json`` ``scorer_kwargs``, e.g. q0, which win). A checkpoint
     fitted on features this store does not hold is refused (:func:`_check_fitted_on`)."""
+    options = dict(options or {})
     scorer = build_scorer(variant, store, options)
     if not scorer.trainable:
         return scorer.eval()
