@@ -12,7 +12,6 @@ from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.whatsup import (
     POOLED_SUITES,
     parse_controlled_name,
-    pooled_pair_accuracy,
     pooled_pair_metrics,
     pooled_pair_units,
     qa_units,
@@ -110,7 +109,7 @@ def test_subset_b_axes_and_pooled_410_criterion(tmp_path):
     ua, ub = whatsup_units(a, _scores(mask_a)), whatsup_units(b, _scores(mask_b))
     assert ua["pair"].statistic() == 0.5 and ub["pair"].statistic() == 0.5
     # (pair_correct_A + pair_correct_B) / (N_A/2 + N_B/2) = (2 + 1) / (4 + 2)
-    assert pooled_pair_accuracy(ua, ub) == pytest.approx(3 / 6)
+    assert pooled_pair_units(ua, ub).statistic() == pytest.approx(3 / 6)
     assert len(pooled_pair_units(ua["pair"], ub["pair"]).values) == 6
 
 

@@ -14,7 +14,7 @@ from pipeline.scorers.bindclip.coupling import coupling_maps, edited_words
 from pipeline.scorers.bindclip.diagnostics import (
     argument_swaps,
     attribute_binding,
-    energy_breakdown,
+    energy_breakdowns,
     grounding_precision,
     relation_of,
     word_kind,
@@ -53,7 +53,7 @@ def test_energy_breakdown_hand_values():
         "image": np.array([[0], [1], [2]]),
         "captions": np.array([[10, 11, -1], [12, 13, -1], [14, 15, 16]]),
     }
-    rows = {r["category"]: r for r in energy_breakdown(_StubScorer(), _RowStore(), manifest, index, "s", batch_size=2)}
+    rows = {r["category"]: r for r in energy_breakdowns(_StubScorer(), _RowStore(), manifest, index, "s", batch_size=2)["category"]}
     a, b = rows["a"], rows["b"]
     # a: pairs (img 0: 10 vs 11), (img 1: 13 vs 12): g = [-1, +1], spatial = [-1, 0] * 2
     assert a["pairs"] == 2 and a["acc_margin"] == 0.5 and a["acc_s"] == 0.5 and a["acc_learned"] == 0.0
@@ -134,10 +134,10 @@ def test_relation_of_and_relation_groups():
         }
     )
     index = {"image": np.array([[0], [1], [2]]), "captions": np.array([[0, 1, 2], [3, 4, -1], [5, 6, -1]])}
-    rows = energy_breakdown(_StubScorer(), _RowStore(), manifest, index, "s", by="relation")
+    rows = energy_breakdowns(_StubScorer(), _RowStore(), manifest, index, "s", by=("relation",))["relation"]
     assert sorted(r["category"] for r in rows) == ["attribution", "left vs below", "left vs right", "relation: left"]
     with pytest.raises(ValueError, match="by must be"):
-        energy_breakdown(_StubScorer(), _RowStore(), manifest, index, "s", by="word")
+        energy_breakdowns(_StubScorer(), _RowStore(), manifest, index, "s", by=("word",))["word"]
 
 
 def test_edit_kind_groups():
@@ -160,7 +160,7 @@ def test_edit_kind_groups():
         }
     )
     index = {"image": np.array([[0], [1], [2]]), "captions": np.array([[0, 1], [2, 3], [4, 5]])}
-    rows = energy_breakdown(_StubScorer(), _RowStore(), manifest, index, "s", by="edit_kind")
+    rows = energy_breakdowns(_StubScorer(), _RowStore(), manifest, index, "s", by=("edit_kind",))["edit_kind"]
     assert sorted((r["category"], r["pairs"]) for r in rows) == [
         ("entity", 1), ("role-swap: depth", 1), ("role-swap: vertical", 1)
     ]

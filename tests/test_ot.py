@@ -9,7 +9,7 @@ import ot
 import pytest
 import torch
 
-from pipeline.ot import fused_gromov_wasserstein, hungarian, sinkhorn_log, sinkhorn_log_kernel
+from pipeline.ot import hungarian, sinkhorn_log, sinkhorn_log_kernel
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -304,18 +304,6 @@ def test_hungarian_equals_emd_on_square_uniform_problem():
         np.testing.assert_allclose(
             cost[k], ot.emd2(np.full(6, 1 / 6), np.full(6, 1 / 6), C[k].numpy())
         )
-
-
-def test_fgw_alpha_zero_is_wasserstein():
-    g = torch.Generator().manual_seed(11)
-    M = torch.rand(2, 4, 5, generator=g, dtype=torch.float64)
-    C1 = torch.cdist(torch.rand(2, 4, 2, generator=g), torch.rand(2, 4, 2, generator=g))
-    C2 = torch.cdist(torch.rand(2, 5, 2, generator=g), torch.rand(2, 5, 2, generator=g))
-    dist, plans = fused_gromov_wasserstein(M, C1, C2, alpha=0.0)
-    for k in range(2):
-        w = ot.emd2(np.full(4, 0.25), np.full(5, 0.2), M[k].numpy())
-        np.testing.assert_allclose(dist[k], w, atol=1e-9)
-        np.testing.assert_allclose(plans[k].sum(1), np.full(4, 0.25), atol=1e-9)
 
 
 def test_bench_sinkhorn_reports_parity_and_extrapolation():

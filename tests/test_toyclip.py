@@ -278,34 +278,6 @@ def test_loss_decreases_on_a_fixed_batch(tmp_path):
     assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3])
 
 
-# ------------------------------------------------------------------------------ calibration
-
-
-def test_evaluate_gives_tied_options_equal_credit(tmp_path):
-    """Identical options tie exactly: an item earns 1/k, wherever its correct index is."""
-    import pandas as pd
-
-    from pipeline.encoders.toyclip import evaluate_toyclip
-
-    images, captions = tiny_world(0, np.arange(2), 64)
-    (tmp_path / "images").mkdir()
-    (tmp_path / "manifests").mkdir()
-    for i, im in enumerate(images):
-        Image.fromarray(im).save(tmp_path / "images" / f"{i}.png")
-    rows = [
-        {"item_id": "a", "image": "0.png", "captions": [captions[0]] * 2, "correct": 0,
-         "category": "swap-att"},
-        {"item_id": "b", "image": "1.png", "captions": [captions[1]] * 3, "correct": 2,
-         "category": "add-obj"},
-    ]  # fmt: skip
-    pd.DataFrame(rows).to_parquet(tmp_path / "manifests" / "shapes-sugarcrepe.parquet")
-    model = build_model(ToyClipConfig())
-    res = evaluate_toyclip(model, tmp_path)["shapes-sugarcrepe"]
-    assert res["swap-att"] == pytest.approx(1 / 2) and res["swap-att/n"] == 1
-    assert res["add-obj"] == pytest.approx(1 / 3) and res["add-obj/n"] == 1
-    assert model.training  # the caller's mode is restored
-
-
 # ------------------------------------------------------------------------------ architecture
 
 

@@ -158,12 +158,6 @@ def pooled_pair_units(*units: dict[str, Units] | Units) -> Units:
     return Units(np.concatenate([p.values for p in pairs]))
 
 
-def pooled_pair_accuracy(*units: dict[str, Units] | Units) -> float:
-    """BindCLIP's 410-pair criterion over Controlled A and B (each ``units`` output or its
-    ``pair`` Units)."""
-    return pooled_pair_units(*units).statistic()
-
-
 Scored = tuple[pd.DataFrame, np.ndarray]  # one suite's manifest and its [n, 4] option scores
 
 

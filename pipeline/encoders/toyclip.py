@@ -30,9 +30,6 @@ Where it departs from CLIP, and why:
 * Images are rendered at the model resolution, so :func:`pixels_from_uint8` is the exact tensor
   equivalent of open_clip's eval transform (identity resize/crop, /255, mean/std).
 
-:func:`evaluate_toyclip` gives quick in-memory accuracies for calibration only (ties earn 1/k);
-the official figures come from extract -> score and are in the report.
-
 Outputs in ``cfg.out``: ``model.safetensors`` (what ``load_encoder("toy", checkpoint=...)``
 loads), ``config.json`` (resolved config + open_clip model config + identity hash),
 ``train_log.json`` (loss per logged step, wall time) and, while running, ``resume.pt`` (model
@@ -355,82 +352,3 @@ def train_toyclip(
     resume_path.unlink(missing_ok=True)
     return {"model": str(model_path), "steps": cfg.steps, "final_loss": loss.item(),
             "wall_time_s": wall, "resumed_from": resumed}  # fmt: skip
-
-
-# ------------------------------------------------------------------------------ calibration
-
-
-@torch.inference_mode()
-def evaluate_toyclip(
-    model_or_path: torch.nn.Module | str | Path, world_dir: str | Path, batch_size: int = 256
-) -> dict[str, dict[str, float]]:
-    """Quick in-memory accuracies on the shapes suites, for calibrating the toy CLIP only.
-
-    The official numbers come from the cache (extract -> score); this encodes the manifests'
-    images and captions directly. Each item's options are scored by cosine similarity; an
-    item earns ``1/k`` if the correct option is among ``k`` tied maxima (random tie-break).
-
-    Args:
-        model_or_path: an open_clip model, or a ``model.safetensors`` path for ``toy``.
-        world_dir: the world folder (``manifests/<suite>.parquet``, ``images/``).
-
-    Returns:
-        ``{suite: {category: accuracy}}`` for shapes-sugarcrepe (its 7 categories),
-        shapes-aro (relation, attribution, order) and shapes-whatsup (``individual`` and per
-        category), each with ``n`` items per category under ``<category>/n``.
-    """
-    import open_clip
-    import pandas as pd
-    from open_clip.transform import PreprocessCfg, image_transform_v2
-    from PIL import Image
-
-    from pipeline.encoders import register_toy_configs
-
-    register_toy_configs()
-    if isinstance(model_or_path, str | Path):
-        from pipeline.encoders import load_encoder
-
-        model = load_encoder("toy", checkpoint=str(model_or_path)).model
-    else:
-        model = model_or_path
-    was_training = model.training
-    model.eval()
-    preprocess = image_transform_v2(PreprocessCfg(**model.visual.preprocess_cfg), is_train=False)
-    tokenizer = open_clip.get_tokenizer("toy-vit")
-    world = Path(world_dir)
-
-    def encode(items: list, fn: Callable) -> torch.Tensor:
-        chunks = [fn(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
-        return torch.cat(chunks) if chunks else torch.empty(0)
-
-    results: dict[str, dict[str, float]] = {}
-    for suite in ("shapes-sugarcrepe", "shapes-aro", "shapes-whatsup"):
-        path = world / "manifests" / f"{suite}.parquet"
-        if not path.exists():
-            continue
-        m = pd.read_parquet(path)
-        paths = sorted(set(m["image"]))
-        img = encode(paths, lambda ps: model.encode_image(torch.stack(
-            [preprocess(Image.open(world / "images" / p).convert("RGB")) for p in ps]),
-            normalize=True))  # fmt: skip
-        texts = sorted({c for caps in m["captions"] for c in caps})
-        txt = encode(texts, lambda ts: model.encode_text(tokenizer(ts), normalize=True))
-        img_row = {p: i for i, p in enumerate(paths)}
-        txt_row = {t: i for i, t in enumerate(texts)}
-        sim = img @ txt.T  # [n_images, n_texts]; equal captions index one entry: exact ties
-        credit = np.empty(len(m))
-        for i, (p, caps, correct) in enumerate(zip(m["image"], m["captions"], m["correct"],
-                                                   strict=True)):  # fmt: skip
-            s = sim[img_row[p], [txt_row[c] for c in caps]]  # [K]
-            top = s == s.max()
-            credit[i] = float(top[int(correct)]) / float(top.sum())
-        cats = m["category"].to_numpy()
-        res = {}
-        for c in sorted(set(cats)):
-            res[c] = float(credit[cats == c].mean())
-            res[f"{c}/n"] = int((cats == c).sum())
-        if suite == "shapes-whatsup":
-            res["individual"] = float(credit.mean())
-        results[suite] = res
-    model.train(was_training)
-    return results

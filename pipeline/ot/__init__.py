@@ -6,10 +6,10 @@
 * ``sinkhorn`` — batched, differentiable log-domain Sinkhorn (balanced entropic OT).
 * ``fgw`` — batched exact Fused Gromov–Wasserstein (conditional gradient).
 * ``transport`` — batched exact OT (a transportation simplex), FGW's linear step.
-* ``assignment`` — Hungarian assignment (scipy) and Fused Gromov–Wasserstein (POT) wrappers.
+* ``assignment`` — Hungarian assignment (scipy).
 """
 
-from pipeline.ot.assignment import fused_gromov_wasserstein, hungarian
+from pipeline.ot.assignment import hungarian
 from pipeline.ot.fgw import fused_gromov_wasserstein_batched
 from pipeline.ot.sinkhorn import SinkhornLog, sinkhorn_log, sinkhorn_log_kernel
 from pipeline.ot.transport import emd_batched
@@ -17,7 +17,6 @@ from pipeline.ot.transport import emd_batched
 __all__ = [
     "SinkhornLog",
     "emd_batched",
-    "fused_gromov_wasserstein",
     "fused_gromov_wasserstein_batched",
     "hungarian",
     "sinkhorn_log",

@@ -88,7 +88,6 @@ from pipeline.world.scenes import (
 WHATSUP_ARRANGEMENTS = ("left", "right", "above", "below")
 ARO_CATEGORIES = ("relation", "attribution", "order")
 SUGARCREPE_CATEGORIES = SUGARCREPE_METRIC_CATEGORIES  # the benchmark's own list, one home
-RETRIEVAL_GROUP = 5  # scenes per retrieval group
 MAX_TRIES = 200  # proposals per item before giving up (never reached in practice)
 # SugarCrepe's add-* negatives append a phrase: the negative is longer in 2,710 of its 2,754
 # pairs and only 35 have equally many BPE tokens (benchmarks.md §2.6), so length alone is a

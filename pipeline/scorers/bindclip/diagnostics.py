@@ -1,11 +1,11 @@
 """Why BindCLIP wins or loses on a slice: its score taken apart, and how well it grounds words.
 
-    from pipeline.scorers.bindclip.diagnostics import energy_breakdown, grounding_precision
-    rows = energy_breakdown(scorer, store, manifest, index, suite="shapes-sugarcrepe")
+    from pipeline.scorers.bindclip.diagnostics import energy_breakdowns, grounding_precision
+    rows = energy_breakdowns(scorer, store, manifest, index, "shapes-sugarcrepe")["category"]
     table = grounding_precision(scorer, data)         # data: training.load_grounded(store, suite)
     stats = attribute_binding(scorer, store, manifest, index)   # shapes-sugarcrepe swap-att
 
-``energy_breakdown`` scores every (true caption, negative) pair of a choice suite once with
+``energy_breakdowns`` scores every (true caption, negative) pair of a choice suite once with
 ``BindClip.explain`` and reports, per category: how often the score ``s``, the frozen
 margin ``g`` alone and the learned part ``s - g`` prefer the true caption, and for each
 energy k its contribution ``exp(lambda_k) * move_k``: the share of pairs where it points
@@ -144,19 +144,6 @@ def energy_breakdowns(
             rows.append(row)
         out[key] = rows
     return out
-
-
-def energy_breakdown(
-    scorer,
-    store,
-    manifest: pd.DataFrame,
-    index: dict[str, np.ndarray],
-    suite: str,
-    batch_size: int = 256,
-    by: str = "category",
-) -> list[dict[str, Any]]:
-    """:func:`energy_breakdowns` for one grouping ``by``."""
-    return energy_breakdowns(scorer, store, manifest, index, suite, (by,), batch_size)[by]
 
 
 def word_kind(word: str) -> str:

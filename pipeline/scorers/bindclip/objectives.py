@@ -73,13 +73,6 @@ def worst_group(losses: torch.Tensor, groups: torch.Tensor, tau: float) -> torch
     return tau * (torch.logsumexp(L / tau, 0) - math.log(len(ids)))
 
 
-def group_means(losses: torch.Tensor, groups: torch.Tensor, n_groups: int) -> torch.Tensor:
-    """[n_groups] per-group mean loss (NaN where a group is absent), for logging."""
-    total = losses.new_zeros(n_groups).index_add(0, groups, losses.detach())
-    count = losses.new_zeros(n_groups).index_add(0, groups, torch.ones_like(losses))
-    return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, math.nan))
-
-
 # ---------------------------------------------------------------------------- objectives
 
 
@@ -106,21 +99,16 @@ def structural_sufficiency(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return F.softplus(-(s - g))
 
 
-def consistency(
-    s: torch.Tensor, s_ref: torch.Tensor, kind: str = "smooth_l1", beta: float = 1.0
-) -> torch.Tensor:
-    """[B] penalty on ``s - s_ref`` (objectives 5 and 6: reflection and paraphrase).
+def consistency(s: torch.Tensor, s_ref: torch.Tensor) -> torch.Tensor:
+    """[B] the Huber penalty (threshold 1) on ``s - s_ref`` (objectives 5 and 6: reflection
+    and paraphrase): quadratic for small differences, linear for large ones, so one
+    transformed item far from its original does not dominate the batch.
 
     Args:
         s: [B] scores of the transformed item (mirrored image and captions, or paraphrase).
         s_ref: [B] scores of the original item.
-        kind: ``smooth_l1`` (Huber with threshold ``beta``) or ``squared``.
     """
-    if kind == "smooth_l1":
-        return F.smooth_l1_loss(s, s_ref, reduction="none", beta=beta)
-    if kind == "squared":
-        return (s - s_ref) ** 2
-    raise ValueError(f"consistency kind must be 'smooth_l1' or 'squared', got {kind!r}")
+    return F.smooth_l1_loss(s, s_ref, reduction="none", beta=1.0)
 
 
 def region_grounding(
