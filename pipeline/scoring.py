@@ -161,10 +161,10 @@ def replacement_images(index: dict[str, np.ndarray], mode: str, seed: int = 0) -
     return out
 
 
-def choice_batches(store: FeatureStore, index: dict[str, np.ndarray], batch_size: int, grids: bool, images: np.ndarray | None = None):
-    """A choice suite read from the store in batches of items with the same option count:
-    yields (item positions [b], image features, one text-feature batch per option).
-    ``images`` [n] replaces each item's own image row (see :func:`replacement_images`)."""
+def choice_batch_rows(index: dict[str, np.ndarray], batch_size: int, images: np.ndarray | None = None):
+    """A choice suite's store rows in batches of items with the same option count: yields
+    (item positions [b], image rows [b], one caption-row array [b] per option). ``images``
+    [n] replaces each item's own image row (see :func:`replacement_images`)."""
     img_rows = index["image"][:, 0] if images is None else np.asarray(images, dtype=np.int64)  # [n]
     cap_rows = index["captions"]  # [n, K_max], -1 = pad
     n_opts = (cap_rows >= 0).sum(1)  # [n]
@@ -172,7 +172,14 @@ def choice_batches(store: FeatureStore, index: dict[str, np.ndarray], batch_size
         items = np.flatnonzero(n_opts == k)
         for start in range(0, len(items), batch_size):
             b = items[start : start + batch_size]
-            yield b, store.images(img_rows[b], grids=grids), [store.texts(cap_rows[b, j], grids=grids) for j in range(k)]
+            yield b, img_rows[b], [cap_rows[b, j] for j in range(k)]
+
+
+def choice_batches(store: FeatureStore, index: dict[str, np.ndarray], batch_size: int, grids: bool, images: np.ndarray | None = None):
+    """A choice suite read from the store in the batches of :func:`choice_batch_rows`:
+    yields (item positions [b], image features, one text-feature batch per option)."""
+    for b, img_rows, cap_rows in choice_batch_rows(index, batch_size, images):
+        yield b, store.images(img_rows, grids=grids), [store.texts(rows, grids=grids) for rows in cap_rows]
 
 
 @torch.no_grad()
@@ -392,11 +399,12 @@ def text_only_metrics(suite: Suite, store: FeatureStore, manifest: pd.DataFrame,
 
 def scores_array(table: pd.DataFrame) -> np.ndarray:
     """``[n, K_max]`` float scores of a scores table's ``scores`` column, NaN-padded."""
-    rows = [np.asarray(r, dtype=np.float64) for r in table["scores"]]
-    width = max((len(r) for r in rows), default=0)
-    out = np.full((len(rows), width), np.nan)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
+    rows = list(table["scores"])
+    n = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))  # [rows] scores per row
+    out = np.full((len(rows), int(n.max(initial=0))), np.nan)
+    if n.sum():
+        col = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)  # each score's place in its row
+        out[np.repeat(np.arange(len(rows)), n), col] = np.concatenate(rows).astype(np.float64)
     return out
 
 

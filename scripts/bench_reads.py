@@ -19,13 +19,12 @@ stored dtypes):
 
 Methods, each over the same rows, checked to return the same arrays:
 
-* ``zarr_orthogonal``: zarr's integer (orthogonal) selection of the sorted unique rows, as
-  ``FeatureStore._gather`` read before this bench (the baseline);
+* ``zarr_orthogonal``: zarr's integer (orthogonal) selection of the sorted unique rows (the
+  baseline);
 * ``dask_threads2`` / ``dask_sync``: a dask view of the array (``da.from_zarr``, one chunk
-  per shard, as the removed ``FeatureStore.array`` made it; built once, outside the timing)
-  indexed with the rows and ``.compute()``-d under the threaded scheduler with 2 workers, or
-  single-threaded;
-* ``gather``: ``FeatureStore._gather`` as it is now (one slice per run of nearby rows);
+  per shard; built once, outside the timing) indexed with the rows and ``.compute()``-d
+  under the threaded scheduler with 2 workers, or single-threaded;
+* ``gather``: ``FeatureStore._gather``, the store's reader (one slice per run of nearby rows);
 * ``features``: the whole ``store.images`` / ``store.texts`` call (done check, float32 and
   torch conversion), for scale.
 
@@ -65,6 +64,7 @@ from pipeline.cache.schema import (  # noqa: E402
     chunk_rows,
     resolve_tail,
 )
+from pipeline.scoring import choice_batch_rows  # noqa: E402
 
 IMAGE_GRID_ARRAYS = ("image/early", "image/final", "image/embed")  # store.images(grids=True)
 TEXT_GRID_ARRAYS = ("text/tokens", "text/ids", "text/mask", "text/embed")  # store.texts(grids=True)
@@ -81,7 +81,7 @@ def build_store(path: Path, n_images: int, grid: int, seed: int = 0) -> None:
     (the same items, permuted)."""
     rng = np.random.default_rng(seed)
     dims = {"grid": [grid, grid], **TOY_DIMS}
-    fingerprint = {"encoder": "bench-random", "grid": grid, "seed": seed}
+    fingerprint = {"encoder": "bench-random", "grid": [grid, grid], "seed": seed}
     root = writer.open_for_writing(path, fingerprint, dims)
     d_v, d_t, D, C = dims["d_v"], dims["d_t"], dims["embed_dim"], dims["context_length"]
     writer.write_params(
@@ -147,16 +147,9 @@ def _keys(rng: np.random.Generator, n: int) -> np.ndarray:
 def score_batches(
     index: dict[str, np.ndarray], batch_size: int
 ) -> list[tuple[np.ndarray, list[np.ndarray]]]:
-    """(image rows, [caption rows per option]) per batch, as ``stages.score.choice_batches``."""
-    img_rows, cap_rows = index["image"][:, 0], index["captions"]
-    n_opts = (cap_rows >= 0).sum(1)
-    out = []
-    for k in np.unique(n_opts):
-        items = np.flatnonzero(n_opts == k)
-        for start in range(0, len(items), batch_size):
-            b = items[start : start + batch_size]
-            out.append((img_rows[b], [cap_rows[b, j] for j in range(k)]))
-    return out
+    """(image rows, [caption rows per option]) per batch: the score stage's batches
+    (:func:`pipeline.scoring.choice_batch_rows`)."""
+    return [(img, caps) for _, img, caps in choice_batch_rows(index, batch_size)]
 
 
 def train_rows(
@@ -177,7 +170,7 @@ def train_rows(
 
 
 def dask_views(store: FeatureStore) -> dict[str, da.Array]:
-    """One dask array per data array, one chunk per shard (what ``FeatureStore.array`` was)."""
+    """One dask array per data array, one chunk per shard."""
     views = {}
     for name in IMAGE_GRID_ARRAYS + TEXT_GRID_ARRAYS:
         arr = store.root[name]
@@ -187,8 +180,8 @@ def dask_views(store: FeatureStore) -> dict[str, da.Array]:
 
 
 def orthogonal_gather(arr: zarr.Array, rows: np.ndarray) -> np.ndarray:
-    """``FeatureStore._gather`` before this bench: zarr's integer (orthogonal) selection of
-    the sorted unique rows, then the caller's order in memory."""
+    """Zarr's integer (orthogonal) selection of the sorted unique rows, then the caller's
+    order in memory."""
     uniq, inverse = np.unique(np.asarray(rows, dtype=np.int64), return_inverse=True)
     return arr.get_orthogonal_selection((uniq,))[inverse]
 

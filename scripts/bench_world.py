@@ -3,8 +3,7 @@
     .venv/bin/python scripts/bench_world.py                       # 200 images at 64 px
     .venv/bin/python scripts/bench_world.py --n 1000 --repeats 5 --out /tmp/world.json
 
-A measurement, not a pass/fail (it replaces the wall-clock bound that
-``tests/test_world.py`` used to assert). Times the operation that test timed: one warm-up
+A measurement, not a pass/fail. Times one warm-up
 batch of 5 scenes, then ``--repeats`` batches of ``--n`` scenes (pool indices ``--start`` ..
 ``--start + n - 1``, ``--seed``, ``--image-size`` pixels), each generated and rendered with
 ``training_batch``. Prints one JSON line (``per_image_s`` is the median pass over ``n``;

@@ -95,9 +95,9 @@ BREAKDOWN_SLICES = [("shapes-sugarcrepe", "swap-att"), ("shapes-aro", "attributi
 
 
 def diagnostics(score, extract) -> dict:
-    """The trial's (seed 0) :func:`pipeline.diagnostics.attribute_binding` on swap-att,
-    :func:`pipeline.diagnostics.argument_swaps` on ARO relation, and the score taken apart
-    (:func:`pipeline.diagnostics.energy_breakdowns`: accuracy of s, g, s - g; each energy's
+    """The trial's (seed 0) :func:`pipeline.scorers.bindclip.diagnostics.attribute_binding` on swap-att,
+    :func:`~pipeline.scorers.bindclip.diagnostics.argument_swaps` on ARO relation, and the score taken apart
+    (:func:`~pipeline.scorers.bindclip.diagnostics.energy_breakdowns`: accuracy of s, g, s - g; each energy's
     share pointing to the true caption / mean size in logits) on the non-spatial
     ``BREAKDOWN_SLICES``."""
     from pipeline.cache import open_store

@@ -523,3 +523,12 @@ def test_replacement_variants_narrow_which_variants_are_replaced(tiny_store, tmp
     cfg.replacement_variants = ["bindclip"]
     with pytest.raises(ValueError, match=r"score.replacement_variants \['bindclip'\] are not in score.variants"):
         score_stage.run(cfg, ext, progress=False)
+
+
+def test_scores_array_pads_ragged_rows_with_nan():
+    from pipeline.scoring import scores_array
+
+    table = pd.DataFrame({"scores": [[1.0, 2.0], [3.0], [], [4.0, 5.0, 6.0]]})
+    want = np.array([[1, 2, np.nan], [3, np.nan, np.nan], [np.nan] * 3, [4, 5, 6]])
+    np.testing.assert_array_equal(scores_array(table), want)
+    assert scores_array(pd.DataFrame({"scores": []})).shape == (0, 0)

@@ -578,3 +578,16 @@ def test_train_checks_every_listed_variant_before_training_any(tmp_path):
     result = CliRunner().invoke(app, ["train", "--params", str(params), "--quiet"])
     assert result.exit_code == 1 and "has no train.glbal-m section" in result.output
     assert not (tmp_path / "ck").exists()
+
+
+def test_batch_entries_are_each_items_csr_range_in_batch_order():
+    """Items 2, 0, 2 and 1 of a CSR with 2, 0, 3 entries: item 2's entries (2, 3, 4) twice,
+    item 0's (0, 1), item 1 none; each entry tagged with its item's place in the batch."""
+    from pipeline.scorers.bindclip.training import _batch_entries
+
+    offsets = np.array([0, 2, 2, 5])
+    ent, item = _batch_entries(offsets, torch.tensor([2, 0, 2, 1]))
+    assert ent.tolist() == [2, 3, 4, 0, 1, 2, 3, 4] and ent.dtype == torch.long
+    assert item.tolist() == [0, 0, 0, 1, 1, 2, 2, 2]
+    ent, item = _batch_entries(offsets, torch.tensor([1]))
+    assert ent.tolist() == [] and item.tolist() == []

@@ -83,3 +83,22 @@ def test_compare_trials_row_is_a_trials_md_row():
     assert cells[4] == "+0.5 [-0.4, +1.4]"
     header = next(line for line in (ROOT / "docs" / "trials.md").read_text().splitlines() if line.startswith("| date"))
     assert len([c for c in header.strip("|").split("|")]) == 7
+
+
+def test_bench_reads_builds_its_store_and_every_method_reads_the_same_arrays(tmp_path):
+    """scripts/bench_reads.py end to end on a small built store: the store opens under the
+    reader's checks, every method is timed on every read pattern (each is checked there to
+    return the same arrays as the baseline) and the score pattern has the score stage's
+    batches."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "reads.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_reads.py"), "--n-images", "96", "--batch-size", "64",
+           "--repeats", "1", "--out", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, cwd=tmp_path, timeout=300)
+    result = json.loads(out.read_text())
+    ordered = result["patterns"]["score_batches_ordered"]
+    assert ordered["n_batches"] == 2  # 96 items of two options in batches of 64
+    assert set(ordered["methods"]) == {"zarr_orthogonal", "dask_threads2", "dask_sync", "gather", "features"}

@@ -8,9 +8,7 @@ validation or holdout bucket. Each comes with one random true caption mixing eve
 (object lists with colours and sizes, relations incl. depth, sides of the picture) and
 every template. No hard negatives: the contrastive batch supplies the negatives.
 
-Speed: about a millisecond per 64 px image, split roughly evenly between scene sampling +
-caption and rendering (docs/trials.md); the test suite keeps a loose 6 ms bound
-(``tests/test_world.py::test_training_batch_speed``).
+Its speed is measured by ``scripts/bench_world.py`` (figures in docs/trials.md).
 """
 
 from __future__ import annotations

@@ -64,10 +64,10 @@ class BindClipConfig:
     epsilon: float = 0.1  # Sinkhorn temperature eps (paper: 0.1)
     n_iters: int = 64  # Sinkhorn iterations K (paper: 64)
     nu_t: float = 0.25  # null-token row mass (paper: 0.25)
-    nu_v: float = 0.50  # null-patch column mass (paper: 0.50; params.yaml: 0.3, chosen on dev)
+    nu_v: float = 0.50  # null-patch column mass (paper: 0.50; params.yaml sets the dev choice)
     floor: float = 0.1  # residual floor of the row mass, keeps shared anchors (ours)
     tau_x: float = 0.1  # temperature of the cross-caption soft match (ours)
-    tau: float = 0.1  # temperature of the column-evidence softmax over cells (ours; params.yaml: 0.3)
+    tau: float = 0.1  # temperature of the column-evidence softmax over cells (ours; params.yaml sets the dev choice)
     q0: float = 0.5  # consensus contraction midpoint q_0 (ours; tune on dev only)
     uncertainty_floor: float = 0.05  # floor in q_k = |mean| / (std + floor) (paper: 0.05)
     consensus: bool = True  # consensus co-transport (§1.5); False for the ablation

@@ -168,8 +168,9 @@ def _batch_entries(offsets: np.ndarray, batch: torch.Tensor, device: torch.devic
     """The CSR entries of the batch's items (``batch`` on the host), in batch order, on
     ``device``: (entry indices [M], position of each entry's item within the batch [M])."""
     lo, hi = offsets[batch.numpy()], offsets[batch.numpy() + 1]
-    ent = np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)] or [np.zeros(0, int)])
-    item = np.repeat(np.arange(len(batch)), hi - lo)
+    n = hi - lo  # [b] entries per item
+    item = np.repeat(np.arange(len(batch)), n)  # [M]
+    ent = lo[item] + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)  # [M] lo_i, lo_i + 1, ...
     return torch.from_numpy(ent).long().to(device), torch.from_numpy(item).to(device)
 
 
