@@ -125,8 +125,8 @@ class Documented:
 
 
 DOCUMENTED = {
-    "aro-relation": Documented(23937, 2, 23937, "images", "benchmarks.md §1.1: 23,937 items; one crop_box per item, so at most one image row each", crops=True),
-    "aro-attribution": Documented(28748, 2, 28748, "images", "benchmarks.md §1.1: 28,748 items; one crop_box per item, so at most one image row each", crops=True),
+    "aro-relation": Documented(23937, 2, 23937, "", "benchmarks.md §1.1: 23,937 items; one crop_box per item, so at most one image row each", crops=True),
+    "aro-attribution": Documented(28748, 2, 28748, "", "benchmarks.md §1.1: 28,748 items; one crop_box per item, so at most one image row each", crops=True),
     "aro-coco-order": Documented(25010, 5, 5000, "val2014", "benchmarks.md §1.1, §1.3: 25,010 items over the 5,000 Karpathy-test images, 5 options each"),
     "aro-flickr-order": Documented(5000, 5, 1000, "flickr30k-images", "benchmarks.md §1.1, §1.3: 1,000 test images, one item per caption (5,000 expected, not counted there), 5 options each"),
     "whatsup-a": Documented(412, 4, 412, "data/controlled_images", "benchmarks.md §3.1: 412 items, one image each (103 object pairs x 4 arrangements), 4 options"),

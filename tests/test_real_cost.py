@@ -218,3 +218,15 @@ def test_a_gpu_measurement_needs_the_cpu_figures(capsys):
     with pytest.raises(SystemExit):
         rc.main(["--device", "cuda"])
     assert "--reuse reports/bench/real-cost.json" in capsys.readouterr().err
+
+
+def test_a_documented_suites_pool_is_the_folder_its_images_are_read_from():
+    """Without files, a documented suite's image folder is its params image root joined with
+    the folder the official layout puts below it: ARO's VG crops sit in the root itself
+    (``<aro>/images``), COCO-Order's photographs in ``val2014/`` below the COCO-2014 root."""
+    import yaml
+
+    roots = yaml.safe_load((ROOT / "real" / "params.yaml").read_text())["extract"]["image_roots"]
+    counts = {c.suite: c for c in rc.count_suites(ROOT / "real" / "params.yaml")}
+    assert counts["aro-relation"].pool == f"{roots['aro-relation']} [aro-relation crops]"
+    assert counts["aro-coco-order"].pool == f"{roots['aro-coco-order']}/val2014"
