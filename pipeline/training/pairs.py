@@ -9,7 +9,10 @@ negative is true, a mirrored image with mirrored captions, and a paraphrase of t
 caption. Its frozen features are read from the store ONCE (sorted unique rows, in blocks
 converted to fp16 one at a time) and kept in memory in fp16, so a step is a gather, not a
 store read. A seeded sample of the selected rows (``SuiteSelection.sampled``; the training
-loop's ``train_items`` / ``dev_items``) bounds that memory on a large suite.
+loop's ``train_items`` / ``dev_items``) bounds that memory on a large suite. The store keeps
+the pooled embeddings in float32, so the dev figures a checkpoint is selected on
+(``config.json``'s ``dev``) can differ by an item from the score stage's metrics of the same
+suite, which read them as stored (on shapes-dev, one negation item of 240 for ``bindclip``).
 
 The suite may be a selection of its rows by a manifest column
 (:class:`~pipeline.benchmarks.base.SuiteSelection`): ``coco-families[train]`` and
