@@ -11,8 +11,8 @@ converted to fp16 one at a time) and kept in memory in fp16, so a step is a gath
 store read. A seeded sample of the selected rows (``SuiteSelection.sampled``; the training
 loop's ``train_items`` / ``dev_items``) bounds that memory on a large suite. The store keeps
 the pooled embeddings in float32, so the dev figures a checkpoint is selected on
-(``config.json``'s ``dev``) can differ by an item from the score stage's metrics of the same
-suite, which read them as stored (on shapes-dev, one negation item of 240 for ``bindclip``).
+(``config.json``'s ``dev``) can differ by an item or so from the score stage's metrics of
+the same suite, which read them as stored.
 
 The suite may be a selection of its rows by a manifest column
 (:class:`~pipeline.benchmarks.base.SuiteSelection`): ``coco-families[train]`` and
