@@ -420,10 +420,10 @@ def test_template_blocks_unwrap_paragraphs():
 
 def test_template_unknown_block_lists_the_blocks():
     text = Templates("pipeline.report", "templates/sections.md")
-    assert text("profile").startswith("Frozen global CLIP on the shapes suites")
+    assert text("shortcuts", offset="0.15").startswith("What the scored shapes suites give to baselines")
     with pytest.raises(KeyError, match="blocks: encoder-comparison, head-to-head, image-replacement, intro, "):
         text("nope")
-    with pytest.raises(KeyError, match="no-encoder-comparison, no-measurements, no-scoring-bench, profile"):
+    with pytest.raises(KeyError, match="no-encoder-comparison, no-measurements, no-scoring-bench, replaced-runs"):
         text("nope")
 
 
@@ -654,7 +654,8 @@ def test_a_suite_with_items_left_out_names_them_in_a_sentence_of_its_own(world, 
     ctx.results["shapes-dev"]["missing"] = ["a.png", "b.png"]
     text = render(ctx)
     assert "images under root/val2017/. 2 item(s) left out, their image missing at extract: a.png, b.png." in text
-    assert "No suite with a published figure was scored in this run (ARO, SugarCrepe, SugarCrepe++, What'sUp)" in text
+    assert "No real benchmark suite was scored in this run (ARO, SugarCrepe, SugarCrepe++, What'sUp)" in text
+    assert "the failure profile above sets the shapes-world stand-ins beside them" in text
 
 
 def test_a_variant_without_scores_is_named_and_a_report_of_nothing_refused(world, tmp_path):
@@ -845,3 +846,208 @@ def test_the_failure_profile_reads_the_published_figures_with_their_sources():
     assert value == pytest.approx(0.6016) and "246 items" in source
     assert "third-party" in profile[("shapes-whatsup", "individual")][1]
     assert "official" in profile[("shapes-sugarcrepe", "replace-obj")][1]
+
+
+# ---------------------------------------------------------------- what a reader needs to read the cells
+
+
+def test_bootstrap_p_values_print_at_their_resolution():
+    """No resample crossing 0 is p < 1/B, not 0; other p-values carry the decimals 1/B needs."""
+    from pipeline.report.markdown import p_value
+
+    assert p_value(0.0, 2000) == "< 0.0005"
+    assert p_value(0.0, 10_000) == "< 0.0001"
+    assert p_value(0.0, 200) == "< 0.005"
+    assert p_value(0.347, 2000) == "0.3470" and p_value(0.05, 200) == "0.050" and p_value(1.0, 2000) == "1.0000"
+
+
+def test_table_one_and_the_lesion_tables_print_p_below_the_resolution_as_such(world, tmp_path):
+    """Frozen CLIP right everywhere, BindCLIP wrong: no resample crosses 0, so every p reads
+    "< 1/B" (B = 200 here), never "0.0000"; the lesion-cost table and Flow-CLIP's ladder alike."""
+    import pandas as pd
+
+    from pipeline.scorers.bindclip.report import lesion_cost_markdown, table_one
+    from pipeline.scorers.flowclip.report import _step
+
+    ctx = make_context(world, tmp_path, {"clip": "right", "bindclip": "wrong"})
+    table = next(b for b in table_one(ctx) if b.startswith("| suite |"))
+    ps = [line.strip("|").split("|")[-1].strip() for line in table.splitlines()[2:]]
+    assert ps and set(ps) == {"< 0.005"}
+    cost = pd.DataFrame({"diff": [0.1, 0.0], "lo": [0.05, -0.1], "hi": [0.15, 0.1], "p": [0.0, 0.42]}, index=["a", "b"])
+    lines = lesion_cost_markdown(cost, 2000).splitlines()
+    assert lines[2] == "| a | +10.0 [+5.0, +15.0] | < 0.0005 |" and lines[3] == "| b | +0.0 [-10.0, +10.0] | 0.4200 |"
+    assert _step({"diff": 0.01, "lo": 0.0, "hi": 0.02, "p": 0.0}, 2000).endswith("<br>p < 0.0005")
+
+
+def test_a_frame_of_row_numbers_prints_without_them():
+    from pipeline.report.markdown import df_markdown
+
+    assert df_markdown(pd.DataFrame({"w": [0.5, 1.0], "total": ["60.0", "61.0"]})) == (
+        "| w | total |\n|---|---|\n| 0.5 | 60.0 |\n| 1.0 | 61.0 |"
+    )
+    named = pd.DataFrame({"total": ["60.0"]}, index=["clip"])
+    assert df_markdown(named) == "| | total |\n|---|---|\n| clip | 60.0 |"
+
+
+def test_local_baselines_name_the_additive_variants_w_and_leave_out_the_row_numbers(world, tmp_path):
+    """The grid's first column is its pooling, not a leaked row number; the `additive`
+    variant's pooling and w are its factory's defaults unless ``score.options`` names others."""
+    from pipeline.scorers.bindclip.report import local_baselines
+
+    variants = {"clip": "right", "local-max": "wrong", "local-softmax": "wrong", "additive": "random", "bindclip": "random"}
+    ctx = make_context(world, tmp_path, variants)
+    blocks = local_baselines(ctx)
+    grid = blocks[-1].splitlines()
+    assert grid[0].startswith("| pooling | w | total |") and grid[2].startswith("| local-max | 0.0 | 100.0 |")
+    assert "with local-max pooling at w = 1.0 (`score.options.additive`" in blocks[1]
+    assert "the grid's row (local-max, 1.0)" in blocks[1]
+    ctx.score.options = {"additive": {"pooling": "softmax", "w": 0.5}}
+    assert "with local-softmax pooling at w = 0.5 (" in local_baselines(ctx)[1]
+    ctx.results = make_results(world, {v: h for v, h in variants.items() if v != "additive"})
+    ctx.score.options = {}
+    assert "`additive` variant" not in local_baselines(ctx)[1]
+
+
+def test_category_mean_is_left_out_where_it_equals_total(world, tmp_path):
+    """Equal-sized SugarCrepe-style categories make ``category-mean`` the ``total``: Table-1
+    and the local grid show it once and say why; with one item fewer it is back."""
+    from pipeline.scorers.bindclip.report import local_baselines, table_one
+
+    variants = {"clip": "right", "local-max": "wrong", "bindclip": "random"}
+    ctx = make_context(world, tmp_path, variants)
+    assert ctx.results["shapes-sugarcrepe"]["manifest"]["category"].value_counts().nunique() == 1
+    text = "\n\n".join(table_one(ctx))
+    assert "| shapes-sugarcrepe | total |" in text and "| shapes-sugarcrepe | category-mean |" not in text
+    assert "every category of shapes-sugarcrepe has the same number of items, so it equals `total`" in text
+    assert "category-mean" not in local_baselines(ctx)[-1] and "| category-mean |" not in local_baselines(ctx)[2]
+    entry = ctx.results["shapes-sugarcrepe"]
+    entry["manifest"] = entry["manifest"].iloc[1:].reset_index(drop=True)
+    entry["scores"] = {v: s[1:] for v, s in entry["scores"].items()}
+    text = "\n\n".join(table_one(ctx))
+    assert "| shapes-sugarcrepe | category-mean |" in text and "so it equals `total`" not in text
+    assert "category-mean" in local_baselines(ctx)[-1]
+
+
+def test_shortcut_rows_go_to_diagnostics_json_and_survive_the_bindclip_payload(full_context):
+    """The shortcut table's rows are in ``diagnostics.json`` under ``shortcuts`` (rates as
+    fractions), and BindCLIP's diagnostics, written later, keep them."""
+    from pipeline.report.markdown import pct
+
+    text = "\n\n".join(SECTIONS.get("shortcuts").render(full_context))
+    rows = full_context.json_files["diagnostics.json"]["shortcuts"]
+    assert len(rows) == text.count("\n| shapes-")
+    whatsup = next(r for r in rows if r["suite"] == "shapes-whatsup" and r["baseline"] == "subject's half")
+    assert f"| shapes-whatsup | subject's half | individual {pct(whatsup['individual'])}, pair " in text
+    half = next(r for r in rows if r["suite"] == "shapes-dev" and r["baseline"] == "subject's half")
+    assert half["slice"] == "relative-geometry and vertical" and f"{pct(half['accuracy'])} of {half['items']}" in text
+    json.dumps(rows, allow_nan=False)  # no NaN: a rate with nothing to count is None
+    assert "also in `diagnostics.json` (`shortcuts`, rates as fractions)" in text
+    SECTIONS.get("bindclip").render(full_context)
+    payload = full_context.json_files["diagnostics.json"]
+    assert payload["shortcuts"] == rows and "energy_breakdown" in payload
+
+
+def test_the_overview_names_the_suffixed_rows_and_the_terms(full_context, world, tmp_path):
+    """The intro says what `@seed<k>` and `@<replacement>` rows are and which baseline their Δ
+    takes where; a Terms paragraph says where the design notes and seeds live and spells out
+    Flow-CLIP's abbreviations."""
+    intro, terms = SECTIONS.get("overview").render(full_context)[1:]
+    assert "`<variant>@shuffle` or `<variant>@fixed`" in intro and "`@seed<k>`" not in intro
+    assert "in the suite tables its Δ is against `clip` with its own images" in intro
+    assert "in the image-replacement table against the same variant with its own image" in intro
+    assert terms.startswith("Terms.") and "`../shared/design/`" in terms and "`../shared/seeds/`" in terms
+    for term in ("GCC, global compatibility calibration", "ICER, image-conditioned evidence refinement",
+                 "HNB, the bidirectional hard-negative contrastive loss", "CIMR, cross-image margin regularisation"):  # fmt: skip
+        assert term in terms
+    seeded = make_context(world, tmp_path, {"clip": "right", "bindclip@seed1": "random"})
+    intro = SECTIONS.get("overview").render(seeded)[1]
+    assert "A row `<variant>@seed<k>` is the variant retrained with training seed k" in intro
+    assert "@shuffle" not in intro
+
+
+def test_the_failure_profile_sets_each_figure_beside_chance(world, tmp_path):
+    """A chance column per metric (2-way 50, What'sUp individual 25), and the prose says where
+    the frozen encoder's CI lies against it: all right is above chance, all wrong below."""
+    right = "\n\n".join(SECTIONS.get("failure-profile").render(make_context(world, tmp_path, {"clip": "right"})))
+    assert "| suite | metric | `tiny-test` (frozen, `clip`) | real CLIP ViT-L/14 (reported) | chance | source |" in right
+    assert "| shapes-sugarcrepe | swap-att | 100.0 | 62.3 | 50.0 |" in right
+    assert "| shapes-whatsup | individual | 100.0 | 25.9 | 25.0 |" in right
+    assert "lies above chance on replace-obj, " in right and "it lies below chance on none." in right
+    assert "should be" not in right  # what the table shows, not a prediction
+    wrong = "\n\n".join(SECTIONS.get("failure-profile").render(make_context(world, tmp_path, {"clip": "wrong"})))
+    assert "lies above chance on none; it contains chance on none; it lies below chance on replace-obj," in wrong
+
+
+def test_encoder_comparison_names_clips_mean_over_the_variants_own_tasks(world, tmp_path):
+    """A variant with fewer tasks than `clip` (no retrieval) takes its Δ over its own tasks:
+    the cell names `clip`'s mean over those (value − Δ), which is not `clip`'s row."""
+    def mean(value, tasks, diff=None):
+        entry = {"value": value, "lo": value - 0.01, "hi": value + 0.01, "tasks": tasks}
+        return entry | ({"diff": diff, "diff_lo": diff - 0.01, "diff_hi": diff + 0.01} if diff is not None else {})
+
+    twelve, eleven = [f"t{i}" for i in range(12)], [f"t{i}" for i in range(11)]
+    variants = {
+        "clip": {"means": {"all-task": mean(0.526, twelve), "binding": mean(0.46, ["b"])}},
+        "bindclip": {"means": {"all-task": mean(0.648, eleven, 0.083), "binding": mean(0.6, ["b"], 0.14)}},
+    }
+    summary = {"variants": ["clip", "bindclip"], "suites": [], "manifests": {}, "config": {"bootstrap": 10_000},
+               "encoders": {"toy": {"open_clip_model": "toy-vit", "variants": variants}}}  # fmt: skip
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    ctx = make_context(world, tmp_path, {"clip": "right"})
+    ctx.cfg.encoders = str(path)
+    text = "\n\n".join(SECTIONS.get("encoder-comparison").render(ctx))
+    assert "weighs the 12 headline tasks equally" in text
+    assert "| `bindclip` | all-task | 64.8 [63.8, 65.8] | +8.3 [+7.3, +9.3]<br>`clip` 56.5 on these 11 tasks |" in text
+    assert "| `bindclip` | binding | 60.0 [59.0, 61.0] | +14.0 [+13.0, +15.0] |" in text  # the same tasks as clip's
+
+
+def test_flowclip_corrections_and_seeds_say_how_to_read_them():
+    """The corrections table's headings name the cell's parts; the seeds table says that a
+    seed kept at step 0 is `clip`'s initialisation, naming those runs."""
+    from pipeline.scorers.flowclip.report import corrections_part, seeds_part
+
+    fix = {"corrected": 10, "new": 4, "net": 6, "p": 0.18}
+    row = {"suite": "shapes-aro", "slice": "relation", "items": 100, "baseline_errors": 40, "global-m": fix}
+    table = corrections_part([row], ["global-m"])[-1]
+    assert table.splitlines()[0] == "| suite | slice | items | `clip` errors | `global-m`: corrected / new / net (McNemar p) |"
+    assert "| 10 / 4 / +6<br>p 0.18 |" in table
+    seeds = {"global-m": {"seeds": [0, 1], "all-task": {"mean": 0.5, "sd": 0.01}}}
+    text = "\n\n".join(seeds_part(seeds, {"global-m": {"0": 50, "1": 0}}))
+    assert "Step 0 is the untrained initialisation (M = I and, for the ICER variants, W = 0)" in text
+    assert "(`global-m@seed1`) scores exactly as `clip`" in text and "Δ +0.0 [+0.0, +0.0]" in text
+    assert "Step 0 is" not in "\n\n".join(seeds_part(seeds, {"global-m": {"0": 50, "1": 100}}))
+
+
+def test_fgw_speed_prints_times_the_stated_speedup_reads_off():
+    """Times at four significant figures: their ratio, to the speedup's one decimal, is the
+    speedup the sentence states."""
+    from pipeline.scorers.geometry.report import cost_part
+
+    fgw = {"batched_ms": 0.01245013750030921, "loop_ms": 0.47930409499986126, "speedup": 38.49789570500384,
+           "max_abs_diff": 2.2e-16}  # fmt: skip
+    text = cost_part({"variants": {}, "fgw_batched_vs_loop": fgw}, Path("x"), "cmd")[-1]
+    batched, loop, speedup = (float(x) for x in re.findall(r"([\d.]+) ms per problem against ([\d.]+) ms.*?([\d.]+)×", text)[0])
+    assert (batched, loop, speedup) == (0.01245, 0.4793, 38.5) and round(loop / batched, 1) == speedup
+
+
+def test_diagnostics_cells_are_percent_except_weights_and_overlaps():
+    from pipeline.scorers.bindclip.report import share_or_weight
+
+    assert share_or_weight(0.4912, weight=False) == "49.1"
+    assert share_or_weight(0.870, weight=True) == "0.870"  # a Bhattacharyya overlap or a span gate
+    assert share_or_weight(167, weight=False) == "167" and share_or_weight(float("nan"), weight=True) == "–"
+
+
+def test_captions_name_each_deltas_baseline_and_what_a_pair_accuracy_is(full_context):
+    """The image-replacement table's Δ is against the variant's own image, said in its
+    caption; the score taken apart says its pair accuracies are not the macro-averaged ARO
+    metric of the suite tables; the binding table names its units."""
+    replaced = SECTIONS.get("image-replacement").render(full_context)[1]
+    assert "Δ against the same variant with its own image (its \"own image\" row, not frozen CLIP" in replaced
+    text = "\n\n".join(SECTIONS.get("bindclip").render(full_context))
+    assert "These are pair accuracies, each (true, negative) pair counted once" in text
+    assert "ARO-style relation and attribution are macro-averaged over relations and attribute pairs" in text
+    binding = text.split("Attribute binding on shapes-sugarcrepe", 1)[1].split("\n\n")[1].splitlines()
+    cells = dict(zip(*([c.strip() for c in line.strip("|").split("|")] for line in (binding[0], binding[2])), strict=True))
+    assert re.fullmatch(r"\d+\.\d", cells["acc_bc"]) and re.fullmatch(r"0\.\d{3}|1\.000", cells["bc colour-shape (true)"])

@@ -1,6 +1,8 @@
-"""Markdown building blocks of the report: percentages and CIs, tables, a DataFrame as a table."""
+"""Markdown building blocks of the report: percentages and CIs, p-values, tables, a DataFrame as a table."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -21,6 +23,15 @@ def pct_ci(x: float, lo: float, hi: float) -> str:
 def points_ci(diff: float, lo: float, hi: float) -> str:
     """A difference of rates and its CI in signed points: ``+1.2 [-0.4, +2.8]``."""
     return f"{100 * diff:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+
+def p_value(p: float, n_resamples: int) -> str:
+    """A bootstrap p-value at the resolution its resamples give: ``n_resamples`` resamples
+    measure no p below 1 / ``n_resamples``, so p = 0 prints as ``< 1/n_resamples``
+    (``< 0.0005`` at 2000) and any other p with the decimals that resolution needs."""
+    if p == 0:
+        return f"< {1 / n_resamples:.2g}"
+    return f"{p:.{max(1, math.ceil(math.log10(n_resamples)))}f}"
 
 
 def metric_value(metric: str, x: float | None) -> str:
@@ -51,8 +62,11 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def df_markdown(df: pd.DataFrame) -> str:
-    """A DataFrame as a pipe table: an unnamed index column, then its columns as they print."""
+    """A DataFrame as a pipe table: an unnamed index column, then its columns as they print.
+    A default index (row numbers 0, 1, ...) names nothing, so it is left out."""
     cols = [str(c) for c in df.columns]
+    if isinstance(df.index, pd.RangeIndex) and df.index.name is None and df.index.start == 0:
+        return md_table(cols, [[str(v) for v in row.tolist()] for _, row in df.iterrows()])
     lines = ["| | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for idx, row in df.iterrows():
         lines.append(f"| {idx} | " + " | ".join(str(v) for v in row.tolist()) + " |")

@@ -9,6 +9,10 @@ test — and names both encoders, since a published ViT-B/32 figure is not one V
 can be held to. It shows only rows whose suite was scored; the shapes report gets one line.
 
 Figures are percentages as published; ``ours`` is in the same unit.
+
+The shapes report's ``failure-profile`` section (order 10) sets the toy CLIP's figures on
+the shapes stand-ins beside the real ViT-L/14 figures of :data:`PUBLISHED` and beside chance,
+and says on which the toy's 95% bootstrap CI lies above, around or below chance.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.sugarcrepe import CATEGORIES as SUGARCREPE_CATEGORIES
 from pipeline.benchmarks.whatsup import POOLED_SUITES, pooled_pair_metrics
 from pipeline.report import ReportContext, section
-from pipeline.report.compare import pair_mcnemar
-from pipeline.report.markdown import md_table
+from pipeline.report.compare import pair_mcnemar, task_units
+from pipeline.report.markdown import md_table, pct
 from pipeline.report.tasks import Task
 from pipeline.report.templates import Templates
+from pipeline.stats import bootstrap_ci
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,38 @@ def real_clip_profile() -> dict[Task, tuple[float, str]]:
         how = "; ".join(f"{r.suite} {r.metric}: {r.source}" for r in rows)
         profile[task] = (sum(r.value for r in rows) / len(rows) / 100, f"mean of {how}" if len(rows) > 1 else how)
     return profile
+
+
+def profile_table(ctx: ReportContext) -> tuple[str, dict[str, list[str]]]:
+    """The frozen encoder's failure profile: each profile task's ``clip`` figure, the real
+    ViT-L/14 figure it stands for and chance; and the tasks whose 95% bootstrap CI lies
+    above chance, contains it, or lies below it (``{"above": [...], "at": [...], "below":
+    [...]}``)."""
+    rows, sides = [], {"above": [], "at": [], "below": []}
+    profile = real_clip_profile()
+    units = task_units(ctx.results, list(profile), "clip")
+    for task, (real, source) in profile.items():
+        if task not in units:
+            continue
+        chance = ctx.layout.chance(task)
+        ci = bootstrap_ci(units[task].values, units[task].groups, n_resamples=ctx.cfg.bootstrap, seed=ctx.cfg.seed)
+        sides["above" if ci.lo > chance else "below" if ci.hi < chance else "at"].append(task[1])
+        rows.append([*task, pct(ci.estimate), pct(real), pct(chance), source])
+    model = ctx.extract.model
+    header = ["suite", "metric", f"`{model}` (frozen, `clip`)", f"real CLIP {PROFILE_MODEL} (reported)", "chance"]
+    return md_table([*header, "source"], rows), sides
+
+
+@section("failure-profile", order=10)
+def failure_profile(ctx: ReportContext) -> list[str]:
+    """The toy CLIP against published ViT-L/14 and chance on the shapes world; on the real
+    suites the published-figures section holds that comparison ([] there)."""
+    if not ctx.layout.toy_world:
+        return []
+    table, sides = profile_table(ctx)
+    named = {k: ", ".join(v) or "none" for k, v in sides.items()}
+    title = f"## The frozen encoder's failure profile (`{ctx.extract.model}`)"
+    return [title, TEXT("profile", **named), table]
 
 
 def measured(ctx: ReportContext, row: Published) -> float | None:

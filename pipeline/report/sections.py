@@ -1,11 +1,13 @@
 """The generic report sections: every scored variant, whatever its family.
 
-* ``overview`` (order 0): the title, the encoder, the variants and how to read a cell.
-* ``failure-profile`` (10): frozen CLIP on the shapes suites next to the figures reported for
-  real ViT-L/14, each with its source (shapes world only: the real report has its
-  published-figures section).
+* ``overview`` (order 0): the title, the encoder, the variants, how to read a cell and the
+  ``@seed<k>`` / ``@<replacement>`` rows, and the terms the report uses (design notes, seeds,
+  Flow-CLIP's parts).
+* ``failure-profile`` (10, in :mod:`pipeline.report.published` beside the figures it reads):
+  frozen CLIP on the shapes suites next to the figures reported for real ViT-L/14 and chance.
 * ``shortcuts`` (15): baselines that bind nothing (the subject's half, a fixed-pixel lookup,
-  a depth phrase, the object count) on the scored shapes suites.
+  a depth phrase, the object count) on the scored shapes suites; their rows also go to
+  ``diagnostics.json`` (``shortcuts``).
 * ``suites`` (20): per suite, each variant's metrics with 95% bootstrap CIs and, for the
   others, Δ against ``clip`` with a paired-bootstrap CI; chance levels; example images.
   The same numbers, one row per (suite, variant, metric), go to ``plots/metrics.csv``.
@@ -32,6 +34,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks import SUITES, Units
@@ -40,7 +43,6 @@ from pipeline.report import ReportContext, section
 from pipeline.report.compare import common_tasks, compare_mean, mean_ci, task_units
 from pipeline.report.figures import examples_figure
 from pipeline.report.markdown import md_table, metric_ci, metric_diff, pct, pct_ci, points_ci
-from pipeline.report.published import PROFILE_MODEL, real_clip_profile
 from pipeline.report.tasks import (
     ARO_TASKS,
     RETRIEVAL,
@@ -114,20 +116,6 @@ def suite_table(
     return md_table(["variant", *suite.metric_names], rows), long_rows
 
 
-def profile_table(results: dict[str, Any], encoder: str = "toy") -> str:
-    """The frozen ``encoder``'s failure profile next to the figures reported for real ViT-L/14."""
-    rows = []
-    for (suite_name, metric), (real, source) in real_clip_profile().items():
-        entry = results.get(suite_name)
-        if not entry or BASELINE not in entry["scores"]:
-            continue
-        suite = SUITES.get(suite_name)
-        value = suite.metrics(entry["manifest"], entry["scores"][BASELINE]).get(metric)
-        rows.append([suite_name, metric, pct(value), pct(real), source])
-    header = ["suite", "metric", f"`{encoder}` (frozen, `clip`)", f"real CLIP {PROFILE_MODEL} (reported)", "source"]
-    return md_table(header, rows)
-
-
 @section("overview", order=0)
 def overview(ctx: ReportContext) -> list[str]:
     variants = ", ".join(f"`{v}`" for v in ctx.score.variants)
@@ -141,17 +129,12 @@ def overview(ctx: ReportContext) -> list[str]:
     unscored = [v for v in ctx.score.variants if not any(v in e["scores"] for e in ctx.results.values())]
     if unscored:
         intro += " " + TEXT("unscored", variants=", ".join(f"`{v}`" for v in unscored))
-    return [f"# Compositionality report ({ctx.layout.world})", intro]
-
-
-@section("failure-profile", order=10)
-def failure_profile(ctx: ReportContext) -> list[str]:
-    """The toy CLIP against published ViT-L/14 on the shapes world; on the real suites the
-    published-figures section holds that comparison ([] here)."""
-    if not ctx.layout.toy_world:
-        return []
-    title = f"## The frozen encoder's failure profile (`{ctx.extract.model}`)"
-    return [title, TEXT("profile"), profile_table(ctx.results, ctx.extract.model)]
+    if any("@seed" in v for v in ctx.scored):
+        intro += " " + TEXT("seed-runs")
+    modes = [m for m in replacement_modes(ctx) if any(v.endswith(f"@{m}") for v in ctx.scored)]
+    if modes:
+        intro += " " + TEXT("replaced-runs", modes=" or ".join(f"`<variant>@{m}`" for m in modes))
+    return [f"# Compositionality report ({ctx.layout.world})", intro, TEXT("terms")]
 
 
 @section("shortcuts", order=15)
@@ -168,7 +151,13 @@ def shortcuts(ctx: ReportContext) -> list[str]:
 
     if not ctx.layout.toy_world:
         return []
-    rows = []
+    rows, records = [], []
+
+    def add(suite: str, baseline: str, figure: str, **numbers: Any) -> None:
+        """One table row, and its numbers (rates as fractions, None for none) as a record."""
+        rows.append([suite, baseline, figure])
+        ready = {k: v if isinstance(v, str) or np.isfinite(v) else None for k, v in numbers.items()}
+        records.append({"suite": suite, "baseline": None if baseline == "–" else baseline, **ready})
 
     def world_entry(suite: str, *columns: str) -> dict | None:
         """The suite's results when its manifest has the world's columns the baselines read
@@ -178,28 +167,31 @@ def shortcuts(ctx: ReportContext) -> list[str]:
             return None
         absent = [c for c in ("scene", *columns) if c not in entry["manifest"]]
         if absent:
-            rows.append([suite, "–", f"not computed: its manifest has no {', '.join(absent)} column"])
+            note = f"not computed: its manifest has no {', '.join(absent)} column"
+            add(suite, "–", note, note=note)
             return None
         return entry
 
     if (entry := world_entry("shapes-whatsup")) is not None:
         for name, metrics in whatsup_shortcuts(entry["manifest"], entry["image_root"]).items():
-            rows.append(["shapes-whatsup", name, ", ".join(f"{k} {pct(v)}" for k, v in metrics.items())])
+            add("shapes-whatsup", name, ", ".join(f"{k} {pct(v)}" for k, v in metrics.items()), **metrics)
     if (entry := world_entry("shapes-sugarcrepe")) is not None:
         d = depth_phrase(entry["manifest"])
         figure = f"replace-rel: decides {d['decided']} of {d['items']}, right on {pct(d['right when decided'])}"
-        rows.append(["shapes-sugarcrepe", "depth phrase (text only)", figure])
+        add("shapes-sugarcrepe", "depth phrase (text only)", figure, slice="replace-rel", **d)
         h = subject_half(entry["manifest"][entry["manifest"]["category"] == "replace-rel"])
         figure = f"replace-rel: {pct(h['accuracy'])} of the {h['items']} spatial items"
-        rows.append(["shapes-sugarcrepe", "subject's half", figure])
+        add("shapes-sugarcrepe", "subject's half", figure, slice="replace-rel", **h)
     if (entry := world_entry("shapes-dev", "family")) is not None:
         n = negation_count(entry["manifest"])
-        rows.append(["shapes-dev", "object count", f"negation: {pct(n['object-count accuracy'])} of {n['items']}"])
+        figure = f"negation: {pct(n['object-count accuracy'])} of {n['items']}"
+        add("shapes-dev", "object count", figure, slice="negation", **n)
         h = subject_half(entry["manifest"][entry["manifest"]["family"].isin(["relative-geometry", "vertical"])])
         figure = f"relative-geometry and vertical: {pct(h['accuracy'])} of {h['items']}"
-        rows.append(["shapes-dev", "subject's half", figure])
+        add("shapes-dev", "subject's half", figure, slice="relative-geometry and vertical", **h)
     if not rows:
         return []
+    ctx.json_files.setdefault("diagnostics.json", {})["shortcuts"] = records
     table = md_table(["suite", "baseline", "figure"], rows)
     return ["## Shortcut baselines", TEXT("shortcuts", offset=f"{OFFSET:g}"), table]
 
@@ -379,12 +371,18 @@ def image_replacement(ctx: ReportContext) -> list[str]:
     ]
 
 
-def mean_cell(entry: dict | None, diff: bool = False) -> str:
-    """One mean of ``variant_means`` as "value [lo, hi]" (or its difference to the baseline)."""
+def mean_cell(entry: dict | None, diff: bool = False, base: dict | None = None) -> str:
+    """One mean of ``variant_means`` as "value [lo, hi]" (or its difference to the baseline).
+    A difference taken over other tasks than the baseline's own mean (``base``) names the
+    baseline's mean over the variant's tasks (value − diff), so it reads off the cells."""
     if not entry or (diff and "diff" not in entry):
         return "–"
     if diff:
-        return points_ci(entry["diff"], entry["diff_lo"], entry["diff_hi"])
+        cell = points_ci(entry["diff"], entry["diff_lo"], entry["diff_hi"])
+        tasks = entry.get("tasks")
+        if base and tasks and tasks != base.get("tasks"):
+            cell += f"<br>`{BASELINE}` {pct(entry['value'] - entry['diff'])} on these {len(tasks)} tasks"
+        return cell
     return pct_ci(entry["value"], entry["lo"], entry["hi"])
 
 
@@ -418,7 +416,8 @@ def stale_suites(ctx: ReportContext, summary: dict[str, Any]) -> str:
 def encoder_comparison(ctx: ReportContext) -> list[str]:
     """``pipeline compare-encoders``' summary (``report.encoders``): each variant's all-task
     and binding means per encoder, with CIs and the paired difference to ``clip`` on the
-    same encoder; a pointer to the command when it has not been run, or when it ran on other
+    same encoder and tasks (naming ``clip``'s mean over them where they are fewer than its
+    own, :func:`mean_cell`); a pointer to the command when it has not been run, or when it ran on other
     manifests than the report's (:func:`stale_suites`)."""
     if not ctx.layout.toy_world:  # the comparison trains toy encoders on the shapes world
         return []
@@ -439,8 +438,8 @@ def encoder_comparison(ctx: ReportContext) -> list[str]:
         for name in ("all-task", "binding"):
             cells = []
             for enc in encoders.values():
-                entry = enc["variants"].get(variant, {}).get("means", {}).get(name)
-                cells += [mean_cell(entry), mean_cell(entry, diff=True)]
+                entry, base = (enc["variants"].get(v, {}).get("means", {}).get(name) for v in (variant, BASELINE))
+                cells += [mean_cell(entry), mean_cell(entry, diff=True, base=base)]
             rows.append([f"`{variant}`", name, *cells])
     header = ["variant", "mean"]
     for enc, e in encoders.items():
@@ -449,6 +448,7 @@ def encoder_comparison(ctx: ReportContext) -> list[str]:
         "## Encoder comparison",
         TEXT(
             "encoder-comparison", path=str(path), encoders=", ".join(f"`{e}`" for e in encoders),
+            n_all=len(ctx.layout.means["all-task"]),
             resamples=f"{int(summary.get('config', {}).get('bootstrap', ctx.cfg.bootstrap)):,}",
         ),  # fmt: skip
         md_table(header, rows),

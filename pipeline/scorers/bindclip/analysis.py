@@ -369,7 +369,7 @@ def sinkhorn_goal(bench: dict) -> dict:
         ", extrapolated" if bench["pot_extrapolated"] else ""
     )
     measured = (
-        f"{bench['speedup']:.1f}x ({bench['ours_s']:.3f} s vs {bench['pot_s']:.2f} s; {timed}; "
+        f"{bench['speedup']:.1f}x ({bench['ours_s']:.4g} s vs {bench['pot_s']:.4g} s; {timed}; "
         f"{' x '.join(map(str, shape))}, {bench['dtype']}, {bench['device']}; "
         f"max abs ΔP {bench['max_abs_diff']:.0e})"
     )

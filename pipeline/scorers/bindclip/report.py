@@ -10,6 +10,7 @@ issue's goals as measured (:mod:`.analysis`). The prose is ``report.md`` beside 
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pandas as pd
 from pipeline.benchmarks import SUITES
 from pipeline.report import ReportContext, section
 from pipeline.report.compare import family_table, whatsup_mcnemar
-from pipeline.report.markdown import df_markdown, md_table, pct, points_ci
+from pipeline.report.markdown import df_markdown, md_table, p_value, pct, points_ci
 from pipeline.report.tasks import DEV_SUITE
 from pipeline.report.templates import Templates
 from pipeline.scorers.bindclip import ENERGIES, analysis
@@ -41,6 +42,7 @@ RELATION_SUITES = {
     "shapes-whatsup": None,
 }
 COUPLING_CATEGORIES = ("swap-att", "swap-att", "swap-obj", "replace-rel")  # one picture row each
+CATEGORY_MEAN = "category-mean"  # the SugarCrepe mean over categories; equal to `total` on equal-sized ones
 
 
 @section("bindclip", order=50)
@@ -63,15 +65,30 @@ def bindclip_section(ctx: ReportContext) -> list[str]:
 # ---------------------------------------------------------------- tables on cached scores
 
 
+def same_as_total(ctx: ReportContext) -> str | None:
+    """The scored SugarCrepe(-style) suite when its categories have equal numbers of items,
+    where ``category-mean`` is ``total`` by construction (and this section leaves it out);
+    else None."""
+    name = ctx.layout.suite("shapes-sugarcrepe")
+    entry = ctx.results.get(name) if name else None
+    if not entry or "category" not in entry["manifest"]:
+        return None
+    return name if entry["manifest"]["category"].value_counts().nunique() == 1 else None
+
+
 def table_one(ctx: ReportContext) -> list[str]:
     """The seed's Table-1 layout against frozen CLIP, and What'sUp's pair criterion."""
-    rows = analysis.binding_table(ctx.results, VARIANT, ctx.cfg.bootstrap, ctx.cfg.seed)
+    n = ctx.cfg.bootstrap
+    rows = analysis.binding_table(ctx.results, VARIANT, n, ctx.cfg.seed)
+    equal = same_as_total(ctx)
+    rows = [c for c in rows if not (equal and (c.suite, c.metric) == (equal, CATEGORY_MEAN))]
     cells = [
-        [c.suite, c.metric, pct(c.base), pct(c.value), points_ci(c.diff, c.lo, c.hi), f"{c.p:.4f}"]
+        [c.suite, c.metric, pct(c.base), pct(c.value), points_ci(c.diff, c.lo, c.hi), p_value(c.p, n)]
         for c in rows
     ]
     header = ["suite", "metric", "frozen CLIP", "BindCLIP", "Δ [95% CI]", "p"]
-    parts = ["## BindCLIP (seed Table-1 layout)", TEXT("table-1"), md_table(header, cells)]
+    note = " " + TEXT("same-as-total", suite=equal) if equal else ""
+    parts = ["## BindCLIP (seed Table-1 layout)", TEXT("table-1") + note, md_table(header, cells)]
     if rows:
         parts.append(TEXT("robust", **robustness(rows)))
     mc = whatsup_mcnemar(ctx.results, VARIANT)
@@ -107,10 +124,10 @@ def ablation(ctx: ReportContext) -> list[str]:
     if not cost.empty:
         pairs = len(ctx.results[dev]["manifest"])
         families = len(cost.index.drop("mean", errors="ignore"))
-        parts += [TEXT("lesion-costs", pairs=pairs, families=families), lesion_cost_markdown(cost)]
+        parts += [TEXT("lesion-costs", pairs=pairs, families=families), lesion_cost_markdown(cost, n)]
     by_kind = analysis.lesion_costs_by_kind(ctx.results, n_resamples=n, seed=seed)
     if not by_kind.empty:
-        parts += [TEXT("lesion-kinds"), lesion_cost_markdown(by_kind)]
+        parts += [TEXT("lesion-kinds"), lesion_cost_markdown(by_kind, n)]
     return parts
 
 
@@ -121,6 +138,9 @@ def local_baselines(ctx: ReportContext) -> list[str]:
         return []
     name = ctx.layout.suite("shapes-sugarcrepe")
     table = family_table(ctx.results, [v for v in LOCAL_BASELINES if v in ctx.scored], name)
+    if same_as_total(ctx):
+        table = table.drop(index=CATEGORY_MEAN, errors="ignore")
+        grid = grid.drop(columns=CATEGORY_MEAN, errors="ignore")
     sc = ctx.results[name]["manifest"]
     adds = {
         c: (
@@ -133,12 +153,25 @@ def local_baselines(ctx: ReportContext) -> list[str]:
     rates = {c: grid[c].map(pct) for c in grid.columns if c not in ("pooling", "w")}
     best_rows = grid.loc[grid.groupby("pooling", sort=False)["total"].idxmax()]  # the first w of equals
     best = "; ".join(f"{r.pooling} w = {r.w:g} (total {pct(r.total)})" for r in best_rows.itertuples())
+    text = TEXT("local", length_matched=matched, best=best)
+    if "additive" in ctx.scored:
+        text += " " + TEXT("additive", **additive_options(ctx.score.options.get("additive", {})))
     return [
         f"### Local and additive baselines ({name})",
-        TEXT("local", length_matched=matched, best=best),
+        text,
         df_markdown(table.map(pct)),
         df_markdown(grid.assign(**rates)),
     ]
+
+
+def additive_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The pooling and w the ``additive`` variant scores with: ``score.options.additive`` over
+    its factory's defaults (the tables show that w, the grid every w)."""
+    from pipeline.scorers import SCORERS
+
+    params = inspect.signature(SCORERS.get("additive")).parameters
+    chosen = {k: options.get(k, params[k].default) for k in ("pooling", "w")}
+    return {"pooling": f"local-{chosen['pooling']}", "w": str(float(chosen["w"]))}  # as the grid prints w
 
 
 def training_seeds(ctx: ReportContext) -> list[str]:
@@ -148,10 +181,10 @@ def training_seeds(ctx: ReportContext) -> list[str]:
     seeds = sorted(v for v in ctx.scored if v.startswith(f"{VARIANT}@seed"))
     if not seeds:
         return []
-    rows = {}
+    rows, left_out = {}, (same_as_total(ctx), CATEGORY_MEAN)
     for suite, metric in ctx.layout.tasks(SEED_ROWS):
         entry = ctx.results.get(suite)
-        if not entry:
+        if not entry or (suite, metric) == left_out:
             continue
         s = SUITES.get(suite)
         vals = {
@@ -170,16 +203,16 @@ def training_seeds(ctx: ReportContext) -> list[str]:
     return ["### Training seeds", df_markdown(pd.DataFrame(rows).T)]
 
 
-def lesion_cost_markdown(cost: pd.DataFrame) -> str:
+def lesion_cost_markdown(cost: pd.DataFrame, n_resamples: int) -> str:
     """A lesion-cost table (``analysis.lesion_costs`` or ``lesion_costs_by_kind``) in points:
-    item counts when given, the scored checkpoint's difference with its CI and p, then the
-    per-seed columns."""
+    item counts when given, the scored checkpoint's difference with its CI and bootstrap p
+    (over ``n_resamples`` resamples), then the per-seed columns."""
     seeds = [c for c in cost.columns if c.startswith("seed")]
     columns = {"items": [int(n) for n in cost["n"]]} if "n" in cost else {}
     columns["BindCLIP − lesion [95% CI]"] = [
         points_ci(d, lo, hi) for d, lo, hi in zip(cost["diff"], cost["lo"], cost["hi"], strict=True)
     ]
-    columns["p"] = [f"{p:.4f}" for p in cost["p"]]
+    columns["p"] = [p_value(p, n_resamples) for p in cost["p"]]
     columns |= {c: [f"{100 * x:+.1f}" for x in cost[c]] for c in seeds}
     return df_markdown(pd.DataFrame(columns, index=cost.index))
 
@@ -336,7 +369,8 @@ def diagnostics(ctx: ReportContext) -> list[str]:
     """The diagnostics' tables; their numbers also go to ``diagnostics.json``."""
     d = diagnostics_tables(ctx.store, ctx.scorer(VARIANT))
     ground = d["grounding"]
-    ctx.json_files["diagnostics.json"] = {**d, "grounding": ground.reset_index().to_dict("records")}
+    payload = ctx.json_files.setdefault("diagnostics.json", {})  # the shortcuts section's rows too
+    payload.update({**d, "grounding": ground.reset_index().to_dict("records")})
     if not d["energy_breakdown"]:
         return []
     parts = [
@@ -349,25 +383,30 @@ def diagnostics(ctx: ReportContext) -> list[str]:
     if d["by_edit_kind"]:
         parts += [TEXT("by-kind"), breakdown_table(d["by_edit_kind"], "edit kind")]
     if not ground.empty:
-        parts += [
-            TEXT("grounding"),
-            df_markdown(ground.map(lambda x: f"{x:.3f}" if isinstance(x, float) else x)),
-        ]
+        parts += [TEXT("grounding"), df_markdown(ground.map(lambda x: pct(x) if isinstance(x, float) else x))]
     binding = d["attribute_binding"]
     if binding:
         shown = {k: v for k, v in binding.items() if k not in ("category", "items")}
-        row = [f"{v:.3f}" for v in shown.values()]
+        row = [share_or_weight(v, k.startswith("bc ")) for k, v in shown.items()]  # bc: an overlap
         parts += [
             TEXT("binding", category=binding["category"], items=binding["items"]),
             md_table(list(shown), [row]),
         ]
     if d["argument_swaps"]:
         swaps = pd.DataFrame(d["argument_swaps"]).set_index("relation")
-        cells = swaps.map(
-            lambda x: "–" if pd.isna(x) else f"{x:.3f}" if isinstance(x, float) else x
-        )
-        parts += [TEXT("swaps"), df_markdown(cells)]
+        cells = {c: [share_or_weight(x, c.startswith("gate ")) for x in swaps[c]] for c in swaps}  # gates: weights
+        parts += [TEXT("swaps"), df_markdown(pd.DataFrame(cells, index=swaps.index))]
     return parts
+
+
+def share_or_weight(x: Any, weight: bool) -> str:
+    """A diagnostics cell: a share or rate in % like every table of the report; a weight or
+    coefficient from 0 to 1 (``weight``) with three decimals; a count as it is; "–" for none."""
+    if x is None or (isinstance(x, float) and np.isnan(x)):
+        return "–"
+    if not isinstance(x, float):
+        return str(x)
+    return f"{x:.3f}" if weight else pct(x)
 
 
 def breakdown_table(rows: list[dict], group: str) -> str:

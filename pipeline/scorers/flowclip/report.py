@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.report import ReportContext, section
-from pipeline.report.markdown import md_table, pct, pct_ci, points_ci
+from pipeline.report.markdown import md_table, p_value, pct, pct_ci, points_ci
 from pipeline.report.sections import SCORING_BENCH, read_bench, replacement_modes
 from pipeline.report.tasks import MEANS
 from pipeline.report.templates import Templates
@@ -65,11 +65,11 @@ def flowclip_section(ctx: ReportContext) -> list[str]:
 
 def _step(c: dict | None, n_resamples: int) -> str:
     """A paired comparison (``compare_mean`` as a dict) in signed points with its bootstrap
-    p (``p < 1/n_resamples`` when no resample crosses 0)."""
+    p (:func:`~pipeline.report.markdown.p_value`: ``p < 1/n_resamples`` when no resample
+    crosses 0)."""
     if c is None:
         return "–"
-    p = f"p < {1 / n_resamples:g}" if c["p"] == 0 else f"p {c['p']:.4f}"
-    return f"{points_ci(c['diff'], c['lo'], c['hi'])}<br>{p}"
+    return f"{points_ci(c['diff'], c['lo'], c['hi'])}<br>p {p_value(c['p'], n_resamples)}"
 
 
 def ladder_part(steps: dict[str, Any], n_resamples: int) -> list[str]:
@@ -126,7 +126,8 @@ def corrections_part(rows: list[dict[str, Any]], variants: list[str]) -> list[st
         ]
         for r in rows
     ]
-    header = ["suite", "slice", "items", "`clip` errors", *(f"`{v}`" for v in variants)]
+    header = ["suite", "slice", "items", "`clip` errors"]
+    header += [f"`{v}`: corrected / new / net (McNemar p)" for v in variants]
     return ["### Errors corrected and errors made", TEXT("corrections"), md_table(header, table)]
 
 
@@ -214,7 +215,11 @@ def seeds_part(seeds: dict[str, Any], selected: dict[str, dict[str, int]]) -> li
         for v, row in seeds.items()
     ]
     header = ["variant", "seeds", "selected step (seed: step)", *(f"{c} mean" if c in MEANS else c for c in columns)]
-    note = [TEXT("untrained")] if untrained(selected) else []
+    if untrained(selected):
+        note = [TEXT("untrained")]
+    else:  # some seeds kept the initialisation: their rows are `clip`'s
+        kept = [f"`{v}@seed{k}`" for v, by in selected.items() for k, step in by.items() if step == 0]
+        note = [TEXT("step-zero", runs=", ".join(kept))] if kept else []
     counts = sorted({len(row["seeds"]) for row in seeds.values()})
     n_seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
     return ["### Training seeds", TEXT("seeds", n_seeds=n_seeds), *note, md_table(header, rows)]

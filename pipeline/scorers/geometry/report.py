@@ -23,7 +23,7 @@ from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.retrieval import RETRIEVAL_METRICS, query_ranks
 from pipeline.report import ReportContext, section
 from pipeline.report.compare import task_units
-from pipeline.report.markdown import md_table, metric_ci, metric_diff, metric_value
+from pipeline.report.markdown import md_table, metric_ci, metric_diff, metric_value, p_value
 from pipeline.report.sections import read_bench
 from pipeline.report.templates import Templates
 from pipeline.scorers.geometry.rerankers import GeometryReranker
@@ -227,7 +227,7 @@ def geometry_section(ctx: ReportContext) -> list[str]:
             metric_value(m, d["hungarian"]),
             metric_value(m, d["fgw"]),
             metric_diff(m, d["diff"], d["lo"], d["hi"]),
-            f"{d['p']:.3f}",
+            p_value(d["p"], ctx.cfg.bootstrap),
         ]
         for s, x in soft.items()
         if x
