@@ -511,7 +511,7 @@ def test_geometry_goals_read_the_measured_numbers():
     soft = {"shapes-multi": {m: {"diff": d, "lo": d - w, "hi": d + w} for m, d, w in
                              (("R@1", 0.02, 0.03), ("R@5", -0.01, 0.005), ("R@10", -0.03, 0.01), ("nDCG@10", -0.01, 0.005))}}  # fmt: skip
     bench = {"variants": {"fgw": {"k": 20, "ms_per_query": 12.0}}, "fgw_batched_vs_loop": {"speedup": 25.0}}
-    got = {c["goal"]: c for c in goals(numbers, soft, bench, {"k": 20, "value": 0.55})}
+    got = {c["goal"]: c for c in goals(numbers, soft, bench, {"fgw": {"k": 20, "value": 0.55}, "hungarian": None})}
     assert got["ridge-fgw R@1 >= 90% on shapes-retrieval"]["met"]
     twice = got["shapes-multi: best reranker R@10 >= 2 x clip"]
     assert not twice["met"] and twice["by"] == pytest.approx(-0.1) and twice["variant"] == "fgw"
