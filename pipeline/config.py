@@ -81,8 +81,11 @@ def family_options(cls: type[C], values: dict[str, Any], what: str, fixed: dict[
         TypeAdapter(cls).validate_json(json.dumps(values, default=str), strict=True)
     except ValidationError as e:
         err = e.errors()[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        if not err["loc"]:  # the options' own check across fields (e.g. a weights key): no field to name
+            raise OptionsError(f"{what}: {msg}") from None
         key = ".".join(map(str, err["loc"]))
-        raise OptionsError(f"{what}: {key} = {err.get('input')!r}: {err['msg']}") from None
+        raise OptionsError(f"{what}: {key} = {err.get('input')!r}: {msg}") from None
     return cls(**values)
 
 

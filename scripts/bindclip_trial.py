@@ -58,6 +58,9 @@ def trial_params(base: dict, name: str, out: Path, overrides: list[str]) -> dict
         metrics_out=str(root / "metrics"),
         variants=["bindclip", "bindclip-lesion"],
         seed_variants=[],
+        seed_suites=[],
+        replacements=[],
+        replacement_variants=[],
         suites=SUITES,
     )
     for item in overrides:

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
+from pathlib import Path
 
-from pipeline.benchmarks import SUITES
-from pipeline.cache import open_store
-from pipeline.config import ExtractConfig, ScoreConfig, load_config
-from pipeline.scorers.bindclip.training import pair_scores
-from pipeline.scorers.checkpoints import load_scorer
-from pipeline.stats.bootstrap import units_mean_bootstrap
-from pipeline.training.pairs import load_pairs, pair_decisions
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.benchmarks import SUITES  # noqa: E402
+from pipeline.cache import open_store  # noqa: E402
+from pipeline.config import ExtractConfig, ScoreConfig, load_config  # noqa: E402
+from pipeline.scorers.bindclip.training import pair_scores  # noqa: E402
+from pipeline.scorers.checkpoints import load_scorer  # noqa: E402
+from pipeline.stats.bootstrap import units_mean_bootstrap  # noqa: E402
+from pipeline.training.pairs import load_pairs, pair_decisions  # noqa: E402
 
 SUITE = "shapes-dev"
 

@@ -47,6 +47,7 @@ def trial_params(base: dict, name: str, out: Path, variants: list[str], override
         metrics_out=str(root / "metrics"),
         variants=["clip", *variants],
         seed_variants=[],
+        seed_suites=[],
         replacements=["shuffle", "fixed"],
         replacement_variants=["clip", *variants],
         suites=SUITES,

@@ -550,6 +550,7 @@ def test_scoring_reads_the_seeds_of_the_last_training_only(tmp_path, tiny_store)
     ("objective", {"ground_negatives": "no"}, r"BindCLIP objective options: ground_negatives = 'no': Input should be a valid boolean"),
     ("objective", {"group_tau": "abc"}, r"BindCLIP objective options: group_tau = 'abc': Input should be a valid number"),
     ("objective", {"gama": 1.0}, r"unknown BindCLIP objective options \['gama'\]; valid: \["),
+    ("objective", {"weights": {"bogus": 1.0}}, r"BindCLIP objective options: unknown objective weight\(s\) \['bogus'\]; valid: pref"),
     ("scorer", {"text_center": "no"}, r"BindClip options: text_center = 'no': Input should be a valid boolean"),
     ("scorer", {"nu_vv": 0.3}, r"unknown BindClip options \['nu_vv'\]"),
 ])  # fmt: skip

@@ -102,3 +102,29 @@ def test_bench_reads_builds_its_store_and_every_method_reads_the_same_arrays(tmp
     ordered = result["patterns"]["score_batches_ordered"]
     assert ordered["n_batches"] == 2  # 96 items of two options in batches of 64
     assert set(ordered["methods"]) == {"zarr_orthogonal", "dask_threads2", "dask_sync", "gather", "features"}
+
+
+@pytest.mark.parametrize("script", ["bindclip_trial", "flowclip_trial"])
+def test_trial_params_pass_the_score_stages_checks(tmp_path, monkeypatch, script):
+    """A trial narrows the score stage to its own variants and suites; every other score key
+    it inherits from params.yaml must still agree with them (replacement variants, seed
+    suites), or the trial fails after training. The stage's checks run before it opens the
+    store, which here stops the run."""
+    from pipeline.config import ExtractConfig, ScoreConfig, load_config
+    from stages import score as stage
+
+    class Checked(Exception):
+        pass
+
+    def stop(_extract):
+        raise Checked
+
+    mod = _module(script)
+    base = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = mod.trial_params(base, "t", tmp_path, []) if script == "bindclip_trial" else \
+        mod.trial_params(base, "t", tmp_path, ["global-m"], [])  # fmt: skip
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    monkeypatch.setattr(stage, "open_store", stop)
+    with pytest.raises(Checked):
+        stage.run(load_config(ScoreConfig, path, "score"), load_config(ExtractConfig, path, "extract"), progress=False)
