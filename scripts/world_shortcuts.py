@@ -29,7 +29,9 @@ def _json(x):
         return [_json(v) for v in x]
     if isinstance(x, str | bool) or x is None:
         return x
-    return None if math.isnan(float(x)) else float(x) if not isinstance(x, int) else x
+    if isinstance(x, int):
+        return x
+    return None if math.isnan(float(x)) else float(x)
 
 
 def _rows(df, column: str, values: list[str]):
