@@ -275,7 +275,9 @@ def encode_block(cfg: ExtractConfig, modality: str, rows: np.ndarray, sources: l
             f"{modality} rows {lo}-{hi - 1} hold other content; give extract.out as a path or URL that names one "
             "store on every machine (a shared disk or an fsspec URL)"
         )
-    bad = encode_rows(enc, root, modality, rows, sources, cfg, progress=False)
+    # a CPU worker has one core: decoding and writing take turns with the forward pass rather
+    # than competing for the cores the machine's other workers encode on
+    bad = encode_rows(enc, root, modality, rows, sources, cfg, progress=False, overlap=cfg.device != "cpu")
     return {"bad": [[m, int(r), why] for (m, r), why in bad.items()], "pid": os.getpid(), "loads": _LOADS[encoder_key(cfg)]}
 
 
@@ -308,7 +310,10 @@ def extract_distributed(
             client.run(preload, cfg)  # every worker loads the model now, in parallel, and fails early
         t0 = time.perf_counter()
         futures, sizes = [], {}
-        for modality, (rows, sources) in plan.todo.items():
+        # the heaviest blocks first (pixels before captions), so the cheap caption blocks fill
+        # the workers' tails instead of one worker finishing an image block alone
+        for modality in sorted(plan.todo, key=lambda m: m == "text"):
+            rows, sources = plan.todo[modality]
             position = {int(r): i for i, r in enumerate(rows)}
             key_of_row = {r: k for k, r in plan.row_of.get(modality, {}).items()}
             for block in writer.task_blocks(rows, BLOCK_ROWS[modality]):

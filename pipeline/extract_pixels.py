@@ -6,22 +6,26 @@ Rows arrive sorted by store row with their sources (an entry of
 read, decoded (and cropped) and preprocessed in a one-thread loader while the encoder runs on
 the previous one, and each shard batch is written by a one-thread ordered writer, data before
 flags, so decoding, encoding and writing overlap and a crash never leaves a ``done`` flag
-ahead of its data. An image that cannot be decoded is encoded as a blank image and its row
+ahead of its data. With ``overlap=False`` the loader and the writer run in the calling thread
+instead, one after the other, in the same order and with the same results: a dask worker on
+the CPU has one core (its one thread), and helper threads would take the cores the machine's
+other workers encode on. An image that cannot be decoded is encoded as a blank image and its row
 left unflagged, so it is reported and never read as data. An object crop is cut out of its
 row's image (decoded once per micro-batch), and only its pooled embedding is kept.
 
 Functions:
     crop_to_box(img, box): the pixels of an image inside a normalised box.
-    _encode_images / _encode_objects(enc, root, rows, sources, cfg, progress): encode and
-        write image / object-crop rows; ``{(modality, row): reason}`` of undecodable ones.
+    _encode_images / _encode_objects(enc, root, rows, sources, cfg, progress, overlap): encode
+        and write image / object-crop rows; ``{(modality, row): reason}`` of undecodable ones.
+    helper(overlap): a one-thread executor, or one that runs each call at once.
     _load(enc, root, rel, crop, bad, row): one image's preprocessed pixels (extract's loader,
         also timed by the benches).
-    _Writer(root, modality): the background ordered writer (captions use it too).
+    _Writer(root, modality, overlap): the ordered writer (captions use it too).
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,25 @@ def crop_to_box(img: Image.Image, box: Any) -> Image.Image:
     return img.crop((max(left, 0), max(top, 0), min(right, w), min(bottom, h)))
 
 
+class _InCaller(Executor):
+    """An executor that runs each submitted call at once, in the caller's thread, and hands
+    back its finished future (an exception is kept in it, as a thread pool's would be)."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - re-raised by future.result(), as a pool's
+            future.set_exception(e)
+        return future
+
+
+def helper(overlap: bool) -> Executor:
+    """Where extract's loading and writing run: one background thread when ``overlap``, so
+    they overlap the encoder, else the calling thread."""
+    return ThreadPoolExecutor(1) if overlap else _InCaller()
+
+
 def _by_row(rows: np.ndarray, sources: list) -> tuple[np.ndarray, list, dict[int, int]]:
     """Rows sorted ascending (writes go shard by shard), their sources in the same order,
     and each row's position in that order."""
@@ -55,7 +78,7 @@ def _by_row(rows: np.ndarray, sources: list) -> tuple[np.ndarray, list, dict[int
     return rows, [sources[i] for i in order], {int(r): i for i, r in enumerate(rows)}
 
 
-def _encode_images(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[Path, str, Any]], cfg: ExtractConfig, progress: bool) -> dict[tuple[str, int], str]:
+def _encode_images(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[Path, str, Any]], cfg: ExtractConfig, progress: bool, overlap: bool = True) -> dict[tuple[str, int], str]:
     if len(rows) == 0:
         return {}
     rows, sources, position = _by_row(rows, sources)
@@ -66,10 +89,10 @@ def _encode_images(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[Pat
     def keep(out: dict[str, torch.Tensor], micro: np.ndarray) -> dict[str, np.ndarray]:
         return {k: v.float().cpu().numpy() for k, v in out.items()}
 
-    return _encode_pixels(enc, root, "image", rows, load, keep, cfg, progress, "extract images")
+    return _encode_pixels(enc, root, "image", rows, load, keep, cfg, progress, "extract images", overlap)
 
 
-def _encode_objects(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[tuple[Path, str, Any], int, np.ndarray]], cfg: ExtractConfig, progress: bool) -> dict[tuple[str, int], str]:
+def _encode_objects(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[tuple[Path, str, Any], int, np.ndarray]], cfg: ExtractConfig, progress: bool, overlap: bool = True) -> dict[tuple[str, int], str]:
     """Encode object crops ``rows`` (store rows into ``object/*``); ``sources[i]`` is the
     crop's image (root, path, crop), its image row and its normalised box [4]."""
     if len(rows) == 0:
@@ -102,15 +125,16 @@ def _encode_objects(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[tu
             "box": np.stack([box for _, _, box in picked]).astype(np.float32),  # [b, 4]
         }
 
-    return _encode_pixels(enc, root, "object", rows, load, keep, cfg, progress, "extract object crops")
+    return _encode_pixels(enc, root, "object", rows, load, keep, cfg, progress, "extract object crops", overlap)
 
 
-def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, keep, cfg: ExtractConfig, progress: bool, desc: str) -> dict[tuple[str, int], str]:
+def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, keep, cfg: ExtractConfig, progress: bool, desc: str, overlap: bool) -> dict[tuple[str, int], str]:
     """Encode sorted store rows ``rows`` of ``modality`` in micro-batches of ``batch_size``:
     ``load(micro, bad)`` gives their [b, 3, H, W] pixels (a blank image for each row it
     records in ``bad`` with the reason), ``keep(out, micro)`` the arrays to store from the
     encoder's outputs; each shard batch is written once all its micro-batches ran, with the
-    ``bad`` rows left unflagged. Returns ``{(modality, row): reason}`` of the bad rows."""
+    ``bad`` rows left unflagged; ``overlap`` as the module says. Returns
+    ``{(modality, row): reason}`` of the bad rows."""
     bar = tqdm(total=len(rows), desc=desc, unit="img", disable=not progress)
     batches = list(writer.shard_batches(rows, cfg.batch_size))
     micro_batches = [
@@ -122,7 +146,7 @@ def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, ke
 
     # decode/preprocess the next micro-batch and write the previous shard batch while the
     # encoder runs on the current one (a 1-thread loader and a 1-thread ordered writer)
-    with ThreadPoolExecutor(1) as loader, _Writer(root, modality) as sink:
+    with helper(overlap) as loader, _Writer(root, modality, overlap) as sink:
         pending = loader.submit(load, micro_batches[0][1], bad)
         parts: list[dict[str, np.ndarray]] = []
         for j, (i, micro) in enumerate(micro_batches):
@@ -140,16 +164,17 @@ def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, ke
 
 
 class _Writer:
-    """Writes encoded batches in a background thread, in submission order.
+    """Writes encoded batches in submission order: in a background thread when ``overlap``,
+    else at once in the caller's.
 
     ``put`` blocks while two writes are pending (bounded memory); leaving the context waits
     for every write and re-raises the first failure, so a crash never skips a ``done`` flag
     ordering: each batch's data is written before its flags (`writer.write_rows`).
     """
 
-    def __init__(self, root, modality: str) -> None:
+    def __init__(self, root, modality: str, overlap: bool = True) -> None:
         self.root, self.modality = root, modality
-        self.pool = ThreadPoolExecutor(1)
+        self.pool = helper(overlap)
         self.pending: list = []
 
     def __enter__(self) -> _Writer:

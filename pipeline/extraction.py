@@ -81,6 +81,7 @@ def extract(
     encoder: Encoder | None = None,
     repair: bool = False,
     break_lock: bool = False,
+    overlap: bool = True,
 ) -> dict[str, Any]:
     """Extract features of ``cfg.suites`` into ``<cfg.out>/<cfg.model>.zarr``, holding the
     store's write lock throughout.
@@ -89,6 +90,8 @@ def extract(
         repair: decode every chunk of the store first and re-encode the rows of every
             damaged or missing chunk file (``pipeline extract --repair``).
         break_lock: take over a lock another host left (:func:`pipeline.cache.store_lock`).
+        overlap: decode and write in helper threads beside the encoder (:func:`encode_rows`);
+            False runs them in turn, as a distributed worker on the CPU does.
 
     Returns:
         A summary: rows encoded/reused per modality, seconds, store path.
@@ -100,7 +103,7 @@ def extract(
         root, plan = prepare(cfg, enc, repair, progress, sources)
         t0 = time.perf_counter()
         for modality, (rows, what) in plan.todo.items():
-            plan.bad.update(encode_rows(enc, root, modality, rows, what, cfg, progress))
+            plan.bad.update(encode_rows(enc, root, modality, rows, what, cfg, progress, overlap))
         return finish(root, plan, cfg, time.perf_counter() - t0)
 
 
@@ -247,16 +250,18 @@ def _plan(root: zarr.Group, plan: ExtractPlan, modality: str, keyed: dict[str, A
     return todo, [source(key_of_row[int(r)]) for r in todo]
 
 
-def encode_rows(enc: Encoder, root: zarr.Group, modality: str, rows: np.ndarray, sources: list, cfg: ExtractConfig, progress: bool) -> dict[tuple[str, int], str]:
+def encode_rows(enc: Encoder, root: zarr.Group, modality: str, rows: np.ndarray, sources: list, cfg: ExtractConfig, progress: bool, overlap: bool = True) -> dict[tuple[str, int], str]:
     """Encode sorted store rows ``rows`` of ``modality`` from their ``sources`` (an entry of
-    :attr:`ExtractPlan.todo`) and write them, flags last.
+    :attr:`ExtractPlan.todo`) and write them, flags last; decoding and writing run in helper
+    threads beside the encoder when ``overlap``, else in this thread
+    (:mod:`pipeline.extract_pixels`).
 
     Returns:
         ``{(modality, row): reason}`` of the rows whose image could not be decoded (written
         with a blank image's features and left unflagged, so they are never read as data).
     """
     encode = {"text": _encode_texts, "image": _encode_images, "object": _encode_objects}[modality]
-    return encode(enc, root, rows, sources, cfg, progress) or {}
+    return encode(enc, root, rows, sources, cfg, progress, overlap) or {}
 
 
 def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: float) -> dict[str, Any]:
@@ -356,14 +361,14 @@ def _keys(hexes: list[str]) -> np.ndarray:
     return np.stack([np.frombuffer(bytes.fromhex(h), dtype=np.uint8) for h in hexes])
 
 
-def _encode_texts(enc: Encoder, root, rows: np.ndarray, bpe: list[list[int]], cfg: ExtractConfig, progress: bool) -> None:
+def _encode_texts(enc: Encoder, root, rows: np.ndarray, bpe: list[list[int]], cfg: ExtractConfig, progress: bool, overlap: bool = True) -> None:
     if len(rows) == 0:
         return
     order = np.argsort(rows)
     rows, bpe = rows[order], [bpe[i] for i in order]
     position = {int(r): i for i, r in enumerate(rows)}
     bar = tqdm(total=len(rows), desc="extract captions", unit="cap", disable=not progress)
-    with _Writer(root, "text") as sink:
+    with _Writer(root, "text", overlap) as sink:
         for batch in writer.shard_batches(rows, cfg.batch_size * 4):
             ids = enc.ids_from_bpe([bpe[position[int(r)]] for r in batch]).to(cfg.device)
             out = enc.encode_texts(ids)

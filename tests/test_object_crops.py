@@ -147,6 +147,34 @@ def test_stored_crops_equal_encoding_the_crops_directly(crops_store, tiny_encode
     torch.testing.assert_close(store.objects(np.array(want_rows)), direct, rtol=1e-5, atol=1e-5)
 
 
+def test_decoding_and_writing_in_turn_write_the_same_store(crops_store, suite, tiny_encoder, tmp_path):
+    """A CPU worker's extract (``overlap=False``: loader and writer in the calling thread)
+    writes every array (images, crops, captions, done flags) as the overlapped one does."""
+    from pipeline.extraction import extract
+
+    cfg = _cfg(suite, tmp_path / "features", crops=True)
+    summary = extract(cfg, progress=False, encoder=tiny_encoder, overlap=False)
+    assert summary["objects"]["encoded"] == 3 * N
+    ref, serial = crops_store[2].root, FeatureStore.open(store_path(cfg)).root
+    names = sorted(_arrays(crops_store[2]))
+    assert {"image/done", "object/done", "text/done"} <= set(names) and names == sorted(_arrays(FeatureStore.open(store_path(cfg))))
+    for name in names:
+        np.testing.assert_array_equal(serial[name][...], ref[name][...], err_msg=name)
+
+
+def test_in_caller_helper_runs_at_once_and_keeps_a_failure_for_result():
+    from pipeline.extract_pixels import helper
+
+    ran = []
+    with helper(False) as pool:
+        done = pool.submit(ran.append, 1)
+        assert ran == [1] and done.done() and done.result() is None
+        failed = pool.submit(lambda: 1 / 0)
+        assert failed.done()
+        with pytest.raises(ZeroDivisionError):
+            failed.result()
+
+
 def test_crop_to_box_rounds_outwards_and_keeps_a_pixel():
     from PIL import Image
 

@@ -74,3 +74,28 @@ def test_bench_out_writes_where_the_report_reads_and_records_it(tmp_path, monkey
     assert not (tmp_path / "reports").exists()
     assert CliRunner().invoke(app, ["bench", *args]).exit_code == 0  # the default folder again
     assert (tmp_path / "reports" / "bench" / "sinkhorn.json").is_file()
+
+
+def test_concurrent_extracts_write_each_store_and_count_every_image(tmp_path):
+    """The distributed bench's machine reference: two worker-like processes, each writing a
+    complete store of the suite, their images counted over the span both encode in."""
+    from dataclasses import replace
+
+    import numpy as np
+    import zarr
+    from safetensors.torch import save_file
+
+    from pipeline.cache import store_path
+    from pipeline.perf.common import extract_cfg, make_suite, random_encoder
+    from pipeline.perf.extract import concurrent_extracts
+
+    enc = random_encoder("toy")
+    manifest = make_suite(tmp_path, 8, enc.preprocess_cfg["size"][0])
+    save_file({k: v.contiguous() for k, v in enc.model.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    cfg = replace(extract_cfg(tmp_path, manifest, "toy", 4), threads=1, checkpoint=str(tmp_path / "w.safetensors"))
+    out = concurrent_extracts(cfg, tmp_path / "processes", 2)
+    assert out["processes"] == 2 and out["images"] == 16 and out["encode_s"] > 0  # both processes' 8 images each
+    stores = [zarr.open_group(store_path(replace(cfg, out=str(tmp_path / "processes" / str(i)))), mode="r") for i in range(2)]
+    for store in stores:
+        assert store["image/done"].shape == (8,) and store["image/done"][...].all()
+    np.testing.assert_array_equal(stores[0]["image/embed"][...], stores[1]["image/embed"][...])
