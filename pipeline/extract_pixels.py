@@ -53,15 +53,26 @@ def crop_to_box(img: Image.Image, box: Any) -> Image.Image:
 
 class _InCaller(Executor):
     """An executor that runs each submitted call at once, in the caller's thread, and hands
-    back its finished future (an exception is kept in it, as a thread pool's would be)."""
+    back its finished future. An ``Exception`` is kept in the future and raised by its
+    ``result()``, where a thread pool's would be; ``KeyboardInterrupt`` and ``SystemExit``
+    propagate at once, as they do in the thread they reach. A call after ``shutdown`` is
+    refused, as a pool refuses it."""
+
+    def __init__(self) -> None:
+        self.closed = False
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
+        if self.closed:
+            raise RuntimeError("cannot schedule new futures after shutdown")
         future: Future = Future()
         try:
             future.set_result(fn(*args, **kwargs))
-        except BaseException as e:  # noqa: BLE001 - re-raised by future.result(), as a pool's
+        except Exception as e:  # noqa: BLE001 - raised by future.result(), as a pool's
             future.set_exception(e)
         return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.closed = True
 
 
 def helper(overlap: bool) -> Executor:
@@ -142,10 +153,11 @@ def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, ke
         for i, batch in enumerate(batches)
         for micro in np.array_split(batch, -(-len(batch) // cfg.batch_size))
     ]
-    bad: dict[int, str] = {}  # row -> reason, filled by the loader thread
+    bad: dict[int, str] = {}  # row -> reason, filled by the loader
 
-    # decode/preprocess the next micro-batch and write the previous shard batch while the
-    # encoder runs on the current one (a 1-thread loader and a 1-thread ordered writer)
+    # overlapped: the next micro-batch is decoded and the previous shard batch written while
+    # the encoder runs on the current one (a 1-thread loader and a 1-thread ordered writer);
+    # in turn: load the next micro-batch, encode the current one, write a finished shard batch
     with helper(overlap) as loader, _Writer(root, modality, overlap) as sink:
         pending = loader.submit(load, micro_batches[0][1], bad)
         parts: list[dict[str, np.ndarray]] = []
@@ -167,9 +179,10 @@ class _Writer:
     """Writes encoded batches in submission order: in a background thread when ``overlap``,
     else at once in the caller's.
 
-    ``put`` blocks while two writes are pending (bounded memory); leaving the context waits
-    for every write and re-raises the first failure, so a crash never skips a ``done`` flag
-    ordering: each batch's data is written before its flags (`writer.write_rows`).
+    Overlapped, ``put`` blocks while two writes are pending (bounded memory). A failed write
+    is raised by the next ``put`` or on leaving the context, which waits for every write;
+    each batch's data is written before its flags (:func:`pipeline.cache.writer.write_rows`),
+    so a crash never leaves a ``done`` flag ahead of its data.
     """
 
     def __init__(self, root, modality: str, overlap: bool = True) -> None:

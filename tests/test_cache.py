@@ -180,6 +180,35 @@ def test_resume_after_crash(tmp_path, tiny_encoder, tiny_suite, monkeypatch):
     assert torch.equal(store.images(rows).final, other.images(rows2).final)
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_failed_write_stops_extract_with_no_later_batch_flagged(tmp_path, tiny_encoder, monkeypatch, overlap):
+    """A shard write that fails (a full disk) ends extract with that error, in the writer
+    thread or in the calling one: the batch before it stays flagged, its own rows are not;
+    in the calling thread no later batch is written either (the writer thread may already
+    hold the next one, which is whole, flags after data)."""
+    from pipeline.cache import writer
+    from pipeline.extraction import extract
+
+    names = make_images(tmp_path / "images", 150, seed=4)
+    as_aro(make_choice_manifest(tmp_path / "m" / "big.parquet", names)).to_parquet(tmp_path / "m" / "big.parquet", index=False)
+    cfg = _cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "big.parquet"}, batch_size=16)
+    real, calls = writer.write_rows, []
+
+    def failing(root, modality, rows, arrays, done=None):
+        calls.append(modality)
+        if modality == "image" and calls.count("image") == 2:
+            raise OSError(28, "No space left on device")
+        return real(root, modality, rows, arrays, done)
+
+    monkeypatch.setattr(writer, "write_rows", failing)
+    with pytest.raises(OSError, match="No space left"):
+        extract(cfg, progress=False, encoder=tiny_encoder, overlap=overlap)
+    done = FeatureStore.open(store_path(cfg)).root["image/done"][:]
+    assert done[:64].all() and not done[64:128].any()  # the first shard batch whole, the failed one unflagged
+    if not overlap:
+        assert calls.count("image") == 2 and done.sum() == 64  # nothing written after the failure
+
+
 def test_rows_left_between_others_are_written_on_a_later_extract(tmp_path, tiny_encoder, tiny_suite):
     """Two images that cannot be decoded, not neighbours, leave two rows undone; every next
     extract encodes exactly those rows again (a write of non-contiguous rows into the

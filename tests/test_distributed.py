@@ -152,6 +152,28 @@ def test_a_task_refuses_a_store_that_is_not_the_planned_one(reference):
     assert zarr.open_group(str(ref), mode="r")["image/done"][:4].all()  # nothing was touched
 
 
+@pytest.mark.parametrize(("device", "overlap"), [("cpu", False), ("cuda", True)])
+def test_a_cpu_worker_loads_and_writes_in_turn_a_gpu_worker_beside_the_encoder(reference, monkeypatch, device, overlap):
+    """A task on a CPU worker (one core) runs extract's loading and writing in its own
+    thread; one whose encoder runs on a GPU keeps them in helper threads beside it."""
+    import numpy as np
+    import zarr
+
+    import pipeline.distributed as dist
+    import pipeline.extraction as extraction
+
+    tmp, ref = reference
+    cfg = dataclasses.replace(_cfg(tmp, "ref"), out=str(ref.parent), device=device)
+    seen = {}
+    monkeypatch.setattr(dist, "worker_encoder", lambda cfg: object())
+    monkeypatch.setattr(dist, "_LOADS", {dist.encoder_key(cfg): 1})
+    monkeypatch.setattr(extraction, "encode_rows", lambda *a, **k: seen.update(k) or {})
+    rows = np.arange(4)
+    keys = zarr.open_group(str(ref), mode="r")["image/key"][:4]
+    dist.encode_block(cfg, "image", rows, [], keys)
+    assert seen["overlap"] is overlap
+
+
 def _listener(reply: bytes | None) -> tuple[socket.socket, int]:
     """A TCP port that accepts and then says ``reply`` (or nothing, ever): not a scheduler."""
     server = socket.socket()
@@ -347,6 +369,8 @@ def test_workers_preload_before_the_first_task_and_task_keys_never_repeat(refere
         calls.clear()
         dist.extract_distributed(dataclasses.replace(_cfg(tmp, "ref"), out=str(tmp_path / name)), "local:1", progress=False)
         assert calls[0] == ("run", "preload") and all(kind == "submit" for kind, _ in calls[1:]) and len(calls) > 2
+        modalities = [key.split("-")[1] for _, key in calls[1:]]
+        assert {"image", "text"} <= set(modalities) and modalities == sorted(modalities, key=lambda m: m == "text")  # pixels first
         keys.append({key for _, key in calls[1:]})
     assert not keys[0] & keys[1]
     calls.clear()

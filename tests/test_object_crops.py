@@ -174,6 +174,15 @@ def test_in_caller_helper_runs_at_once_and_keeps_a_failure_for_result():
         with pytest.raises(ZeroDivisionError):
             failed.result()
 
+        def interrupted():
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):  # a Ctrl-C in the calling thread stops it at once
+            pool.submit(interrupted)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(ran.append, 2)
+    assert ran == [1]
+
 
 def test_crop_to_box_rounds_outwards_and_keeps_a_pixel():
     from PIL import Image

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 import pipeline.encoders.provenance as provenance
@@ -87,15 +88,32 @@ def test_concurrent_extracts_write_each_store_and_count_every_image(tmp_path):
 
     from pipeline.cache import store_path
     from pipeline.perf.common import extract_cfg, make_suite, random_encoder
-    from pipeline.perf.extract import concurrent_extracts
+    from pipeline.perf.extract import concurrent_extracts, process_cfgs
 
     enc = random_encoder("toy")
     manifest = make_suite(tmp_path, 8, enc.preprocess_cfg["size"][0])
     save_file({k: v.contiguous() for k, v in enc.model.state_dict().items()}, str(tmp_path / "w.safetensors"))
     cfg = replace(extract_cfg(tmp_path, manifest, "toy", 4), threads=1, checkpoint=str(tmp_path / "w.safetensors"))
-    out = concurrent_extracts(cfg, tmp_path / "processes", 2)
+    cfgs = process_cfgs(cfg, tmp_path / "processes", 2)
+    out = concurrent_extracts(cfgs)
     assert out["processes"] == 2 and out["images"] == 16 and out["encode_s"] > 0  # both processes' 8 images each
-    stores = [zarr.open_group(store_path(replace(cfg, out=str(tmp_path / "processes" / str(i)))), mode="r") for i in range(2)]
+    stores = [zarr.open_group(store_path(c), mode="r") for c in cfgs]
+    assert len({str(store_path(c)) for c in cfgs}) == 2
     for store in stores:
         assert store["image/done"].shape == (8,) and store["image/done"][...].all()
     np.testing.assert_array_equal(stores[0]["image/embed"][...], stores[1]["image/embed"][...])
+
+
+def test_a_bench_process_that_fails_before_encoding_releases_the_others(tmp_path):
+    """One process of :func:`concurrent_extracts` failing while it plans (a manifest that is
+    not there) breaks the start barrier: the call fails at once instead of hanging."""
+    from dataclasses import replace
+
+    from pipeline.perf.common import extract_cfg, make_suite
+    from pipeline.perf.extract import concurrent_extracts, process_cfgs
+
+    manifest = make_suite(tmp_path, 4, 64)
+    good = process_cfgs(replace(extract_cfg(tmp_path, manifest, "toy", 4), threads=1, pretrained="none"), tmp_path / "p", 2)
+    bad = replace(good[1], manifests={"shapes-sugarcrepe": str(tmp_path / "absent.parquet")})
+    with pytest.raises(Exception, match="absent.parquet"):
+        concurrent_extracts([good[0], bad])

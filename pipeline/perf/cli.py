@@ -61,6 +61,7 @@ def bench_extract(
     toy_images: Annotated[int, typer.Option(min=1, help="images for the toy encoder")] = 512,
     vit_images: Annotated[int, typer.Option(min=0, help="images for ViT-L-14-336 (0 = skip)")] = 8,
     scheduler: Annotated[list[str] | None, typer.Option(help="instead: distributed throughput per scheduler (repeatable, e.g. local:1 local:2)")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="with --scheduler: runs of each scheduler (the median speed-up is reported)")] = 3,
 ) -> None:
     """Extract wall time vs a bare forward pass (toy and ViT-L-14-336, random init); with
     --scheduler, distributed extract throughput against the single process (identical stores)."""
@@ -68,8 +69,8 @@ def bench_extract(
 
     if scheduler:
         flags = " ".join(f"--scheduler {s}" for s in scheduler)
-        write_bench("extract-distributed", f"pipeline bench extract --toy-images {toy_images} {flags}",
-                     extract_scaling(toy_images, tuple(scheduler)))  # fmt: skip
+        write_bench("extract-distributed", f"pipeline bench extract --toy-images {toy_images} {flags} --repeats {repeats}",
+                     extract_scaling(toy_images, tuple(scheduler), repeats=repeats))  # fmt: skip
         return
 
     results = {"toy": extract_overhead("toy", toy_images, batch_size=64)}

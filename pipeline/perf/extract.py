@@ -92,123 +92,171 @@ def extract_memory(sizes: list[int], model: str = "toy") -> dict[str, Any]:
     }
 
 
-def extract_scaling(n_images: int, schedulers: tuple[str, ...] = ("local:1", "local:2"), model: str = "toy", batch_size: int = 64) -> dict[str, Any]:
+def extract_scaling(n_images: int, schedulers: tuple[str, ...] = ("local:1", "local:2"), model: str = "toy", batch_size: int = 64, repeats: int = 3) -> dict[str, Any]:
     """Distributed extract throughput on ``n_images`` random images per scheduler, against
-    the single-process extract (2 torch threads), each into a fresh store; the stores are
-    compared array by array.
+    one process and against the same work in plain processes; every run writes a fresh store,
+    compared array by array with the single process's (``identical_to_single``).
 
     ``encode_s`` is the encoding phase (after planning, before the suite indexes: what more
     workers speed up); ``wall_s`` adds the cluster's start-up and the workers' model loads.
     A toy encoder runs random weights written to a checkpoint file in the bench's folder
-    (every worker loads them from there; speed does not depend on the weights).
+    (every worker loads them from there; speed does not depend on the weights). The runs:
 
-    ``single-1-thread`` is one process doing a CPU worker's work: one torch thread, decoding
-    and writing in turn with the forward pass (``overlap=False``), so ``local:1`` against it is
-    the cluster's own cost (tasks, scheduling, store opens); ``cores_used`` is process CPU time
-    over wall time. ``processes`` runs that work in as many separate processes as the last
-    scheduler has workers, at once and without dask, each into its own store: its throughput
-    over ``single-1-thread``'s (``processes_speedup``) is what this machine gives that many
-    workers before any cluster cost (shared caches and memory bandwidth, other load).
+    * ``single``: one process at 2 torch threads, loading and writing beside the encoder;
+    * ``single-1-thread``: one process doing a CPU worker's work (one torch thread, loading
+      and writing in turn: ``overlap=False``); ``cores_used`` is its CPU time over wall time;
+    * each scheduler, ``repeats`` times in turn (the machine's other load moves one run by
+      several percent);
+    * ``processes:1`` and ``processes:N`` (N: the last scheduler's workers), with each
+      repeat: a worker's work in 1 and in N spawned processes at once, no dask
+      (:func:`concurrent_extracts`): what this machine gives N workers before any cluster cost.
+
+    ``speedups`` are, per repeat, the first scheduler's encode time over the last's, and
+    ``processes_speedups`` ``processes:N``'s throughput over ``processes:1``'s; ``speedup``
+    and ``processes_speedup`` are their medians.
     """
     import os
+    import shutil
+    from dataclasses import replace
 
     import numpy as np
-    import zarr
     from safetensors.torch import save_file
 
     from pipeline.cache import store_path
     from pipeline.distributed import extract_distributed
     from pipeline.extraction import extract
 
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     load = os.getloadavg()[0]
     torch_threads = torch.get_num_threads()
     runs: dict[str, Any] = {}
+    last = schedulers[-1]
+    workers = int(last.split(":")[1]) if last.startswith("local:") else None
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         enc = random_encoder(model)
-        size = enc.preprocess_cfg["size"][0]
-        manifest = make_suite(folder, n_images, size)
+        manifest = make_suite(folder, n_images, enc.preprocess_cfg["size"][0])
         checkpoint = folder / "random.safetensors"
         save_file({k: v.contiguous() for k, v in enc.model.state_dict().items()}, str(checkpoint))
-        stores = {}
-        for name in ("single", "single-1-thread", *schedulers):
-            cfg = extract_cfg(folder, manifest, model, batch_size)
-            cfg.threads, cfg.out = 1 if name == "single-1-thread" else 2, str(folder / name.replace(":", "-"))
-            if enc.spec.toy:
-                cfg.checkpoint = str(checkpoint)
-            else:
-                cfg.pretrained = "none"
+        base = extract_cfg(folder, manifest, model, batch_size)
+        base = replace(base, checkpoint=str(checkpoint)) if enc.spec.toy else replace(base, pretrained="none")
+        ref = store_path(replace(base, out=str(folder / "single")))
+
+        def check(paths: list[Path]) -> bool:
+            """Whether every store of ``paths`` equals the single process's; they are removed."""
+            same = all(_same_store(ref, path) for path in paths)
+            for path in paths:
+                shutil.rmtree(path.parent)
+            return same
+
+        for name in ("single", "single-1-thread"):
+            cfg = replace(base, threads=2 if name == "single" else 1, out=str(folder / name))
             t0, cpu0 = time.perf_counter(), time.process_time()
-            if name.startswith("single"):
-                summary = extract(cfg, progress=False, overlap=name == "single")
-            else:
-                summary = extract_distributed(cfg, name, progress=False)
+            summary = extract(cfg, progress=False, overlap=name == "single")
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            torch.set_num_threads(torch_threads)
             runs[name] = {
                 "encode_s": summary["seconds"], "wall_s": round(wall, 2),
-                "images_per_s": round(n_images / summary["seconds"], 1),
-                **({"workers": summary["workers"], "tasks": summary["tasks"]} if name in schedulers else {"cores_used": round(cpu / wall, 2)}),
+                "images_per_s": round(n_images / summary["seconds"], 1), "cores_used": round(cpu / wall, 2),
             }  # fmt: skip
-            torch.set_num_threads(torch_threads)
-            stores[name] = zarr.open_group(store_path(cfg), mode="r")
-        ref = stores["single"]
-        for name in schedulers:
-            same = all(
-                np.array_equal(ref[k][...], stores[name][k][...])
-                for k, node in ref.members(max_depth=None) if isinstance(node, zarr.Array)
-            )  # fmt: skip
-            runs[name]["identical_to_single"] = bool(same)
-        first, last = schedulers[0], schedulers[-1]
-        workers = int(last.split(":")[1]) if last.startswith("local:") else runs[last]["workers"]
-        cfg = extract_cfg(folder, manifest, model, batch_size)
-        cfg.threads = 1
-        if enc.spec.toy:
-            cfg.checkpoint = str(checkpoint)
-        else:
-            cfg.pretrained = "none"
-        runs["processes"] = concurrent_extracts(cfg, folder / "processes", workers)
+            if name != "single":
+                runs[name]["identical_to_single"] = check([store_path(cfg)])
+        for r in range(repeats):
+            for name in schedulers:
+                cfg = replace(base, threads=2, out=str(folder / f"{name.replace(':', '-')}-{r}"))
+                t0 = time.perf_counter()
+                summary = extract_distributed(cfg, name, progress=False)
+                torch.set_num_threads(torch_threads)
+                runs.setdefault(name, []).append({
+                    "encode_s": summary["seconds"], "wall_s": round(time.perf_counter() - t0, 2),
+                    "images_per_s": round(n_images / summary["seconds"], 1), "workers": summary["workers"],
+                    "tasks": summary["tasks"], "identical_to_single": check([store_path(cfg)]),
+                })  # fmt: skip
+            workers = workers or runs[last][0]["workers"]  # a scheduler's address: the workers that ran
+            for n in dict.fromkeys((1, workers)):
+                cfgs = process_cfgs(replace(base, threads=1), folder / f"processes-{n}-{r}", n)
+                runs.setdefault(f"processes:{n}", []).append(
+                    {**concurrent_extracts(cfgs), "identical_to_single": check([store_path(c) for c in cfgs])}
+                )
+    speedups = [a["encode_s"] / b["encode_s"] for a, b in zip(runs[schedulers[0]], runs[last], strict=True)]
+    processes = [b["images_per_s"] / a["images_per_s"] for a, b in zip(runs["processes:1"], runs[f"processes:{workers}"], strict=True)]
     return {
         "model": model, "n_images": n_images, "n_captions": 2 * n_images, "load_avg_1min": round(load, 2),
-        "runs": runs,
-        "speedup": round(runs[first]["encode_s"] / runs[last]["encode_s"], 2),
+        "repeats": repeats, "runs": runs,
+        "speedups": [round(x, 2) for x in speedups], "speedup": round(float(np.median(speedups)), 2),
+        "processes_speedups": [round(x, 2) for x in processes], "processes_speedup": round(float(np.median(processes)), 2),
         "cores": os.cpu_count(),
-        "processes_speedup": round(runs["processes"]["images_per_s"] / runs["single-1-thread"]["images_per_s"], 2),
-        "goal": f"{last} >= 1.7x {first} (encode phase)",
+        "goal": f"{last} >= 1.7x {schedulers[0]} (encode phase)",
     }  # fmt: skip
 
 
-def concurrent_extracts(cfg, folder: Path, n: int) -> dict[str, Any]:
-    """``n`` processes each extracting ``cfg``'s images into its own store under ``folder``
-    at once (one torch thread, ``overlap=False``: a CPU worker's work, no cluster); each
-    starts encoding after all have planned. ``images_per_s`` counts every process's images
-    over the span from the first encode phase's start to the last one's end."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
+def _same_store(a: Path, b: Path) -> bool:
+    """Whether the stores at ``a`` and ``b`` hold the same arrays with equal contents."""
+    import numpy as np
+    import zarr
+
+    ga, gb = zarr.open_group(str(a), mode="r"), zarr.open_group(str(b), mode="r")
+    names = {k for k, node in ga.members(max_depth=None) if isinstance(node, zarr.Array)}
+    if names != {k for k, node in gb.members(max_depth=None) if isinstance(node, zarr.Array)}:
+        return False
+    return all(np.array_equal(ga[k][...], gb[k][...]) for k in sorted(names))
+
+
+def process_cfgs(cfg, folder: Path, n: int) -> list:
+    """``n`` copies of ``cfg``, each writing its own store under ``folder`` (``folder/<i>``)."""
     from dataclasses import replace
 
+    return [replace(cfg, out=str(folder / str(i))) for i in range(n)]
+
+
+def concurrent_extracts(cfgs: list) -> dict[str, Any]:
+    """Extract each config of ``cfgs`` in its own spawned process, all at once (one torch
+    thread each, ``overlap=False``: a CPU worker's work, no cluster); every process plans
+    first and they start encoding together. ``images_per_s`` counts every process's images
+    over the span from the first encode phase's start to the last one's end."""
+    import multiprocessing as mp
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    n = len(cfgs)
     context = mp.get_context("spawn")
-    with context.Manager() as manager, ProcessPoolExecutor(n, mp_context=context) as pool:
+    with context.Manager() as manager:
         barrier = manager.Barrier(n)
-        spans = list(pool.map(_timed_extract, [replace(cfg, out=str(folder / str(i))) for i in range(n)], [barrier] * n))
+        with ProcessPoolExecutor(n, mp_context=context) as pool:
+            futures = [pool.submit(_timed_extract, cfg, barrier) for cfg in cfgs]
+            errors = [e for e in (f.exception() for f in futures) if e is not None]
+    if errors:  # the failure itself, not the broken barrier it left the others
+        raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
+    spans = [f.result() for f in futures]
     start, end = min(s for s, _, _ in spans), max(e for _, e, _ in spans)
     images = sum(k for _, _, k in spans)
     return {"processes": n, "images": images, "encode_s": round(end - start, 2), "images_per_s": round(images / (end - start), 1)}
 
 
+BARRIER_SECONDS = 600  # how long a bench process waits for the others to finish planning
+
+
 def _timed_extract(cfg, barrier) -> tuple[float, float, int]:
-    """(start, end, images encoded) of one process's encode phase of ``cfg``, in wall-clock
-    seconds: extract's planning, encoding and finishing (:func:`pipeline.extraction.extract`
-    without its lock), the encoding started once every process of ``barrier`` has planned."""
+    """(start, end, images encoded) of one process's encode phase of ``cfg`` (monotonic
+    seconds, one clock for every process on the machine): extract's planning, encoding and
+    finishing (:func:`pipeline.extraction.extract` without its lock), the encoding started
+    once every process of ``barrier`` has planned. A process that fails before then breaks
+    the barrier, so the others fail too instead of waiting for it."""
     from pipeline.encoders import load_encoder
     from pipeline.extraction import encode_rows, finish, prepare
 
-    torch.set_num_threads(cfg.threads)
-    enc = load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
-    root, plan = prepare(cfg, enc)
-    barrier.wait()
-    start = time.time()
+    try:
+        torch.set_num_threads(cfg.threads)
+        enc = load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
+        root, plan = prepare(cfg, enc)
+    except BaseException:
+        barrier.abort()
+        raise
+    barrier.wait(BARRIER_SECONDS)
+    start = time.monotonic()
     for modality, (rows, sources) in plan.todo.items():
         plan.bad.update(encode_rows(enc, root, modality, rows, sources, cfg, progress=False, overlap=False))
-    end = time.time()
+    end = time.monotonic()
     finish(root, plan, cfg, end - start)
     return start, end, len(plan.todo["image"][0])
