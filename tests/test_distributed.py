@@ -422,3 +422,19 @@ def test_the_worker_watch_stops_polling_when_its_block_ends(monkeypatch):
     time.sleep(0.1)
     assert client.polls == polls
     assert not any(t.name == "worker-watch" for t in threading.enumerate())
+
+
+def test_the_scaling_bench_runs_every_row_and_compares_every_store():
+    """``pipeline bench extract --scheduler``'s measurement at its smallest: every row ran,
+    every store equals the single process's, and the speed-ups are the rows' ratios."""
+    from pipeline.perf.extract import extract_scaling
+
+    out = extract_scaling(64, ("local:1", "local:2"), batch_size=16, repeats=1)
+    runs = out["runs"]
+    assert set(runs) == {"single", "single-1-thread", "local:1", "local:2", "processes:1", "processes:2"}
+    assert runs["single-1-thread"]["identical_to_single"]
+    for name in ("local:1", "local:2", "processes:1", "processes:2"):
+        assert len(runs[name]) == 1 and runs[name][0]["identical_to_single"], name
+    assert runs["processes:2"][0]["images"] == 128 and runs["local:2"][0]["workers"] <= 2
+    assert out["speedups"] == [round(runs["local:1"][0]["encode_s"] / runs["local:2"][0]["encode_s"], 2)] and out["speedup"] == out["speedups"][0]
+    assert out["processes_speedup"] == round(runs["processes:2"][0]["images_per_s"] / runs["processes:1"][0]["images_per_s"], 2)
