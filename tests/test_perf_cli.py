@@ -109,11 +109,16 @@ def test_a_bench_process_that_fails_before_encoding_releases_the_others(tmp_path
     not there) breaks the start barrier: the call fails at once instead of hanging."""
     from dataclasses import replace
 
-    from pipeline.perf.common import extract_cfg, make_suite
+    from safetensors.torch import save_file
+
+    from pipeline.perf.common import extract_cfg, make_suite, random_encoder
     from pipeline.perf.extract import concurrent_extracts, process_cfgs
 
-    manifest = make_suite(tmp_path, 4, 64)
-    good = process_cfgs(replace(extract_cfg(tmp_path, manifest, "toy", 4), threads=1, pretrained="none"), tmp_path / "p", 2)
+    enc = random_encoder("toy")
+    manifest = make_suite(tmp_path, 4, enc.preprocess_cfg["size"][0])
+    save_file({k: v.contiguous() for k, v in enc.model.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    cfg = replace(extract_cfg(tmp_path, manifest, "toy", 4), threads=1, checkpoint=str(tmp_path / "w.safetensors"))
+    good = process_cfgs(cfg, tmp_path / "p", 2)
     bad = replace(good[1], manifests={"shapes-sugarcrepe": str(tmp_path / "absent.parquet")})
     with pytest.raises(Exception, match="absent.parquet"):
         concurrent_extracts([good[0], bad])
