@@ -239,12 +239,12 @@ BARRIER_SECONDS = 600  # how long a bench process waits for the others to finish
 
 def _timed_extract(cfg, barrier) -> tuple[float, float, int]:
     """(start, end, images encoded) of one process's encode phase of ``cfg`` (monotonic
-    seconds, one clock for every process on the machine): extract's planning, encoding and
-    finishing (:func:`pipeline.extraction.extract` without its lock), the encoding started
-    once every process of ``barrier`` has planned. A process that fails before then breaks
-    the barrier, so the others fail too instead of waiting for it."""
+    seconds, one clock for every process on the machine): extract without its lock
+    (:func:`pipeline.extraction.prepare`, then :func:`pipeline.extraction.encode_plan`), the
+    encoding started once every process of ``barrier`` has planned. A process that fails
+    before then breaks the barrier, so the others fail too instead of waiting for it."""
     from pipeline.encoders import load_encoder
-    from pipeline.extraction import encode_rows, finish, prepare
+    from pipeline.extraction import encode_plan, prepare
 
     try:
         torch.set_num_threads(cfg.threads)
@@ -255,8 +255,5 @@ def _timed_extract(cfg, barrier) -> tuple[float, float, int]:
         raise
     barrier.wait(BARRIER_SECONDS)
     start = time.monotonic()
-    for modality, (rows, sources) in plan.todo.items():
-        plan.bad.update(encode_rows(enc, root, modality, rows, sources, cfg, progress=False, overlap=False))
-    end = time.monotonic()
-    finish(root, plan, cfg, end - start)
-    return start, end, len(plan.todo["image"][0])
+    summary = encode_plan(enc, root, plan, cfg, overlap=False)
+    return start, start + summary["seconds"], summary["images"]["encoded"]
