@@ -438,3 +438,6 @@ def test_the_scaling_bench_runs_every_row_and_compares_every_store():
     assert runs["processes:2"][0]["images"] == 128 and runs["local:2"][0]["workers"] <= 2
     assert out["speedups"] == [round(runs["local:1"][0]["encode_s"] / runs["local:2"][0]["encode_s"], 2)] and out["speedup"] == out["speedups"][0]
     assert out["processes_speedup"] == round(runs["processes:2"][0]["images_per_s"] / runs["processes:1"][0]["images_per_s"], 2)
+    for name in ("local:1", "local:2", "processes:1", "processes:2"):
+        shares = runs[name][0]["machine_cpu"]
+        assert abs(sum(shares.values()) - 1) <= 0.002 and out["median_steal"][name] == shares["steal"], name

@@ -122,3 +122,29 @@ def test_a_bench_process_that_fails_before_encoding_releases_the_others(tmp_path
     bad = replace(good[1], manifests={"shapes-sugarcrepe": str(tmp_path / "absent.parquet")})
     with pytest.raises(Exception, match="absent.parquet"):
         concurrent_extracts([good[0], bad])
+
+
+def test_cpu_shares_split_the_machines_time_into_busy_stolen_and_idle(monkeypatch):
+    """The shares are the block's differences of the machine's CPU times over their total
+    (guest time is inside user time and not counted twice), and are left empty where the
+    system reports no steal time."""
+    from collections import namedtuple
+
+    import psutil
+
+    from pipeline.perf.common import cpu_shares
+
+    Linux = namedtuple("Linux", "user nice system idle iowait irq softirq steal guest guest_nice")
+    times = iter([Linux(10, 0, 5, 100, 1, 0, 0, 2, 3, 0), Linux(16, 1, 7, 104, 2, 0, 1, 4, 9, 0)])
+    monkeypatch.setattr(psutil, "cpu_times", lambda: next(times))
+    with cpu_shares() as shares:
+        assert shares == {}
+    # deltas: user 6, nice 1, system 2, idle 4, iowait 1, softirq 1, steal 2 -> total 17
+    assert shares == {"busy": round(10 / 17, 3), "steal": round(2 / 17, 3), "idle": round(5 / 17, 3)}
+
+    Mac = namedtuple("Mac", "user nice system idle")
+    times = iter([Mac(1, 0, 1, 1), Mac(2, 0, 2, 2)])
+    monkeypatch.setattr(psutil, "cpu_times", lambda: next(times))
+    with cpu_shares() as shares:
+        pass
+    assert shares == {}

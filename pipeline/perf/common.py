@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +106,35 @@ def bare_forward(enc, folder: Path, manifest: Path, batch_size: int) -> float:
     for s in range(0, len(caps), batch_size * 4):
         enc.encode_texts(enc.tokenizer(caps[s : s + batch_size * 4]))
     return time.perf_counter() - t0
+
+
+@contextmanager
+def cpu_shares() -> Iterator[dict[str, float]]:
+    """The machine's CPU time over the block, as shares of all its cores' time, filled in
+    when the block ends: ``busy`` (user, system and interrupt time of every process),
+    ``steal`` (time the hypervisor gave other guests while this virtual machine had work
+    for its cores: cores a run had but could not use) and ``idle`` (idle and I/O wait).
+    Speed-ups measured on a virtual machine read with them: a run on two cores loses what
+    the hypervisor steals, a run on one core of two barely any. Empty where the system
+    reports no steal time (only Linux does)."""
+    import psutil
+
+    shares: dict[str, float] = {}
+    before = psutil.cpu_times()
+    yield shares
+    after = psutil.cpu_times()
+    if not hasattr(after, "steal"):
+        return
+    delta = {f: getattr(after, f) - getattr(before, f) for f in after._fields if f not in ("guest", "guest_nice")}
+    total = sum(delta.values())  # guest time is already counted in user time
+    if total <= 0:
+        return
+    idle = delta["idle"] + delta.get("iowait", 0.0)
+    shares.update({
+        "busy": round((total - idle - delta["steal"]) / total, 3),
+        "steal": round(delta["steal"] / total, 3),
+        "idle": round(idle / total, 3),
+    })  # fmt: skip
 
 
 def write_bench(name: str, command: str, results: dict, folder: str | Path = "reports/bench") -> Path:

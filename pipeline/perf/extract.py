@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from pipeline.perf.common import bare_forward, extract_cfg, make_suite, random_encoder
+from pipeline.perf.common import bare_forward, cpu_shares, extract_cfg, make_suite, random_encoder
 
 
 def extract_overhead(model: str, n_images: int, batch_size: int, repeats: int = 2) -> dict[str, Any]:
@@ -113,7 +113,11 @@ def extract_scaling(n_images: int, schedulers: tuple[str, ...] = ("local:1", "lo
 
     ``speedups`` are, per repeat, the first scheduler's encode time over the last's, and
     ``processes_speedups`` ``processes:N``'s throughput over ``processes:1``'s; ``speedup``
-    and ``processes_speedup`` are their medians.
+    and ``processes_speedup`` are their medians. Every run records ``machine_cpu``, the
+    machine's busy, stolen and idle shares of CPU time over the whole run
+    (:func:`pipeline.perf.common.cpu_shares`), and ``median_steal`` gives each scheduler's
+    and process count's median stolen share: on a virtual machine, what the hypervisor takes
+    from runs that keep every core busy.
     """
     import os
     import shutil
@@ -153,12 +157,14 @@ def extract_scaling(n_images: int, schedulers: tuple[str, ...] = ("local:1", "lo
         for name in ("single", "single-1-thread"):
             cfg = replace(base, threads=2 if name == "single" else 1, out=str(folder / name))
             t0, cpu0 = time.perf_counter(), time.process_time()
-            summary = extract(cfg, progress=False, overlap=name == "single")
+            with cpu_shares() as machine:
+                summary = extract(cfg, progress=False, overlap=name == "single")
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             torch.set_num_threads(torch_threads)
             runs[name] = {
                 "encode_s": summary["seconds"], "wall_s": round(wall, 2),
                 "images_per_s": round(n_images / summary["seconds"], 1), "cores_used": round(cpu / wall, 2),
+                "machine_cpu": machine,
             }  # fmt: skip
             if name != "single":
                 runs[name]["identical_to_single"] = check([store_path(cfg)])
@@ -166,26 +172,32 @@ def extract_scaling(n_images: int, schedulers: tuple[str, ...] = ("local:1", "lo
             for name in schedulers:
                 cfg = replace(base, threads=2, out=str(folder / f"{name.replace(':', '-')}-{r}"))
                 t0 = time.perf_counter()
-                summary = extract_distributed(cfg, name, progress=False)
+                with cpu_shares() as machine:
+                    summary = extract_distributed(cfg, name, progress=False)
                 torch.set_num_threads(torch_threads)
                 runs.setdefault(name, []).append({
                     "encode_s": summary["seconds"], "wall_s": round(time.perf_counter() - t0, 2),
                     "images_per_s": round(n_images / summary["seconds"], 1), "workers": summary["workers"],
-                    "tasks": summary["tasks"], "identical_to_single": check([store_path(cfg)]),
+                    "tasks": summary["tasks"], "machine_cpu": machine, "identical_to_single": check([store_path(cfg)]),
                 })  # fmt: skip
             workers = workers or runs[last][0]["workers"]  # a scheduler's address: the workers that ran
             for n in dict.fromkeys((1, workers)):
                 cfgs = process_cfgs(replace(base, threads=1), folder / f"processes-{n}-{r}", n)
+                with cpu_shares() as machine:
+                    run = concurrent_extracts(cfgs)
                 runs.setdefault(f"processes:{n}", []).append(
-                    {**concurrent_extracts(cfgs), "identical_to_single": check([store_path(c) for c in cfgs])}
+                    {**run, "machine_cpu": machine, "identical_to_single": check([store_path(c) for c in cfgs])}
                 )
     speedups = [a["encode_s"] / b["encode_s"] for a, b in zip(runs[schedulers[0]], runs[last], strict=True)]
+    steal = {name: float(np.median([run["machine_cpu"]["steal"] for run in runs[name]]))
+             for name in (*schedulers, "processes:1", f"processes:{workers}") if all(run["machine_cpu"] for run in runs[name])}  # fmt: skip
     processes = [b["images_per_s"] / a["images_per_s"] for a, b in zip(runs["processes:1"], runs[f"processes:{workers}"], strict=True)]
     return {
         "model": model, "n_images": n_images, "n_captions": 2 * n_images, "load_avg_1min": round(load, 2),
         "repeats": repeats, "runs": runs,
         "speedups": [round(x, 2) for x in speedups], "speedup": round(float(np.median(speedups)), 2),
         "processes_speedups": [round(x, 2) for x in processes], "processes_speedup": round(float(np.median(processes)), 2),
+        "median_steal": steal,
         "cores": os.cpu_count(),
         "goal": f"{last} >= 1.7x {schedulers[0]} (encode phase)",
     }  # fmt: skip
