@@ -255,12 +255,21 @@ def test_candidates_without_objects_rank_last_in_the_shortlist_order():
         assert _order(rerank_scores(cost[second], q.index(second), c.index(second), (1, 4))) == [[3, 0, 1, 2]]
 
 
-@pytest.mark.parametrize("name", ["fgw", "hungarian", "fgw-hungarian"])
+@pytest.mark.parametrize("name", ["fgw", "hungarian", "fgw-hungarian", "ridge-fgw", "steer", "steer-multi"])
 def test_rerankers_never_change_the_order_outside_the_shortlist(geo, name):
+    """Every reranker (ridge-fgw with a random map, steering with a large beta, so each
+    reorders its shortlist) leaves the gallery outside CLIP's top K in CLIP's order."""
     store, manifest, index = geo
     base = score_retrieval(_scorer("clip", store), store, manifest, index, 7)  # the batches the shortlist sees
-    final = score_retrieval(_scorer(name, store, k=4), store, manifest, index, 7)
+    scorer = _scorer(name, store, k=4, **({"beta": 3.0} if name.startswith("steer") else {}))
+    if name == "ridge-fgw":
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            scorer.weight.copy_(torch.randn(scorer.weight.shape, generator=g))
+            scorer.bias.copy_(torch.randn(scorer.bias.shape, generator=g))
+    final = score_retrieval(scorer, store, manifest, index, 7)
     order = np.argsort(-base, axis=1, kind="stable")
+    assert (np.argsort(-final, axis=1, kind="stable")[:, :4] != order[:, :4]).any()  # the shortlist was reordered
     top, rest = order[:, :4], order[:, 4:]
     rows = np.arange(N)[:, None]
     np.testing.assert_array_equal(final[rows, rest], base[rows, rest])
