@@ -157,7 +157,9 @@ def write_measurements(out: Path) -> None:
         "bench/rerank.json": {
             "variants": {"fgw": {"variant": "fgw", "k": 20, "objects": 4, "ms_per_query": 2.0, "queries_per_s": 500.0}},
             "scaling": [{"variant": "fgw", "k": 5, "objects": 4, "ms_per_query": 0.5, "queries_per_s": 2000.0}],
-            "fgw_batched_vs_loop": {"batched_ms": 0.01, "loop_ms": 0.2, "speedup": 20.0, "max_abs_diff": 1e-15},
+            "fgw_batched_vs_loop": {"batched_ms": 0.01, "loop_ms": 0.2, "speedup": 20.0, "max_abs_diff": 1e-15, "problems": 2000, "n": 4, "m": 4,
+                                    "alpha": 0.5, "pot_batch_ms": 0.5, "pot_batch_max_abs_diff": 0.03},
+            "fgw_offset_vs_emd": {"batched_ms": 0.05, "loop_ms": 0.15, "speedup": 3.0, "max_abs_diff": 4e-15},
         },
     }
     for name, results in files.items():
@@ -393,7 +395,7 @@ def test_stage_writes_what_the_sections_left(full_context, monkeypatch):
     payload = json.loads((out / "flowclip.json").read_text())
     assert list(payload) == ["tasks", "ladder", "corrections", "seeds", "selected_steps", "goals"]
     geometry = json.loads((out / "geometry.json").read_text())
-    assert list(geometry) == ["metrics", "hard_vs_soft", "ridge_map", "goals"]
+    assert list(geometry) == ["metrics", "hard_vs_soft", "ridge_map", "steering", "goals"]
     assert geometry["ridge_map"] is None  # no `pipeline ridge` record under the checkpoints
     assert set(geometry["metrics"]["shapes-retrieval"]) == set(GEOMETRY_RUNS)
     assert {"R@1", "mean-rank"} <= set(geometry["hard_vs_soft"]["shapes-retrieval"])
@@ -510,7 +512,7 @@ def test_geometry_goals_read_the_measured_numbers():
     }
     soft = {"shapes-multi": {m: {"diff": d, "lo": d - w, "hi": d + w} for m, d, w in
                              (("R@1", 0.02, 0.03), ("R@5", -0.01, 0.005), ("R@10", -0.03, 0.01), ("nDCG@10", -0.01, 0.005))}}  # fmt: skip
-    bench = {"variants": {"fgw": {"k": 20, "ms_per_query": 12.0}}, "fgw_batched_vs_loop": {"speedup": 25.0}}
+    bench = {"variants": {"fgw": {"k": 20, "ms_per_query": 12.0}}, "fgw_batched_vs_loop": {"speedup": 25.0}, "fgw_offset_vs_emd": {"speedup": 3.0}}
     got = {c["goal"]: c for c in goals(numbers, soft, bench, {"fgw": {"k": 20, "value": 0.55}, "hungarian": None})}
     assert got["ridge-fgw R@1 >= 90% on shapes-retrieval"]["met"]
     twice = got["shapes-multi: best reranker R@10 >= 2 x clip"]
@@ -527,6 +529,8 @@ def test_geometry_goals_read_the_measured_numbers():
     assert _goal_value(twice) == "50.0% (clip 30.0%), short by 10.0 points; the shortlist's ceiling, CLIP's R@20, is 55.0%"
     assert _goal_value(got["reranking at K = 20 <= 10 ms per query"]) == "12 ms"
     assert _goal_value(got["FGW batched >= 10x the per-problem POT loop"]) == "25×"
+    offset = got["the same on the rerankers' signed-offset problems (POT's loop: ot.emd2)"]
+    assert not offset["met"] and _goal_value(offset) == "3×"
 
 
 def test_the_shortlist_ceiling_is_clips_recall_at_the_rerankers_k():
@@ -1031,6 +1035,24 @@ def test_fgw_speed_prints_times_the_stated_speedup_reads_off():
     assert (batched, loop, speedup) == (0.01245, 0.4793, 38.5) and round(loop / batched, 1) == speedup
 
 
+def test_fgw_cost_names_each_solver_and_the_offset_problems_reference():
+    """With the whole bench: the distance-structure comparison, POT's batched entropic
+    solver, and the offset problems against ``ot.emd2``, each with its own numbers."""
+    from pipeline.scorers.geometry.report import cost_part
+
+    bench = {
+        "variants": {},
+        "fgw_batched_vs_loop": {"batched_ms": 0.02, "loop_ms": 0.5, "speedup": 25.0, "max_abs_diff": 3e-16, "problems": 2000,
+                                "n": 4, "m": 4, "alpha": 0.5, "pot_batch_ms": 0.7, "pot_batch_max_abs_diff": 0.031},
+        "fgw_offset_vs_emd": {"batched_ms": 0.06, "loop_ms": 0.18, "speedup": 3.0, "max_abs_diff": 4e-15},
+    }  # fmt: skip
+    speed, batch, offset = cost_part(bench, Path("x"), "cmd")[-3:]
+    assert "(2,000 random problems, 4 × 4 objects, α 0.5): 0.02 ms per problem against 0.5 ms" in speed and "25× faster" in speed
+    assert "0.7 ms per problem" in batch and "by up to 0.031" in batch
+    assert "`ot.emd2`" in offset and "0.06 ms per problem batched against 0.18 ms" in offset and "3× faster" in offset
+    assert len(cost_part({"variants": {}}, Path("x"), "cmd")) == 2  # no FGW comparison in the bench: the intro and the table only
+
+
 def test_diagnostics_cells_are_percent_except_weights_and_overlaps():
     from pipeline.scorers.bindclip.report import share_or_weight
 
@@ -1051,3 +1073,38 @@ def test_captions_name_each_deltas_baseline_and_what_a_pair_accuracy_is(full_con
     binding = text.split("Attribute binding on shapes-sugarcrepe", 1)[1].split("\n\n")[1].splitlines()
     cells = dict(zip(*([c.strip() for c in line.strip("|").split("|")] for line in (binding[0], binding[2])), strict=True))
     assert re.fullmatch(r"\d+\.\d", cells["acc_bc"]) and re.fullmatch(r"0\.\d{3}|1\.000", cells["bc colour-shape (true)"])
+
+
+def test_steering_slices_split_by_edit_and_directions_and_say_where_it_helps_and_hurts():
+    """Each slice's Δ is the paired difference over that slice's queries alone; a slicing
+    with one value is left out; the verdict lists exactly the slices whose CI excludes 0."""
+    from types import SimpleNamespace
+
+    from pipeline.scorers.geometry.report import query_slices, steering_part, steering_slices
+
+    n = 40
+    manifest = pd.DataFrame({
+        "item_id": [f"q{i}" for i in range(n)], "image": [f"{i}.png" for i in range(n)], "captions": [["q"]] * n,
+        "correct": 0, "category": "retrieval", "variant": ["swap", "move"] * (n // 2),
+        "steer_pos": [["a", "b"] if i < n // 2 else ["a", "b", "c"] for i in range(n)], "group": "g",
+    })  # fmt: skip
+    target = np.eye(n)  # the target of query i is gallery image i
+    clip = 1.0 - target  # CLIP ranks every target last
+    steer_multi = np.where(manifest["variant"].to_numpy()[:, None] == "swap", target, clip)  # right on the swaps only
+    labels = [label for label, _ in query_slices(manifest)]
+    assert labels == ["every query", "edit: move", "edit: swap", "2 directions", "3 directions"]
+    assert [label for label, _ in query_slices(manifest.assign(variant="same"))] == ["every query", "2 directions", "3 directions"]
+
+    ctx = SimpleNamespace(
+        results={"shapes-multi": {"manifest": manifest, "scores": {"clip": clip, "steer": clip, "steer-multi": steer_multi}}},
+        cfg=SimpleNamespace(bootstrap=500, seed=0),
+    )
+    rows = {r["slice"]: r for r in steering_slices(ctx, "shapes-multi")}
+    assert rows["edit: swap"]["queries"] == 20 and rows["edit: swap"]["steer-multi R@1"]["diff"] == pytest.approx(1.0)
+    assert rows["edit: move"]["steer-multi R@10"]["diff"] == 0.0 and rows["every query"]["steer-multi R@1"]["diff"] == pytest.approx(0.5)
+    assert rows["every query"]["steer R@1"] == {"diff": 0.0, "lo": 0.0, "hi": 0.0, "p": 1.0}
+    table, verdict = steering_part({"shapes-multi": list(rows.values())})[1:]
+    assert "| shapes-multi | edit: swap | 20 | +0.0 [+0.0, +0.0] | +0.0 [+0.0, +0.0] | +100.0 [+100.0, +100.0] | +100.0 [+100.0, +100.0] |" in table
+    assert "(`steer`) helps in no slice and hurts in no slice" in verdict
+    assert "shapes-multi, edit: swap: R@1 +100.0" in verdict and "edit: move" not in verdict
+    assert "(`steer-multi`) helps in shapes-multi, every query: R@1 +50.0" in verdict and "hurts in no slice" in verdict

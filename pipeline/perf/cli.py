@@ -131,6 +131,20 @@ def bench_rerank(
     write_bench("rerank", cmd, run_bench(queries=queries, objects=objects, dim=dim, threads=threads))
 
 
+@bench_app.command("fgw")
+@one_line
+def bench_fgw(
+    problems: Annotated[int, typer.Option(min=1, help="FGW problems per case")] = 4000,
+    pot_batch_problems: Annotated[int, typer.Option(min=1, help="problems POT's batched entropic solver is timed on")] = 1000,
+    threads: Annotated[int, typer.Option(min=1, help="torch intra-op threads")] = 2,
+) -> None:
+    """Batched exact FGW against POT's per-problem fused_gromov_wasserstein2 and its batched entropic solver, on equal problems."""
+    from pipeline.perf.fgw import bench_fgw as run_bench
+
+    cmd = f"pipeline bench fgw --problems {problems} --pot-batch-problems {pot_batch_problems} --threads {threads}"
+    write_bench("fgw", cmd, run_bench(n_problems=problems, pot_batch_subset=pot_batch_problems, threads=threads))
+
+
 @bench_app.command("memory")
 @one_line
 def bench_memory(

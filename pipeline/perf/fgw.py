@@ -14,8 +14,8 @@ unpadded). Timed per case (n, m, alpha):
     on at most ``pot_batch_subset`` problems; fixed sizes only (it has no padding: zero
     weights give NaN), and its values are entropic, so they differ from (b) by more.
 
-    from pipeline.perf.fgw import bench_fgw
-    bench_fgw(n_problems=4000, sizes=((2, 2), (4, 4), (8, 8), (3, 7)), alphas=(0.5,))
+``pipeline bench fgw`` runs :func:`bench_fgw` with its defaults and writes
+``reports/bench/fgw.json``.
 """
 
 from __future__ import annotations
@@ -201,10 +201,3 @@ def bench_fgw(
     finally:
         torch.set_num_threads(previous)
 
-
-if __name__ == "__main__":
-    import json
-    import sys
-
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
-    print(json.dumps(bench_fgw(n_problems=n), indent=2))

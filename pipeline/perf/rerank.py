@@ -1,12 +1,17 @@
 """The reranking cost of the geometry-aware variants (``pipeline bench rerank``).
 
-Each variant reranks ``queries`` random queries over random object sets at the toy's joint
-dimension (or any ``dim``): the suite's object sets are planted in the reranker as its
-``prepare`` would leave them, so the timing is of ``rerank`` alone — the per-query work of
-scoring (feature costs, structures, the batched FGW solve, the Hungarian matchings) — on
-shortlists of length K, in the score stage's batches (``batch_size // K`` queries a call).
-Reported: milliseconds per query and queries per second at K = 20 for every variant, and
-how ``fgw`` and ``hungarian`` grow with K and with the number of objects per set.
+Each variant reranks ``queries`` random queries at the toy's joint dimension (or any
+``dim``), with what its ``prepare`` would leave planted in it: random object sets (the
+gallery's through the variant's own object map), for ``ridge-fgw`` a random map of the
+committed fit's shape (``ridge_rank`` compared directions), for ``steer`` and ``steer-multi``
+random steering directions. The timing is of ``rerank`` alone — the per-query work of
+scoring (feature costs, structures, the batched FGW solve, the Hungarian matchings, the
+steered cosines) — on shortlists of length K, in the score stage's batches
+(``batch_size // K`` queries a call). Reported: milliseconds per query and queries per
+second at K = 20 for every variant, how every variant grows with K and how the object
+variants grow with the number of objects per set; and the FGW solver against POT on the
+same problems, for the distance structures POT's ``fused_gromov_wasserstein2`` takes and
+for the signed-offset structures the pipeline uses (:func:`offset_fgw_vs_emd`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import torch.nn.functional as F
 
 from pipeline.scorers.geometry.objects import ObjectSets
 
-VARIANTS = ("fgw", "hungarian", "fgw-hungarian", "ridge-fgw")
+VARIANTS = ("fgw", "hungarian", "fgw-hungarian", "ridge-fgw", "steer", "steer-multi")
+OBJECT_VARIANTS = VARIANTS[:4]  # the variants whose cost depends on the objects per set
+RIDGE_RANK = 8  # the compared directions the committed `pipeline ridge` fit chose
 
 
 def random_sets(n_sets: int, n_objects: int, dim: int, gen: torch.Generator) -> ObjectSets:
@@ -28,7 +35,27 @@ def random_sets(n_sets: int, n_objects: int, dim: int, gen: torch.Generator) -> 
     return ObjectSets(embed, torch.ones(n_sets, n_objects, dtype=torch.bool), torch.rand(n_sets, n_objects, 2, generator=gen))
 
 
-def time_rerank(variant: str, queries: int, gallery: int, k: int, objects: int, dim: int, batch_size: int = 256, seed: int = 0) -> dict[str, Any]:
+def plant(scorer, queries: int, gallery: int, objects: int, dim: int, gen: torch.Generator) -> None:
+    """Leave in ``scorer`` what its ``prepare`` leaves on a suite of ``queries`` queries and
+    ``gallery`` images: steering directions, or mapped query and gallery object sets
+    (``ridge-fgw``'s map random, its whitening an orthonormal basis of its compared space)."""
+    from pipeline.scorers.geometry.steering import Steer
+
+    if isinstance(scorer, Steer):
+        scorer._directions = 0.1 * torch.randn(queries, dim, generator=gen)
+        return
+    if hasattr(scorer, "whiten"):
+        with torch.no_grad():
+            scorer.weight.copy_(torch.randn(scorer.weight.shape, generator=gen) / dim**0.5)
+            scorer.bias.copy_(0.1 * torch.randn(scorer.bias.shape, generator=gen))
+            scorer.centre.copy_(0.1 * torch.randn(scorer.centre.shape, generator=gen))
+            scorer.whiten.copy_(torch.linalg.qr(torch.randn(scorer.whiten.shape, generator=gen))[0])
+    scorer._queries = scorer.map_phrases(random_sets(queries, objects, dim, gen))
+    scorer._gallery = scorer.map_objects(random_sets(gallery, objects, dim, gen))
+
+
+def time_rerank(variant: str, queries: int, gallery: int, k: int, objects: int, dim: int, batch_size: int = 256, seed: int = 0,
+                ridge_rank: int = RIDGE_RANK) -> dict[str, Any]:  # fmt: skip
     """One variant's rerank time over ``queries`` queries with shortlists of ``k``."""
     from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
     from pipeline.scorers import create_scorer
@@ -36,45 +63,95 @@ def time_rerank(variant: str, queries: int, gallery: int, k: int, objects: int, 
     gen = torch.Generator().manual_seed(seed)
     dims = FeatureDims(grid=(8, 8), d_v=dim, d_t=dim, embed_dim=dim, context_length=32)
     proj = Projections(torch.eye(dim), torch.eye(dim), torch.tensor(100.0))
-    scorer = create_scorer(variant, dims=dims, proj=proj, k=k).eval()
-    queries_sets, gallery_sets = random_sets(queries, objects, dim, gen), random_sets(gallery, objects, dim, gen)
-    scorer._queries, scorer._gallery = scorer.map_phrases(queries_sets), gallery_sets
+    scorer = create_scorer(variant, dims=dims, proj=proj, k=k, **({"rank": ridge_rank} if variant == "ridge-fgw" else {})).eval()
+    plant(scorer, queries, gallery, objects, dim, gen)
     step = max(1, batch_size // k)
-    empty_t = TextFeatures(torch.zeros(step, 1, dtype=torch.long), torch.ones(step, 1, dtype=torch.bool), torch.zeros(step, 0, dim), torch.zeros(step, dim))
-    empty_i = ImageFeatures(torch.zeros(1, 0, dim), torch.zeros(1, 0, dim), torch.zeros(1, 0), torch.zeros(1, dim))
+    query_embed = torch.randn(queries, dim, generator=gen)
+    images = ImageFeatures(torch.zeros(gallery, 0, dim), torch.zeros(gallery, 0, dim), torch.zeros(gallery, dim), torch.randn(gallery, dim, generator=gen))
     shortlists = torch.stack([torch.randperm(gallery, generator=gen)[:k] for _ in range(queries)])  # [Q, k]
 
     def run(stop: int) -> None:
         with torch.no_grad():
             for start in range(0, stop, step):
                 sl = shortlists[start : min(start + step, stop)]
-                scorer.rerank(empty_t, empty_i, sl, gallery=torch.arange(gallery), queries=torch.arange(start, start + len(sl)))
+                n = len(sl)
+                texts = TextFeatures(torch.zeros(n, 1, dtype=torch.long), torch.ones(n, 1, dtype=torch.bool), torch.zeros(n, 0, dim),
+                                     query_embed[start : start + n])  # fmt: skip
+                scorer.rerank(texts, images, sl, gallery=torch.arange(gallery), queries=torch.arange(start, start + n))
 
     run(min(step, queries))  # untimed: the solvers' lazy imports (scipy) and first allocations
     t0 = time.perf_counter()
     run(queries)
     seconds = time.perf_counter() - t0
-    return {"variant": variant, "k": k, "objects": objects, "queries": queries, "ms_per_query": 1e3 * seconds / queries, "queries_per_s": queries / seconds}
+    return {"variant": variant, "k": k, "objects": objects if variant in OBJECT_VARIANTS else None, "queries": queries,
+            "ms_per_query": 1e3 * seconds / queries, "queries_per_s": queries / seconds}  # fmt: skip
+
+
+def offset_fgw_vs_emd(n_problems: int, objects: int, dim: int, alpha: float = 0.5, seed: int = 0, repeats: int = 3) -> dict[str, Any]:
+    r"""The pipeline's FGW problems (feature cost 1 − cos, signed-offset structures from
+    :func:`pipeline.scorers.geometry.objects.structure`) solved by our batched solver, against
+    POT on the same problems. POT's ``fused_gromov_wasserstein2`` takes one structure
+    matrix, not two offset channels; the problem is exact OT (:mod:`pipeline.ot.fgw`), so
+    POT's per-problem reference is ``ot.emd2`` on the cost
+    :math:`(1-\alpha) M + 2\alpha \sum_c (x_{ic} - y_{jc})^2` less the constant
+    :math:`2\alpha \sum_c (p^\top x_c - q^\top y_c)^2`. Returns ms per problem of each,
+    their ratio and the largest difference of the values."""
+    import numpy as np
+    import ot
+
+    from pipeline.ot import fused_gromov_wasserstein_batched
+    from pipeline.scorers.geometry.objects import feature_cost, structure
+
+    gen = torch.Generator().manual_seed(seed)
+    q, c = (random_sets(n_problems, objects, dim, gen) for _ in range(2))
+    q, c = (ObjectSets(s.embed.double(), s.mask, s.pos.double()) for s in (q, c))
+    M, C1, C2 = feature_cost(q, c), structure(q), structure(c)  # [B, n, m], [B, n, n, 2], [B, m, m, 2]
+    fused_gromov_wasserstein_batched(M[:4], C1[:4], C2[:4], alpha=alpha)  # warm-up
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        ours, _ = fused_gromov_wasserstein_batched(M, C1, C2, alpha=alpha)
+        times.append(time.perf_counter() - t0)
+    # the positions each offset structure was built from, on its own scale (structure() divides by the largest offset)
+    x, y = (s.pos / (s.pos[:, None] - s.pos[:, :, None]).abs().flatten(1).amax(1)[:, None, None] for s in (q, c))
+    x, y = x.numpy(), y.numpy()
+    Mn, w = M.numpy(), np.full(objects, 1.0 / objects)
+    t0 = time.perf_counter()
+    ref = np.empty(n_problems)
+    for b in range(n_problems):
+        square = ((x[b][:, None, :] - y[b][None, :, :]) ** 2).sum(-1)
+        shift = (((w @ x[b]) - (w @ y[b])) ** 2).sum()
+        ref[b] = ot.emd2(w, w, (1 - alpha) * Mn[b] + 2 * alpha * square) - 2 * alpha * shift
+    pot_s = time.perf_counter() - t0
+    ours_ms, pot_ms = float(np.median(times)) * 1e3 / n_problems, pot_s * 1e3 / n_problems
+    return {"problems": n_problems, "n": objects, "m": objects, "alpha": alpha, "structure": "offset", "batched_ms": ours_ms,
+            "loop_ms": pot_ms, "loop": "ot.emd2", "speedup": pot_ms / ours_ms, "max_abs_diff": float(np.abs(ours.numpy() - ref).max())}  # fmt: skip
 
 
 def bench_rerank(queries: int = 200, gallery: int = 1200, objects: int = 4, dim: int = 128, ks: tuple[int, ...] = (5, 10, 20, 50, 100),
                  object_counts: tuple[int, ...] = (2, 4, 8), threads: int = 2, fgw_problems: int = 2000) -> dict[str, Any]:  # fmt: skip
-    """Every variant at K = 20, then ``fgw``/``hungarian`` over ``ks`` and ``object_counts``,
-    then batched FGW against POT's per-problem loop on the same problems
-    (:func:`pipeline.perf.fgw.bench_fgw`, ``n = m = objects``, α = 0.5)."""
+    """Every variant at K = 20, every variant over ``ks``, the object variants over
+    ``object_counts``; then FGW batched against POT on the same problems: with distance
+    structures against POT's exact ``fused_gromov_wasserstein2`` called per problem and its
+    batched entropic ``ot.batch.solve_gromov_batch`` (:func:`pipeline.perf.fgw.bench_fgw`,
+    ``n = m = objects``, α = 0.5), and with the pipeline's offset structures against
+    ``ot.emd2`` per problem (:func:`offset_fgw_vs_emd`)."""
     from pipeline.perf.fgw import bench_fgw
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out: dict[str, Any] = {"setup": {"queries": queries, "gallery": gallery, "objects": objects, "dim": dim, "threads": threads}}
+        out: dict[str, Any] = {"setup": {"queries": queries, "gallery": gallery, "objects": objects, "dim": dim, "threads": threads,
+                                         "ridge_rank": RIDGE_RANK}}  # fmt: skip
         out["variants"] = {v: time_rerank(v, queries, gallery, 20, objects, dim) for v in VARIANTS}
-        out["scaling"] = [time_rerank(v, queries, gallery, k, objects, dim) for v in ("fgw", "hungarian") for k in ks if k != 20]
-        out["scaling"] += [time_rerank(v, queries, gallery, 20, n, dim) for v in ("fgw", "hungarian") for n in object_counts if n != objects]
-        cases = bench_fgw(n_problems=fgw_problems, sizes=((objects, objects),), alphas=(0.5,), mixed=False, pot_batch=False, threads=threads)["cases"]
-        case = cases[0]
-        out["fgw_batched_vs_loop"] = {"problems": fgw_problems, "n": objects, "m": objects, "alpha": 0.5, "batched_ms": case["ours_ms"],
-                                      "loop_ms": case["pot_ms"], "speedup": case["speedup"], "max_abs_diff": case["max_abs_diff"]}  # fmt: skip
+        out["scaling"] = [time_rerank(v, queries, gallery, k, objects, dim) for v in VARIANTS for k in ks if k != 20]
+        out["scaling"] += [time_rerank(v, queries, gallery, 20, n, dim) for v in OBJECT_VARIANTS for n in object_counts if n != objects]
+        case = bench_fgw(n_problems=fgw_problems, sizes=((objects, objects),), alphas=(0.5,), mixed=False, pot_batch=True, threads=threads)["cases"][0]
+        out["fgw_batched_vs_loop"] = {"problems": fgw_problems, "n": objects, "m": objects, "alpha": 0.5, "structure": "distance",
+                                      "batched_ms": case["ours_ms"], "loop_ms": case["pot_ms"], "speedup": case["speedup"],
+                                      "max_abs_diff": case["max_abs_diff"], "pot_batch_ms": case.get("pot_batch_ms"),
+                                      "pot_batch_max_abs_diff": case.get("pot_batch_max_abs_diff")}  # fmt: skip
+        out["fgw_offset_vs_emd"] = offset_fgw_vs_emd(fgw_problems, objects, dim)
         return out
     finally:
         torch.set_num_threads(previous)

@@ -27,7 +27,7 @@ from pipeline.report.markdown import md_table, metric_ci, metric_diff, metric_va
 from pipeline.report.sections import read_bench
 from pipeline.report.templates import Templates
 from pipeline.scorers.geometry.rerankers import GeometryReranker
-from pipeline.stats import bootstrap_ci, units_bootstrap
+from pipeline.stats import bootstrap_ci, paired_bootstrap, units_bootstrap
 
 TEXT = Templates("pipeline.scorers.geometry", "report.md")
 BASELINE = "clip"
@@ -203,6 +203,16 @@ def goals(
                 "met": fgw["speedup"] >= 10,
             }
         )
+    offset = bench.get("fgw_offset_vs_emd", {})
+    if isinstance(offset, dict) and "speedup" in offset:
+        checks.append(
+            {
+                "goal": "the same on the rerankers' signed-offset problems (POT's loop: ot.emd2)",
+                "unit": "x",
+                "value": offset["speedup"],
+                "met": offset["speedup"] >= 10,
+            }
+        )
     return checks
 
 
@@ -245,9 +255,12 @@ def geometry_section(ctx: ReportContext) -> list[str]:
         for m, e in by[v].items()
         if "diff" in e
     ]
+    steering: dict[str, Any] = {}
     if rows:  # steering is scored where `score.variants` names it
         parts += ["### Steering", TEXT("steering")]
         parts.append(md_table(["suite", "variant", "metric", f"Δ vs `{BASELINE}`"], rows))
+        steering = {suite: steering_slices(ctx, suite) for suite in suites}
+        parts += steering_part(steering)
     bench = read_bench(ctx.out / RERANK_BENCH)
     parts += ["### Reranking cost", *cost_part(bench, ctx.out / RERANK_BENCH, ctx.bench_command("rerank"))]
     parts += matching_part(ctx)
@@ -257,11 +270,88 @@ def geometry_section(ctx: ReportContext) -> list[str]:
         "metrics": numbers,
         "hard_vs_soft": soft,
         "ridge_map": ridge,
+        "steering": steering,
         "goals": checks,
     }
     rows = [[c["goal"], _verdict(c), _goal_value(c)] for c in checks]
     parts += ["### Goals as measured", md_table(["goal", "verdict", "measured"], rows)]
     return parts
+
+
+def query_slices(manifest) -> list[tuple[str, np.ndarray]]:
+    """(label, [n_queries] bool) of the slices the steering table reads: every query; each
+    edit kind of the suite's ``variant`` column (shapes-multi: the one binding or relation
+    its near-duplicates change); each number of steering directions (``steer_pos`` prompts:
+    the vectors ``steer-multi`` sums). A slicing with one value only is left out."""
+    out = [("every query", np.ones(len(manifest), dtype=bool))]
+    if "variant" in manifest and manifest["variant"].nunique() > 1:
+        kinds = manifest["variant"].astype(str).to_numpy()
+        out += [(f"edit: {kind}", kinds == kind) for kind in sorted(set(kinds))]
+    if "steer_pos" in manifest:
+        counts = manifest["steer_pos"].map(len).to_numpy()
+        if len(set(counts)) > 1:
+            out += [(f"{n} directions", counts == n) for n in sorted(set(counts))]
+    return out
+
+
+STEERING_METRICS = ("R@1", "R@10")
+
+
+def steering_slices(ctx: ReportContext, suite: str) -> list[dict[str, Any]]:
+    """Each steering variant's Δ against ``clip`` (paired bootstrap over the slice's
+    queries) per slice of :func:`query_slices`, for :data:`STEERING_METRICS`."""
+    entry = ctx.results[suite]
+    units = {
+        v: SUITES.get(suite).units(entry["manifest"], entry["scores"][v])
+        for v in (BASELINE, *STEERING)
+        if v in entry["scores"]
+    }
+    if BASELINE not in units:
+        return []
+    out = []
+    for label, mask in query_slices(entry["manifest"]):
+        row: dict[str, Any] = {"slice": label, "queries": int(mask.sum())}
+        for v in STEERING:
+            for m in STEERING_METRICS if v in units else ():
+                a, b = units[v][m].values[mask], units[BASELINE][m].values[mask]
+                r = paired_bootstrap(a, b, n_resamples=ctx.cfg.bootstrap, seed=ctx.cfg.seed)
+                row[f"{v} {m}"] = {"diff": r.diff, "lo": r.lo, "hi": r.hi, "p": r.p}
+        out.append(row)
+    return out
+
+
+def steering_part(by_suite: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The steering-by-slice table and a sentence on where each steering variant helps
+    (the slice's 95% CI above 0) and where it hurts (below 0)."""
+    columns = [f"{v} {m}" for v in STEERING for m in STEERING_METRICS]
+    rows, helps, hurts = [], {v: [] for v in STEERING}, {v: [] for v in STEERING}
+    for suite, slices in by_suite.items():
+        for row in slices:
+            cells = []
+            for c in columns:
+                variant, metric = c.split()
+                d = row.get(c)
+                cells.append(metric_diff(metric, d["diff"], d["lo"], d["hi"]) if d else "–")
+                where = f"{suite}, {row['slice']}: {metric} {100 * d['diff']:+.1f}" if d else ""
+                if d and d["lo"] > 0:
+                    helps[variant].append(where)
+                elif d and d["hi"] < 0:
+                    hurts[variant].append(where)
+            rows.append([suite, row["slice"], str(row["queries"]), *cells])
+    if not rows:
+        return []
+
+    def listed(found: list[str]) -> str:
+        return "; ".join(found) if found else "no slice"
+
+    fields = {
+        f"{kind}_{v.replace('-', '_')}": listed(found[v])
+        for kind, found in (("helps", helps), ("hurts", hurts))
+        for v in STEERING
+    }
+    verdict = TEXT("steering-verdict", **fields)
+    header = ["suite", "slice", "queries", *[f"Δ `{c.split()[0]}` {c.split()[1]}" for c in columns]]
+    return [TEXT("steering-slices"), md_table(header, rows), verdict]
 
 
 def ridge_record(ctx: ReportContext) -> dict[str, Any] | None:
@@ -358,14 +448,16 @@ def cost_part(bench: dict[str, Any], path: Path, command: str) -> list[str]:
         for r in bench.get("scaling", [])
     ]
     parts = [TEXT("cost"), md_table(["variant", "K", "objects", "ms / query", "queries / s"], rows)]
+    speed = ("batched_ms", "loop_ms", "speedup", "max_abs_diff")
     fgw = bench.get("fgw_batched_vs_loop")
     if isinstance(fgw, dict) and fgw:
-        parts.append(
-            TEXT(
-                "fgw-speed",
-                **{k: fgw[k] for k in ("batched_ms", "loop_ms", "speedup", "max_abs_diff")},
-            )
-        )
+        setup = {"problems": fgw.get("problems", 0), "n": fgw.get("n", "–"), "m": fgw.get("m", "–")}
+        parts.append(TEXT("fgw-speed", **setup, alpha=fgw.get("alpha", 0.5), **{k: fgw[k] for k in speed}))
+        if fgw.get("pot_batch_ms") is not None:
+            parts.append(TEXT("fgw-pot-batch", **{k: fgw[k] for k in ("pot_batch_ms", "pot_batch_max_abs_diff")}))
+    offset = bench.get("fgw_offset_vs_emd")
+    if isinstance(offset, dict) and offset:
+        parts.append(TEXT("fgw-offset", **{k: offset[k] for k in speed}))
     return parts
 
 
