@@ -148,3 +148,24 @@ def test_cpu_shares_split_the_machines_time_into_busy_stolen_and_idle(monkeypatc
     with cpu_shares() as shares:
         pass
     assert shares == {}
+
+
+def test_bench_fgw_writes_every_case_against_pots_solvers(tmp_path, monkeypatch):
+    """``pipeline bench fgw``: every size (and the mixed, padded case) at every alpha, each
+    with POT's exact loop and, for fixed sizes, POT's batched entropic solver; the command
+    that made the file is in it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["bench", "fgw", "--problems", "3", "--pot-batch-problems", "2"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "reports" / "bench" / "fgw.json").read_text())
+    assert data["command"] == "pipeline bench fgw --problems 3 --pot-batch-problems 2 --threads 2"
+    cases = data["results"]["cases"]
+    assert len(cases) == 5 * 4 and {(c["n"], c["m"]) for c in cases} == {(2, 2), (4, 4), (8, 8), (3, 7), ("2..8", "2..8")}
+    assert all(c["max_abs_diff"] < 1e-9 for c in cases)
+    assert all(c["pot_batch_problems_timed"] == 2 for c in cases if c["n"] != "2..8")
