@@ -277,6 +277,24 @@ def test_rerankers_never_change_the_order_outside_the_shortlist(geo, name):
     assert set(retrieval_units(manifest, final)) == set(RETRIEVAL_METRICS)
 
 
+def test_offset_structures_are_solved_as_one_exact_ot_with_fgws_values(geo):
+    """The rerankers solve signed-offset FGW by one exact OT on positions; every pair's value
+    is the conditional-gradient FGW of the same offset structures (to float32 input rounding)."""
+    from pipeline.ot import fused_gromov_wasserstein_batched
+    from pipeline.scorers.geometry.objects import feature_cost
+
+    store, manifest, index = geo
+    s = _scorer("fgw", store, k=N)
+    s.prepare(store, manifest, index, SUITE)
+    q, c = s.pairs(torch.arange(N).repeat(N, 1), torch.arange(N), torch.arange(N))
+    p, w = (x.mask.double() / x.mask.sum(1, keepdim=True) for x in (q, c))
+    want, _ = fused_gromov_wasserstein_batched(
+        feature_cost(q, c).double(), structure(q).double(), structure(c).double(), p, w, alpha=s.alpha
+    )
+    torch.testing.assert_close(s.fgw(q, c), want, atol=1e-6, rtol=0)
+    assert structure(q).abs().amax() > 0  # the queries have layouts: the structure term is on
+
+
 def test_alpha_zero_fgw_ranks_like_optimal_transport_on_features(geo):
     """With alpha = 0 FGW is OT on the feature cost; for two objects per side and uniform
     weights the optimal plan is a matching, so its order equals Hungarian's."""

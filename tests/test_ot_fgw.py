@@ -11,7 +11,12 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from pipeline.ot import emd_batched, fused_gromov_wasserstein_batched, hungarian
+from pipeline.ot import (
+    emd_batched,
+    fused_gromov_wasserstein_batched,
+    fused_gromov_wasserstein_offsets,
+    hungarian,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -225,6 +230,40 @@ def test_offset_channels_are_exact_ot_on_a_shifted_cost(alpha):
             abs(float(value[b]) - (ot.emd2(p[b].numpy(), q[b].numpy(), cost) - float(const)))
             < 1e-12
         )
+
+
+@pytest.mark.parametrize("alpha", [*ALPHAS, 1.0])
+def test_offsets_solver_equals_fgw_on_the_offset_structures(alpha):
+    """One exact OT on the shifted cost gives the conditional gradient's FGW value on the
+    same signed offsets (padded, mixed sizes, random weights), the plan inside the
+    marginals and carrying that value; padding positions (NaN) change nothing."""
+    P = _problems(B=30, seed=21, sizes=(1, 7))
+    g = torch.Generator().manual_seed(22)
+    x = torch.rand(*P["mask_rows"].shape, 2, generator=g, dtype=torch.float64)
+    y = torch.rand(*P["mask_cols"].shape, 2, generator=g, dtype=torch.float64)
+    p = torch.rand(P["mask_rows"].shape, generator=g, dtype=torch.float64) * P["mask_rows"]
+    q = torch.rand(P["mask_cols"].shape, generator=g, dtype=torch.float64) * P["mask_cols"]
+    masks = {"mask_rows": P["mask_rows"], "mask_cols": P["mask_cols"]}
+    want, _ = fused_gromov_wasserstein_batched(P["M"], _offsets(x), _offsets(y), p, q, alpha=alpha, **masks)
+    x_pad = torch.where(P["mask_rows"][..., None], x, float("nan"))
+    value, plan = fused_gromov_wasserstein_offsets(P["M"], x_pad, y, p, q, alpha=alpha, **masks)
+    torch.testing.assert_close(value, want, atol=1e-12, rtol=0)
+    torch.testing.assert_close(plan.sum(-1), p / p.sum(-1, keepdim=True), atol=1e-12, rtol=0)
+    torch.testing.assert_close(plan.sum(-2), q / q.sum(-1, keepdim=True), atol=1e-12, rtol=0)
+    assert (plan[~P["mask_rows"]] == 0).all() and (plan >= 0).all()
+    T = plan.numpy()
+    for b in range(5):  # the plan's own objective, by the 4-index definition
+        n, m = P["n"][b], P["m"][b]
+        C1, C2 = _offsets(x[b, :n]).numpy(), _offsets(y[b, :m]).numpy()
+        assert abs(_brute_force(P["M"][b, :n, :m].numpy(), C1, C2, T[b, :n, :m], alpha) - float(value[b])) < 1e-12
+
+
+def test_offsets_solver_refuses_mismatched_shapes():
+    M = torch.zeros(2, 3, 4)
+    with pytest.raises(ValueError, match=r"X must be \[2, 3, c\] and Y \[2, 4, c\]"):
+        fused_gromov_wasserstein_offsets(M, torch.zeros(2, 3, 2), torch.zeros(2, 4, 1))
+    with pytest.raises(ValueError, match="alpha must be in"):
+        fused_gromov_wasserstein_offsets(M, torch.zeros(2, 3, 2), torch.zeros(2, 4, 2), alpha=1.5)
 
 
 @pytest.mark.parametrize("alpha", [0.5, 0.9])

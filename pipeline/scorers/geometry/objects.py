@@ -150,12 +150,25 @@ def structure(sets: ObjectSets, kind: str = "offset") -> torch.Tensor:
     ``distance``), zero on padded pairs, each set scaled to a largest absolute entry of 1."""
     if kind not in STRUCTURES:
         raise ValueError(f"unknown structure {kind!r}; valid: {', '.join(STRUCTURES)}")
+    c, scale = _unscaled(sets, kind)
+    return c / scale[:, None, None, None]
+
+
+def _unscaled(sets: ObjectSets, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, n, n, c] structures before scaling (zero on padded pairs) and [N] their scales,
+    each set's largest absolute entry (at least 1e-6)."""
     diff = sets.pos[:, None, :, :] - sets.pos[:, :, None, :]  # [N, n, n, 2]: x_k - x_i
     c = diff if kind == "offset" else diff.norm(dim=-1, keepdim=True)
     pair = (sets.mask[:, :, None] & sets.mask[:, None, :])[..., None]  # [N, n, n, 1]
     c = torch.where(pair, c, 0.0)
-    scale = c.abs().flatten(1).amax(1).clamp_min(1e-6)  # [N]
-    return c / scale[:, None, None, None]
+    return c, c.abs().flatten(1).amax(1).clamp_min(1e-6)
+
+
+def offset_positions(sets: ObjectSets) -> torch.Tensor:
+    """[N, n, 2] each set's positions on the scale of its ``offset`` structure: the signed
+    offsets between these are :func:`structure` ``(sets, "offset")`` (to rounding), which is
+    what :func:`pipeline.ot.fgw.fused_gromov_wasserstein_offsets` takes."""
+    return sets.pos / _unscaled(sets, "offset")[1][:, None, None]
 
 
 def feature_cost(query: ObjectSets, image: ObjectSets) -> torch.Tensor:

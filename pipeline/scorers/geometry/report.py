@@ -457,7 +457,8 @@ def cost_part(bench: dict[str, Any], path: Path, command: str) -> list[str]:
             parts.append(TEXT("fgw-pot-batch", **{k: fgw[k] for k in ("pot_batch_ms", "pot_batch_max_abs_diff")}))
     offset = bench.get("fgw_offset_vs_emd")
     if isinstance(offset, dict) and offset:
-        parts.append(TEXT("fgw-offset", **{k: offset[k] for k in speed}))
+        general = offset.get("general_batched_ms", float("nan"))
+        parts.append(TEXT("fgw-offset", **{k: offset[k] for k in speed}, general_batched_ms=general))
     return parts
 
 

@@ -49,7 +49,7 @@ from torch import nn
 from pipeline.benchmarks.base import gallery_images
 from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
 from pipeline.ot.assignment import hungarian
-from pipeline.ot.fgw import fused_gromov_wasserstein_batched
+from pipeline.ot.fgw import fused_gromov_wasserstein_batched, fused_gromov_wasserstein_offsets
 from pipeline.scorers.base import SCORERS, Reranker
 from pipeline.scorers.geometry.objects import (
     OBJECT_LAYERS,
@@ -57,6 +57,7 @@ from pipeline.scorers.geometry.objects import (
     check_source,
     feature_cost,
     object_dim,
+    offset_positions,
     structure,
     suite_objects,
 )
@@ -156,11 +157,14 @@ class GeometryReranker(Reranker):
         not a transport problem: value inf, plan 0. A query whose structure is all zero (one
         phrase, or phrases joined by no directional relation) says nothing about layout, and
         comparing that with the image's structure would only penalise images whose objects
-        are spread out, so its pairs are solved with ``alpha = 0``."""
+        are spread out, so its pairs are solved with ``alpha = 0``. Signed offsets make the
+        structure term linear, so those problems are one exact OT on the objects' positions
+        (:func:`pipeline.ot.fgw.fused_gromov_wasserstein_offsets`); distances take the
+        conditional gradient."""
         B, n, m = len(q), q.embed.shape[1], c.embed.shape[1]
         value = torch.full((B,), float("inf"), dtype=torch.float64)
         plan = torch.zeros(B, n, m, dtype=torch.float64)
-        Cq, Cc = structure(q, self.structure).double(), structure(c, self.structure).double()
+        Cq = structure(q, self.structure).double()
         solvable = q.mask.any(1) & c.mask.any(1)  # [B]
         flat = Cq.flatten(1).abs().amax(1) == 0  # [B] the query has no structure
         for alpha, group in ((self.alpha, solvable & ~flat), (0.0, solvable & flat)):
@@ -170,9 +174,13 @@ class GeometryReranker(Reranker):
             qi, ci = q.index(idx), c.index(idx)
             p = qi.mask.double() / qi.mask.sum(1, keepdim=True)
             w = ci.mask.double() / ci.mask.sum(1, keepdim=True)
-            value[idx], plan[idx] = fused_gromov_wasserstein_batched(
-                feature_cost(qi, ci).double(), Cq[idx], Cc[idx], p, w, alpha=alpha
-            )
+            M = feature_cost(qi, ci).double()
+            if self.structure == "offset":  # the structure term is linear: one exact OT problem
+                X, Y = offset_positions(qi).double(), offset_positions(ci).double()
+                value[idx], plan[idx] = fused_gromov_wasserstein_offsets(M, X, Y, p, w, alpha=alpha)
+            else:
+                Cc = structure(ci, self.structure).double()
+                value[idx], plan[idx] = fused_gromov_wasserstein_batched(M, Cq[idx], Cc, p, w, alpha=alpha)
         return value, plan
 
     def fgw(self, q: ObjectSets, c: ObjectSets) -> torch.Tensor:
