@@ -250,10 +250,12 @@ def _score_on(cfg, ext, scheduler: str, progress: bool) -> list[dict]:
     from distributed import as_completed
     from tqdm import tqdm
 
+    from pipeline.cache import open_store
     from pipeline.distributed import cluster, for_workers, worker_watch
     from stages import score as stage
 
     cfg, ext = for_workers(cfg), for_workers(ext)
+    open_store(ext)  # a missing, foreign or damaged store is refused here, before any cluster starts
 
     seed_suites = set(cfg.seed_suites or cfg.suites)
     tasks = []
@@ -493,6 +495,12 @@ def run(argv: list[str] | None = None) -> None:
         where = e.ctx.command_path if e.ctx is not None else "pipeline"
         typer.secho(f"error: {message}; see `{where} --help`", fg=typer.colors.RED, err=True)
         code = e.exit_code
+    except (KeyboardInterrupt, typer.Abort):  # Ctrl-C (click turns it into Abort)
+        typer.secho(
+            "interrupted: rerun the same command; an extract resumes where it stopped, keeping every row it wrote",
+            fg=typer.colors.RED, err=True,
+        )  # fmt: skip
+        code = 130
     raise SystemExit(code if isinstance(code, int) else 0)
 
 

@@ -17,6 +17,7 @@ each refused with one line naming the file, the key, the value given and what is
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -39,6 +40,8 @@ STRICT = ConfigDict(strict=True, extra="forbid")  # no coercion ('no' -> True, '
 PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # a learning rate, a temperature
 NonNegativeFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]  # a weight decay, a penalty
 BatchSize = Annotated[int, Field(gt=0, le=1 << 20)]  # items per batch: positive, and an array size numpy can hold
+MAX_THREADS = max(8, 4 * (os.cpu_count() or 1))  # past the cores, more threads only queue (and 10**5 exhaust memory)
+Threads = Annotated[int, Field(gt=0, le=MAX_THREADS)]  # torch intra-op threads
 
 
 def _distinct(values: list) -> list:
@@ -156,7 +159,7 @@ class ToyClipConfig:
     #   bag of words (swap captions tie), 0.01 = open_clip's init (not frozen there)
     log_every: PositiveInt = 10  # steps between train_log.json entries
     checkpoint_every: PositiveInt = 200  # steps between resume.pt checkpoints
-    threads: PositiveInt = 2  # torch intra-op threads
+    threads: Threads = 2  # torch intra-op threads (at most MAX_THREADS: four per core, at least 8)
 
 
 @with_config(STRICT)
@@ -175,7 +178,7 @@ class ExtractConfig:
     out: str = "cache/features"  # store folder: <out>/<encoder>.zarr (or an fsspec URL: s3://, gs://, memory://, file://)
     storage_options: dict[str, Any] = field(default_factory=dict)  # fsspec options of a remote store (credentials, endpoint)
     batch_size: BatchSize = 64  # images/captions per forward pass
-    threads: PositiveInt = 2  # torch intra-op threads
+    threads: Threads = 2  # torch intra-op threads (at most MAX_THREADS: four per core, at least 8)
     device: str = "cpu"  # torch device
     skip_missing: bool = False  # score without items whose image is missing (counted, reported)
     skip_bad_images: bool = False  # score without items whose image is corrupt, undecodable or over the decompression-bomb limit (counted, reported)
@@ -192,6 +195,16 @@ class ExtractConfig:
             unknown = sorted(set(getattr(self, key)) - known)
             if unknown:
                 raise ValueError(f"{key} names unknown suite(s) {', '.join(unknown)} (see `pipeline suites`)")
+        if not self.out.strip():
+            raise ValueError("out is empty: give the folder the store goes in (default cache/features) or a URL")
+        from pipeline.encoders import ENCODERS
+
+        if self.model in ENCODERS and ENCODERS.get(self.model).toy and (self.pretrained != "openai" or self.init_seed != 0):
+            raise ValueError(
+                f"model {self.model} is a toy CLIP: it loads the trained weights at checkpoint ({self.checkpoint}); "
+                f"pretrained ({self.pretrained!r}) and init_seed ({self.init_seed}) choose a real model's weights: "
+                "leave them out, or name a real model"
+            )
 
 
 @with_config(STRICT)
@@ -209,7 +222,7 @@ class ScoreConfig:
     device: str = "cpu"  # torch device the scorers run on (features are read on the host, moved per batch)
     scores_out: str = "cache/scores"  # per-item scores: <scores_out>/<variant>/<suite>.parquet
     metrics_out: str = "reports/metrics"  # <metrics_out>/<variant>/<suite>.json
-    replacements: list[Literal["shuffle", "fixed", "true"]] = field(default_factory=list)  # image replacements also scored on choice suites ("shuffle", "fixed", "true"): <variant>@<mode>
+    replacements: Annotated[list[Literal["shuffle", "fixed", "true"]], AfterValidator(_distinct)] = field(default_factory=list)  # image replacements also scored on choice suites ("shuffle", "fixed", "true"): <variant>@<mode>
     replacement_variants: list[str] = field(default_factory=list)  # variants the replacements score ([] = every entry of `variants`)
     replacement_seed: int = 0  # seed of the shuffle permutation and of the fixed image
     options: dict[str, dict] = field(default_factory=dict)  # variant -> its factory's options (e.g. the rerankers' k, alpha, structure)
@@ -248,7 +261,7 @@ class TrainConfig:
     scorer: dict = field(default_factory=dict)  # kwargs of the scorer factory (e.g. BindClipConfig fields)
     objective: dict = field(default_factory=dict)  # options of the family's training hook (e.g. BindClipObjective fields)
     out: str = "cache/checkpoints"  # <out>/<variant>/model.safetensors (+ seed<k>/)
-    threads: PositiveInt = 2  # torch intra-op threads
+    threads: Threads = 2  # torch intra-op threads (at most MAX_THREADS: four per core, at least 8)
     device: str = "cpu"  # torch device of the scorer and of the training features (moved there once)
 
 
@@ -370,6 +383,10 @@ def _section(params: str | Path | None, section: str) -> dict[str, Any]:
     """``params[section]`` (dotted for nested sections: ``train.bindclip``); ``{}`` when absent."""
     value: Any = read_params(params)
     for part in section.split("."):
+        if isinstance(value, dict) and part in value and value[part] is None:  # `extract:` with nothing under it
+            raise ParamsError(
+                f"{params}: section `{section}` is empty (null); give its keys, or delete the line to run its defaults"
+            )
         value = value.get(part) if isinstance(value, dict) else None
         if value is None:
             return {}

@@ -168,7 +168,8 @@ def cluster(scheduler: str, quiet: bool = False) -> Iterator[Any]:
             )
         with (
             dask.config.set({NANNY_MALLOC: None}),
-            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as lc,
+            # the workers' own logs stay quiet: a failed task reaches the client, which names it in one line
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=logging.CRITICAL) as lc,
             Client(lc) as client,
         ):
             yield client

@@ -165,8 +165,19 @@ def check_unique_ids(df: pd.DataFrame, what: str) -> None:
 
 
 def read_manifest(path: str | Path) -> pd.DataFrame:
-    """Read a Parquet manifest; list cells come back as Python lists."""
-    df = pd.read_parquet(path)
+    """Read a Parquet manifest; list cells come back as Python lists. A file that is not
+    Parquet (a YAML, a JSON annotation file given by mistake) is refused naming it."""
+    import pyarrow
+
+    try:
+        df = pd.read_parquet(path)
+    except (pyarrow.ArrowInvalid, OSError) as e:
+        if isinstance(e, (FileNotFoundError, IsADirectoryError, PermissionError)):
+            raise
+        raise ValueError(
+            f"{path} is not a Parquet manifest ({' '.join(str(e).split())[:160]}); a suite's manifest "
+            "(extract.manifests) is the .parquet file `pipeline manifest` or `pipeline world` writes"
+        ) from None
     for col in df.columns:
         if len(df) and isinstance(df[col].iloc[0], np.ndarray):
             df[col] = df[col].map(lambda v: None if v is None else list(v))
@@ -218,7 +229,8 @@ MAX_ASPECT = 100  # longest side / shortest side of an image extract accepts
 
 
 def decode_image(data: bytes, name: str, crop_box: Any = None) -> Image.Image:
-    """Decode image bytes to RGB (cropped to ``crop_box`` if given).
+    """Decode image bytes to RGB (cropped to ``crop_box`` if given, once
+    :func:`checked_crop` accepts it).
 
     16-bit integer greyscale (``I;16*``) is scaled to 8 bits by its range (PIL's own
     conversion clips it, so a 16-bit PNG would turn white); 32-bit integer greyscale (``I``,
@@ -230,8 +242,8 @@ def decode_image(data: bytes, name: str, crop_box: Any = None) -> Image.Image:
 
     Raises:
         BadImageError: the bytes are not a decodable image, it has more pixels than PIL's
-            ``MAX_IMAGE_PIXELS`` (a decompression bomb), it is a float image or a thin strip;
-            the message names ``name``.
+            ``MAX_IMAGE_PIXELS`` (a decompression bomb), it is a float image or a thin strip,
+            or its ``crop_box`` is not a box on it; the message names ``name``.
     """
     import warnings
 
@@ -271,5 +283,33 @@ def decode_image(data: bytes, name: str, crop_box: Any = None) -> Image.Image:
         img = Image.fromarray(np.clip(np.rint(grey * (255.0 / top)), 0, 255).astype(np.uint8), mode="L")
     img = img.convert("RGB")
     if crop_box is not None and len(crop_box):
-        img = img.crop(tuple(float(v) for v in crop_box))
+        img = img.crop(checked_crop(crop_box, img.size, name))
     return img
+
+
+def checked_crop(crop_box: Any, size: tuple[int, int], name: str) -> tuple[float, float, float, float]:
+    """``crop_box`` as PIL's (left, top, right, bottom) once it is one: four finite numbers,
+    right of left and below top, overlapping the ``size`` = (width, height) image (a box
+    partly outside keeps PIL's black padding there, as the official crops do), and no larger
+    than PIL's decompression-bomb limit.
+
+    Raises:
+        BadImageError: naming ``name``, the box and what is wrong with it (a bad box is the
+            item's fault, skippable with ``extract.skip_bad_images`` as an undecodable image).
+    """
+    w, h = size
+    fix = "fix the item's crop_box or skip it (extract.skip_bad_images: true)"
+    try:
+        box = tuple(float(v) for v in crop_box)
+    except (TypeError, ValueError):
+        box = ()
+    if len(box) != 4 or not all(np.isfinite(box)):
+        raise BadImageError(f"{name}: crop_box {list(crop_box)!r} is not four finite numbers [x0, y0, x1, y1]; {fix}")
+    x0, y0, x1, y1 = box
+    if x1 <= x0 or y1 <= y0:
+        raise BadImageError(f"{name}: crop_box {list(box)} is empty or reversed (x1 must exceed x0, y1 y0); {fix}")
+    if x1 <= 0 or y1 <= 0 or x0 >= w or y0 >= h:
+        raise BadImageError(f"{name}: crop_box {list(box)} lies outside the {w}x{h} image; {fix}")
+    if (x1 - x0) * (y1 - y0) > (Image.MAX_IMAGE_PIXELS or float("inf")):
+        raise BadImageError(f"{name}: crop_box {list(box)} is a decompression bomb (more pixels than PIL allows); {fix}")
+    return box

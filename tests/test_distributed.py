@@ -257,7 +257,7 @@ def test_a_rewritten_checkpoint_or_another_seed_is_loaded_anew(tmp_path, monkeyp
     monkeypatch.setattr(dist, "_LOADS", {})
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"first")
-    cfg = ExtractConfig(model="toy", checkpoint=str(weights))
+    cfg = ExtractConfig(model="tiny-test", pretrained=str(weights), checkpoint=str(weights))  # a real model's weights file
     a = dist.worker_encoder(cfg)
     assert dist.worker_encoder(cfg) is a and len(loads) == 1
     seeded = dist.worker_encoder(dataclasses.replace(cfg, init_seed=1))

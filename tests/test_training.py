@@ -56,6 +56,9 @@ def test_training_layout_determinism_and_resume(tmp_path, tiny_store):
     rec = json.loads((root / "config.json").read_text())
     q0 = rec["chosen"]["q0"]
     assert rec["seed"] == 0 and q0 in (0.5, 1.0) and rec["scorer_kwargs"]["q0"] == q0
+    from pipeline.manifests import file_sha256
+
+    assert rec["weights_sha256"] == file_sha256(root / "model.safetensors")  # the bytes load_scorer checks
     assert set(rec["chosen"]["q0_dev_mean"]) == {"0.5", "1.0"}
     assert rec["scorer"]["h"] == 16
     log = json.loads((root / "seed0" / "train_log.json").read_text())

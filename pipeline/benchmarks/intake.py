@@ -97,7 +97,7 @@ def read_json(path: Path) -> Any:
 
     raw = Path(path).read_bytes()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark some editors write is not JSON, but harmless
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise ValueError(f"{path}: invalid UTF-8 at byte {e.start} (line {line}); re-save the file as UTF-8") from None
@@ -105,6 +105,10 @@ def read_json(path: Path) -> Any:
         return json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested deeper than Python can read; this is not an official annotation file") from None
+    except ValueError as e:  # e.g. an integer past Python's digit limit
+        raise ValueError(f"{path}: unreadable JSON ({e}); this is not an official annotation file") from None
 
 
 def read_json_list(path: Path, length: int | None = None) -> list:

@@ -400,6 +400,20 @@ def key_inventory(root: zarr.Group) -> list[Damage]:
     return damage + decode_failures(root, names, {(d.array, d.lo) for d in damage})
 
 
+def byte_orders(codecs: Any) -> set[str]:
+    """The byte orders the ``bytes`` codecs of an array's codec chain declare (inside a
+    sharding codec too: its inner and index chains)."""
+    from zarr.codecs import BytesCodec, ShardingCodec
+
+    found: set[str] = set()
+    for codec in codecs:
+        if isinstance(codec, ShardingCodec):
+            found |= byte_orders(codec.codecs) | byte_orders(codec.index_codecs)
+        elif isinstance(codec, BytesCodec) and codec.endian is not None:
+            found.add(codec.endian.value)
+    return found
+
+
 def check_shapes(root: zarr.Group, path: Any, counts: bool = True) -> None:
     """Refuse a store whose recorded dims differ from its fingerprint's (an edited grid that
     keeps the patch count would lay the patches out wrongly), whose arrays' trailing shapes
@@ -438,6 +452,9 @@ def check_shapes(root: zarr.Group, path: Any, counts: bool = True) -> None:
                 problems.append(f"{spec.name} has rows of shape {tuple(arr.shape[1:])}, dims {dims} give {want}")
             if str(arr.dtype) != spec.dtype:
                 problems.append(f"{spec.name} is {arr.dtype}, schema v{SCHEMA_VERSION} stores {spec.dtype}")
+            orders = byte_orders(arr.metadata.codecs)
+            if arr.dtype.itemsize > 1 and orders != {"little"}:  # another byte order reads every value as garbage
+                problems.append(f"{spec.name} declares byte order {', '.join(sorted(orders)) or 'none'}; extract writes little-endian")
         if counts and len(set(lengths.values())) > 1:
             problems.append(f"{modality} arrays differ in rows ({', '.join(f'{k}: {v}' for k, v in lengths.items())})")
     if problems:

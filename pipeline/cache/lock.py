@@ -54,11 +54,24 @@ def lock_path(store: str | Path) -> Path:
 
 
 def read_holder(store: str | Path) -> dict[str, Any]:
-    """The pid, host and start time recorded in the store's lock file ({} when none)."""
+    """The pid, host and start time recorded in the store's lock file ({} when none);
+    ``{"unreadable": path}`` when the file holds anything else (not UTF-8, not JSON, or JSON
+    that is not a record), so the lock is still described and reclaimable."""
+    path = lock_path(store)
     try:
-        return json.loads(lock_path(store).read_text() or "{}")
-    except (FileNotFoundError, json.JSONDecodeError):
+        return parse_holder(path.read_bytes(), str(path))
+    except (FileNotFoundError, NotADirectoryError):
         return {}
+
+
+def parse_holder(data: bytes | str, where: str) -> dict[str, Any]:
+    """The holder record in a lock file's contents ``data`` ({} when empty); contents that
+    are not a JSON record of a holder give ``{"unreadable": where}``."""
+    try:
+        holder = json.loads(data or "{}")
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {"unreadable": where}
+    return holder if isinstance(holder, dict) else {"unreadable": where}
 
 
 @contextmanager
@@ -86,6 +99,8 @@ def store_lock(store: str | Path, break_lock: bool = False, storage_options: dic
     store = local_path(store)
     path = lock_path(store)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise StoreLockedError(f"{path} is a folder where the store's lock file belongs: remove that folder and rerun")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
@@ -148,8 +163,9 @@ def _remote_lock(store: str, break_lock: bool, storage_options: dict[str, Any]) 
     path = loc.sibling(".lock")
     text = loc.read_text(path)
     if text and not break_lock:
-        previous = json.loads(text)
-        stale = previous.get("host") == _host() and not _alive(int(previous.get("pid", -1)))
+        previous = parse_holder(text, path)
+        pid = previous.get("pid")
+        stale = previous.get("host") == _host() and isinstance(pid, int) and not _alive(pid)
         state = "stale: that process is not running" if stale else "it may still be running"
         raise StoreLockedError(
             f"{store} is locked by {describe_holder(previous)} ({state}); wait for it, or rerun with "
@@ -185,4 +201,6 @@ def describe_holder(holder: dict[str, Any]) -> str:
     """A lock holder in words: its pid, host and start time."""
     if not holder:
         return "another process (its lock file names none yet)"
+    if "unreadable" in holder:
+        return f"an unknown process (its lock file {holder['unreadable']} holds no lock record)"
     return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('started')}"

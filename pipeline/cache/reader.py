@@ -27,6 +27,7 @@ training's load.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from functools import cached_property
 from pathlib import Path
@@ -154,6 +155,21 @@ class FeatureStore:
             beside = (f"; its folder holds {', '.join(others)}: if one was extracted for this run, set this stage's "
                       f"encoder to its name (extract.model names the store)") if others else ""  # fmt: skip
             raise CacheError(f"no feature store at {path}; run `pipeline extract` first{beside}")
+        try:
+            return cls(path, cls._checked_root(loc, path, expect))
+        except CacheError:
+            holder = running_writer(path)
+            if holder is None or holder.get("pid") == os.getpid():  # no writer, or this very process
+                raise
+            raise CacheError(
+                f"an extract ({describe_holder(holder)}) is writing {path} now and has not finished laying it out: "
+                "score once it finishes"
+            ) from None
+
+    @staticmethod
+    def _checked_root(loc: StoreLocation, path: str, expect: dict[str, Any] | None):
+        """The store's root group once its version, fingerprint, shapes and chunk inventory
+        pass (:meth:`open`'s checks)."""
         root, attrs = open_root(loc, "r")
         version = attrs.get("schema_version")
         if version is None:
@@ -185,7 +201,7 @@ class FeatureStore:
         damage = inventory(root)
         if damage:
             raise CorruptStoreError(describe(path, damage))
-        return cls(path, root)
+        return root
 
     @property
     def fingerprint(self) -> dict[str, Any]:

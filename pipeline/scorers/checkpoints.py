@@ -47,6 +47,17 @@ def build_scorer(variant: str, store: FeatureStore, options: dict | None = None)
         raise ValueError(f"score.options.{variant} = {options}: {e}") from None
 
 
+WEIGHTS_KEY = "weights_sha256"  # config.json: the sha256 of the model.safetensors beside it
+
+
+def weights_sha256_of(folder: Path) -> str:
+    """The sha256 of ``folder/model.safetensors``, recorded in its ``config.json`` when it is
+    written: a checkpoint damaged later (flipped bits keep its size and header) is refused."""
+    from pipeline.manifests import file_sha256
+
+    return file_sha256(Path(folder) / "model.safetensors")
+
+
 def load_scorer(
     variant: str, store: FeatureStore, checkpoints: str | Path, ckpt_dir: Path | None = None, options: dict | None = None
 ) -> Scorer:
@@ -78,6 +89,12 @@ def load_scorer(
     if not isinstance(record, dict):
         raise ValueError(f"{config} ({variant}) is damaged (not a JSON object); rerun `{how}`")
     _check_fitted_on(record, store, ckpt, variant, how)
+    recorded = record.get(WEIGHTS_KEY)  # a record written by hand (or by older code) has none: unchecked
+    if recorded is not None and weights_sha256_of(ckpt_dir) != recorded:
+        raise ValueError(
+            f"{ckpt} ({variant}) is not the file its {config.name} records (sha256 {recorded[:16]}..., the file's "
+            f"{weights_sha256_of(ckpt_dir)[:16]}...): it was damaged or replaced after training; rerun `{how}`"
+        )
     kwargs = record.get("scorer_kwargs", {})
     if kwargs:
         scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **{**options, **kwargs})

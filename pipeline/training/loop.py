@@ -71,7 +71,7 @@ from pipeline.cache.schema import encoder_id
 from pipeline.config import TrainConfig
 from pipeline.features import to_device
 from pipeline.scorers import create_scorer
-from pipeline.scorers.checkpoints import checkpoint_owner
+from pipeline.scorers.checkpoints import WEIGHTS_KEY, checkpoint_owner, weights_sha256_of
 from pipeline.training.schedule import warmup_cosine
 from pipeline.training.trainer import FamilyTrainer
 
@@ -257,6 +257,7 @@ def train_seed(
         "store_encoder": encoder_id(store.fingerprint),  # load_scorer refuses another encoder's store
         "fingerprint": fp,  # a rerun under the same one keeps this seed
         "train_seconds": round(train_seconds, 1),
+        WEIGHTS_KEY: weights_sha256_of(out),  # load_scorer refuses weights that are not these bytes
     }
     (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
     (out / "train_log.json").write_text(json.dumps(history) + "\n")

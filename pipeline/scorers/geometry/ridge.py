@@ -232,6 +232,8 @@ def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], m
     ``cfg``: :class:`pipeline.config.RidgeConfig`."""
     from safetensors.torch import save_file
 
+    from pipeline.scorers.checkpoints import WEIGHTS_KEY, weights_sha256_of
+
     objects = getattr(cfg, "objects", "box-mean")
     check_source(objects)
     layers = ("final",) if objects == "crops" else OBJECT_LAYERS  # crops: one space, the pooled embedding
@@ -256,6 +258,7 @@ def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], m
         "train_suite": cfg.suite,
         "manifest_sha256": manifest_sha256,
         "scorer_kwargs": {"layer": layer, "rank": int(fitted.whiten.shape[1]), **({"objects": "crops"} if objects == "crops" else {})},
+        WEIGHTS_KEY: weights_sha256_of(out),  # load_scorer refuses weights that are not these bytes
     }
     (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
