@@ -20,8 +20,9 @@ from pipeline.cache.lock import (
     store_lock,
 )
 from pipeline.config import MAX_THREADS, ExtractConfig, ParamsError, ScoreConfig, load_config
-from tests.test_bad_inputs import (  # noqa: F401  (images: a fixture)
+from tests.test_bad_inputs import (  # noqa: F401  (good, images: fixtures)
     cli,
+    good,
     images,
     item,
     metrics_of,
@@ -208,3 +209,26 @@ def test_an_edited_byte_order_is_refused_at_open(damaged, array):  # noqa: F811 
     meta.write_text(text.replace('"endian": "little"', '"endian": "big"'))
     with pytest.raises(CorruptStoreError, match=rf"{array} declares byte order big; extract writes little-endian"):
         FeatureStore.open(store)
+
+
+def test_score_on_a_cluster_refuses_a_missing_store_before_any_worker_starts(good, monkeypatch):  # noqa: F811 - the fixture
+    """The store is checked on the client: no cluster starts, so no worker logs a traceback
+    before the one line."""
+    import pipeline.distributed
+
+    monkeypatch.setattr(pipeline.distributed, "cluster", lambda *a, **k: pytest.fail("a cluster was started"))
+    _, params = good
+    refused(cli("score", "--params", params, "--scheduler", "local:2", "--quiet"), "no feature store at", "pipeline extract")
+
+
+def test_ctrl_c_prints_how_to_resume_and_exits_130(monkeypatch, capsys):
+    import pipeline.cli
+
+    def interrupted(**kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.cli, "app", interrupted)
+    with pytest.raises(SystemExit) as e:
+        pipeline.cli.run(["extract"])
+    assert e.value.code == 130
+    assert "interrupted: rerun the same command; an extract resumes where it stopped" in capsys.readouterr().err
