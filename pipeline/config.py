@@ -197,14 +197,6 @@ class ExtractConfig:
                 raise ValueError(f"{key} names unknown suite(s) {', '.join(unknown)} (see `pipeline suites`)")
         if not self.out.strip():
             raise ValueError("out is empty: give the folder the store goes in (default cache/features) or a URL")
-        from pipeline.encoders import ENCODERS
-
-        if self.model in ENCODERS and ENCODERS.get(self.model).toy and (self.pretrained != "openai" or self.init_seed != 0):
-            raise ValueError(
-                f"model {self.model} is a toy CLIP: it loads the trained weights at checkpoint ({self.checkpoint}); "
-                f"pretrained ({self.pretrained!r}) and init_seed ({self.init_seed}) choose a real model's weights: "
-                "leave them out, or name a real model"
-            )
 
 
 @with_config(STRICT)

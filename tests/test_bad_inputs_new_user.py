@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.cache import CacheError, FeatureStore
 from pipeline.cache.lock import (
@@ -48,12 +49,15 @@ def params(tmp_path: Path, text: str) -> Path:
 def test_a_toy_model_refuses_real_models_weights_options(tmp_path, extra, named):
     """The toy CLIP always loads its trained checkpoint: a random-init or another weights file
     asked of it would silently give the trained model."""
-    with pytest.raises(ParamsError, match="toy CLIP: it loads the trained weights at checkpoint") as e:
-        load_config(ExtractConfig, params(tmp_path, f"extract:\n  model: toy\n  {extra}\n"), "extract")
+    from pipeline.encoders import ENCODERS, check_toy_options
+
+    toy = ENCODERS.get("toy")
+    with pytest.raises(ValueError, match="toy CLIP: it loads the trained weights at extract.checkpoint") as e:
+        check_toy_options(toy, yaml.safe_load(extra).get("pretrained"), yaml.safe_load(extra).get("init_seed", 0), "ck")
     assert named in str(e.value) and "leave them out" in str(e.value)
-    line = refused(cli("extract", "--params", tmp_path / "params.yaml"), "toy CLIP", named)
-    assert str(tmp_path / "params.yaml") in line
-    assert ExtractConfig(model="toy").pretrained == "openai"  # the default stays accepted
+    refused(cli("extract", "--params", params(tmp_path, f"extract:\n  model: toy\n  {extra}\n")), "toy CLIP", named)
+    for default in (None, "openai", "toyclip"):  # the config's default and the toy's own tag stay accepted
+        check_toy_options(toy, default, 0, "ck")
 
 
 def test_more_threads_than_the_machine_can_use_are_refused(tmp_path):

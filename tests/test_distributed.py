@@ -273,7 +273,7 @@ def test_workers_get_absolute_local_paths_and_urls_as_given(tmp_path, monkeypatc
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "w.safetensors").write_bytes(b"")
-    cfg = ExtractConfig(out="features", manifests={"shapes-dev": "m/sc.parquet", "shapes-aro": "gs://b/m.parquet"},
+    cfg = ExtractConfig(model="ViT-B-32", out="features", manifests={"shapes-dev": "m/sc.parquet", "shapes-aro": "gs://b/m.parquet"},
                         image_roots={"shapes-dev": "images"}, pretrained="w.safetensors", checkpoint="ck/model.safetensors")  # fmt: skip
     got = for_workers(cfg)
     assert got.out == str(tmp_path / "features") and got.checkpoint == str(tmp_path / "ck/model.safetensors")

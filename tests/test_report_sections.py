@@ -1079,9 +1079,10 @@ def test_captions_name_each_deltas_baseline_and_what_a_pair_accuracy_is(full_con
 def test_steering_slices_split_by_edit_and_directions_and_say_where_it_helps_and_hurts():
     """Each slice's Δ is the paired difference over that slice's queries alone; a slicing
     with one value is left out; the verdict lists exactly the slices whose CI excludes 0."""
-    from types import SimpleNamespace
 
-    from pipeline.scorers.geometry.report import query_slices, steering_part, steering_slices
+    from pipeline.benchmarks import SUITES
+    from pipeline.scorers.geometry.diagnostics import query_slices, steering_slices
+    from pipeline.scorers.geometry.report import steering_part
 
     n = 40
     manifest = pd.DataFrame({
@@ -1096,11 +1097,9 @@ def test_steering_slices_split_by_edit_and_directions_and_say_where_it_helps_and
     assert labels == ["every query", "edit: move", "edit: swap", "2 directions", "3 directions"]
     assert [label for label, _ in query_slices(manifest.assign(variant="same"))] == ["every query", "2 directions", "3 directions"]
 
-    ctx = SimpleNamespace(
-        results={"shapes-multi": {"manifest": manifest, "scores": {"clip": clip, "steer": clip, "steer-multi": steer_multi}}},
-        cfg=SimpleNamespace(bootstrap=500, seed=0),
-    )
-    rows = {r["slice"]: r for r in steering_slices(ctx, "shapes-multi")}
+    entry = {"manifest": manifest, "scores": {"clip": clip, "steer": clip, "steer-multi": steer_multi}}
+    found = steering_slices(entry, SUITES.get("shapes-multi").units, ("steer", "steer-multi"), "clip", 500, 0)
+    rows = {r["slice"]: r for r in found}
     assert rows["edit: swap"]["queries"] == 20 and rows["edit: swap"]["steer-multi R@1"]["diff"] == pytest.approx(1.0)
     assert rows["edit: move"]["steer-multi R@10"]["diff"] == 0.0 and rows["every query"]["steer-multi R@1"]["diff"] == pytest.approx(0.5)
     assert rows["every query"]["steer R@1"] == {"diff": 0.0, "lo": 0.0, "hi": 0.0, "p": 1.0}

@@ -296,6 +296,7 @@ def configured_identity(
     from here; they equal what :meth:`Encoder.fingerprint` records for the encoder
     :func:`load_encoder` builds from the same arguments.
     """
+    check_toy_options(spec, pretrained, init_seed, checkpoint)
     identity = resolve_pretrained(spec, pretrained, checkpoint)
     fields: dict[str, Any] = {
         "encoder": spec.name,
@@ -306,6 +307,18 @@ def configured_identity(
     if identity == "random":
         fields["init_seed"] = int(init_seed)
     return fields
+
+
+def check_toy_options(spec: EncoderSpec, pretrained: str | None, init_seed: int, checkpoint: str | None) -> None:
+    """Refuse weights options a toy encoder would ignore: it always loads its trained
+    checkpoint, so ``pretrained`` other than the default (``openai``, the real models' tag)
+    or its own ``toyclip``, or an ``init_seed``, would silently give the trained model."""
+    if spec.toy and (pretrained not in (None, "openai", spec.default_pretrained) or int(init_seed) != 0):
+        raise ValueError(
+            f"model {spec.name} is a toy CLIP: it loads the trained weights at extract.checkpoint ({checkpoint}); "
+            f"pretrained ({pretrained!r}) and init_seed ({init_seed}) choose a real model's weights: leave them out, "
+            "or name a real model"
+        )
 
 
 def open_clip_config(spec: EncoderSpec, pretrained: str | None) -> str:
@@ -374,6 +387,7 @@ def load_encoder(
 
     spec = ENCODERS.get(name)
     register_toy_configs()
+    check_toy_options(spec, pretrained, init_seed, checkpoint)
     identity = resolve_pretrained(spec, pretrained, checkpoint)
     config = open_clip_config(spec, pretrained)
     tag = pretrained or spec.default_pretrained

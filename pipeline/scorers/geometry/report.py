@@ -26,8 +26,9 @@ from pipeline.report.compare import task_units
 from pipeline.report.markdown import md_table, metric_ci, metric_diff, metric_value, p_value
 from pipeline.report.sections import read_bench
 from pipeline.report.templates import Templates
+from pipeline.scorers.geometry.diagnostics import SLICE_METRICS, steering_slices
 from pipeline.scorers.geometry.rerankers import GeometryReranker
-from pipeline.stats import bootstrap_ci, paired_bootstrap, units_bootstrap
+from pipeline.stats import bootstrap_ci, units_bootstrap
 
 TEXT = Templates("pipeline.scorers.geometry", "report.md")
 BASELINE = "clip"
@@ -247,7 +248,11 @@ def geometry_section(ctx: ReportContext) -> list[str]:
     if rows:  # steering is scored where `score.variants` names it
         parts += ["### Steering", TEXT("steering")]
         parts.append(md_table(["suite", "variant", "metric", f"Δ vs `{BASELINE}`"], rows))
-        steering = {suite: steering_slices(ctx, suite) for suite in suites}
+        resampling = (ctx.cfg.bootstrap, ctx.cfg.seed)
+        steering = {
+            suite: steering_slices(ctx.results[suite], SUITES.get(suite).units, STEERING, BASELINE, *resampling)
+            for suite in suites
+        }
         parts += steering_part(steering)
     bench = read_bench(ctx.out / RERANK_BENCH)
     parts += ["### Reranking cost", *cost_part(bench, ctx.out / RERANK_BENCH, ctx.bench_command("rerank"))]
@@ -266,52 +271,10 @@ def geometry_section(ctx: ReportContext) -> list[str]:
     return parts
 
 
-def query_slices(manifest) -> list[tuple[str, np.ndarray]]:
-    """(label, [n_queries] bool) of the slices the steering table reads: every query; each
-    edit kind of the suite's ``variant`` column (shapes-multi: the one binding or relation
-    its near-duplicates change); each number of steering directions (``steer_pos`` prompts:
-    the vectors ``steer-multi`` sums). A slicing with one value only is left out."""
-    out = [("every query", np.ones(len(manifest), dtype=bool))]
-    if "variant" in manifest and manifest["variant"].nunique() > 1:
-        kinds = manifest["variant"].astype(str).to_numpy()
-        out += [(f"edit: {kind}", kinds == kind) for kind in sorted(set(kinds))]
-    if "steer_pos" in manifest:
-        counts = manifest["steer_pos"].map(len).to_numpy()
-        if len(set(counts)) > 1:
-            out += [(f"{n} directions", counts == n) for n in sorted(set(counts))]
-    return out
-
-
-STEERING_METRICS = ("R@1", "R@10")
-
-
-def steering_slices(ctx: ReportContext, suite: str) -> list[dict[str, Any]]:
-    """Each steering variant's Δ against ``clip`` (paired bootstrap over the slice's
-    queries) per slice of :func:`query_slices`, for :data:`STEERING_METRICS`."""
-    entry = ctx.results[suite]
-    units = {
-        v: SUITES.get(suite).units(entry["manifest"], entry["scores"][v])
-        for v in (BASELINE, *STEERING)
-        if v in entry["scores"]
-    }
-    if BASELINE not in units:
-        return []
-    out = []
-    for label, mask in query_slices(entry["manifest"]):
-        row: dict[str, Any] = {"slice": label, "queries": int(mask.sum())}
-        for v in STEERING:
-            for m in STEERING_METRICS if v in units else ():
-                a, b = units[v][m].values[mask], units[BASELINE][m].values[mask]
-                r = paired_bootstrap(a, b, n_resamples=ctx.cfg.bootstrap, seed=ctx.cfg.seed)
-                row[f"{v} {m}"] = {"diff": r.diff, "lo": r.lo, "hi": r.hi, "p": r.p}
-        out.append(row)
-    return out
-
-
 def steering_part(by_suite: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The steering-by-slice table and a sentence on where each steering variant helps
     (the slice's 95% CI above 0) and where it hurts (below 0)."""
-    columns = [f"{v} {m}" for v in STEERING for m in STEERING_METRICS]
+    columns = [f"{v} {m}" for v in STEERING for m in SLICE_METRICS]
     rows, helps, hurts = [], {v: [] for v in STEERING}, {v: [] for v in STEERING}
     for suite, slices in by_suite.items():
         for row in slices:

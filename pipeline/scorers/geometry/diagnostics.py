@@ -1,0 +1,62 @@
+"""Where steering helps and where it hurts: each steering variant's difference from its
+baseline over slices of a retrieval suite's queries (the report's steering table).
+
+    slices = steering_slices(entry, suite.units, ("steer", "steer-multi"), "clip", 2000, 0)
+
+A slice is every query, the queries of one edit kind (the suite's ``variant`` column:
+shapes-multi's near-duplicates differ from each query's image in one binding or one
+relation) or the queries with one number of steering directions (``steer-multi`` sums one
+per object phrase, so interference, if any, grows with it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipeline.stats import paired_bootstrap
+
+SLICE_METRICS = ("R@1", "R@10")
+
+
+def query_slices(manifest: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
+    """(label, [n_queries] bool) of each slice: every query; each edit kind of the
+    ``variant`` column; each number of ``steer_pos`` prompts. A slicing with one value only
+    (shapes-retrieval's two objects a query) is left out."""
+    out = [("every query", np.ones(len(manifest), dtype=bool))]
+    if "variant" in manifest and manifest["variant"].nunique() > 1:
+        kinds = manifest["variant"].astype(str).to_numpy()
+        out += [(f"edit: {kind}", kinds == kind) for kind in sorted(set(kinds))]
+    if "steer_pos" in manifest:
+        counts = manifest["steer_pos"].map(len).to_numpy()
+        if len(set(counts)) > 1:
+            out += [(f"{n} directions", counts == n) for n in sorted(set(counts))]
+    return out
+
+
+def steering_slices(
+    entry: dict[str, Any], units_of: Callable, variants: tuple[str, ...], baseline: str, n_resamples: int, seed: int
+) -> list[dict[str, Any]]:
+    """Per slice of :func:`query_slices`, each of ``variants`` minus ``baseline`` on
+    :data:`SLICE_METRICS` (paired bootstrap over the slice's queries: diff, CI, p).
+
+    Args:
+        entry: the suite's results: ``manifest`` and ``scores`` (variant -> [Q, G]).
+        units_of: the suite's official units, ``(manifest, scores) -> {metric: Units}``.
+    """
+    units = {v: units_of(entry["manifest"], entry["scores"][v]) for v in (baseline, *variants) if v in entry["scores"]}
+    if baseline not in units:
+        return []
+    out = []
+    for label, mask in query_slices(entry["manifest"]):
+        row: dict[str, Any] = {"slice": label, "queries": int(mask.sum())}
+        for v in variants:
+            for m in SLICE_METRICS if v in units else ():
+                a, b = units[v][m].values[mask], units[baseline][m].values[mask]
+                r = paired_bootstrap(a, b, n_resamples=n_resamples, seed=seed)
+                row[f"{v} {m}"] = {"diff": r.diff, "lo": r.lo, "hi": r.hi, "p": r.p}
+        out.append(row)
+    return out
