@@ -469,6 +469,9 @@ def _given_value(argv: list[str], opts: list[str]) -> str | None:
     return None
 
 
+RESUME = "rerun the same command; an extract resumes where it stopped, keeping every row it wrote"
+
+
 def run(argv: list[str] | None = None) -> None:
     """The ``pipeline`` entry point: ``app`` with a command-line mistake (a value of the
     wrong type, an unknown option or command, a missing value) printed as one line
@@ -496,10 +499,7 @@ def run(argv: list[str] | None = None) -> None:
         typer.secho(f"error: {message}; see `{where} --help`", fg=typer.colors.RED, err=True)
         code = e.exit_code
     except (KeyboardInterrupt, typer.Abort):  # Ctrl-C (click turns it into Abort)
-        typer.secho(
-            "interrupted: rerun the same command; an extract resumes where it stopped, keeping every row it wrote",
-            fg=typer.colors.RED, err=True,
-        )  # fmt: skip
+        typer.secho(f"interrupted: {RESUME}", fg=typer.colors.RED, err=True)
         code = 130
     raise SystemExit(code if isinstance(code, int) else 0)
 

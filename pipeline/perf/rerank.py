@@ -39,12 +39,13 @@ def plant(scorer, queries: int, gallery: int, objects: int, dim: int, gen: torch
     """Leave in ``scorer`` what its ``prepare`` leaves on a suite of ``queries`` queries and
     ``gallery`` images: steering directions, or mapped query and gallery object sets
     (``ridge-fgw``'s map random, its whitening an orthonormal basis of its compared space)."""
+    from pipeline.scorers.geometry.rerankers import RidgeFGWReranker
     from pipeline.scorers.geometry.steering import Steer
 
     if isinstance(scorer, Steer):
         scorer._directions = 0.1 * torch.randn(queries, dim, generator=gen)
         return
-    if hasattr(scorer, "whiten"):
+    if isinstance(scorer, RidgeFGWReranker):
         with torch.no_grad():
             scorer.weight.copy_(torch.randn(scorer.weight.shape, generator=gen) / dim**0.5)
             scorer.bias.copy_(0.1 * torch.randn(scorer.bias.shape, generator=gen))
