@@ -46,16 +46,18 @@ def params(tmp_path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("extra,named", [("pretrained: none", "pretrained ('none')"), ("init_seed: 3", "init_seed (3)"),
                                           ("pretrained: /no/such/weights.bin", "pretrained ('/no/such/weights.bin')")])  # fmt: skip
-def test_a_toy_model_refuses_real_models_weights_options(tmp_path, extra, named):
+def test_a_toy_model_refuses_real_models_weights_options(good, extra, named):  # noqa: F811 - the fixture
     """The toy CLIP always loads its trained checkpoint: a random-init or another weights file
     asked of it would silently give the trained model."""
     from pipeline.encoders import ENCODERS, check_toy_options
+    from tests.test_bad_inputs import edited
 
-    toy = ENCODERS.get("toy")
+    toy, options = ENCODERS.get("toy"), {"pretrained": "openai", "init_seed": 0, **yaml.safe_load(extra)}
     with pytest.raises(ValueError, match="toy CLIP: it loads the trained weights at extract.checkpoint") as e:
-        check_toy_options(toy, yaml.safe_load(extra).get("pretrained"), yaml.safe_load(extra).get("init_seed", 0), "ck")
+        check_toy_options(toy, options["pretrained"], options["init_seed"], "ck")
     assert named in str(e.value) and "leave them out" in str(e.value)
-    refused(cli("extract", "--params", params(tmp_path, f"extract:\n  model: toy\n  {extra}\n")), "toy CLIP", named)
+    _, params = good  # a suite of its own: the refusal comes before any checkpoint or world is needed
+    refused(cli("extract", "--params", edited(params, "extract", model="toy", **options)), "toy CLIP", named)
     for default in (None, "openai", "toyclip"):  # the config's default and the toy's own tag stay accepted
         check_toy_options(toy, default, 0, "ck")
 
