@@ -1052,6 +1052,8 @@ def test_fgw_cost_names_each_solver_and_the_offset_problems_reference():
     assert "`ot.emd2`" in offset and "0.06 ms per problem batched against 0.18 ms" in offset and "3× faster" in offset
     assert "(the conditional gradient on the offset structures: 0.09 ms per problem)" in offset
     assert len(cost_part({"variants": {}}, Path("x"), "cmd")) == 2  # no FGW comparison in the bench: the intro and the table only
+    steer = {"variant": "steer", "k": 20, "objects": None, "ms_per_query": 0.02, "queries_per_s": 50000.0}
+    assert "| `steer` | 20 | – | 0.02 | 50,000 |" in cost_part({"variants": {"steer": steer}}, Path("x"), "cmd")[1]
 
 
 def test_diagnostics_cells_are_percent_except_weights_and_overlaps():

@@ -381,7 +381,7 @@ def cost_part(bench: dict[str, Any], path: Path, command: str) -> list[str]:
         [
             f"`{v}`",
             str(r["k"]),
-            str(r.get("objects", "–")),
+            "–" if r.get("objects") is None else str(r["objects"]),  # steering reads no objects
             f"{r['ms_per_query']:.2f}",
             f"{r['queries_per_s']:,.0f}",
         ]
@@ -392,7 +392,7 @@ def cost_part(bench: dict[str, Any], path: Path, command: str) -> list[str]:
         [
             f"`{r['variant']}`",
             str(r["k"]),
-            str(r.get("objects", "–")),
+            "–" if r.get("objects") is None else str(r["objects"]),  # steering reads no objects
             f"{r['ms_per_query']:.2f}",
             f"{r['queries_per_s']:,.0f}",
         ]
