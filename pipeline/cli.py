@@ -6,7 +6,6 @@ options given on the command line on top. Heavy imports happen inside the comman
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import sys
@@ -15,6 +14,8 @@ from typing import Annotated
 
 import typer
 from typer.core import TyperGroup
+
+from pipeline.cli_errors import RESUME, USER_ERRORS, fail, one_line_warning, usage_line
 
 
 class _LazyBench(TyperGroup):
@@ -61,27 +62,6 @@ Quiet = Annotated[bool, typer.Option("--quiet", help="no progress bars")]
 Device = Annotated[str | None, typer.Option(help="torch device: cpu, cuda, cuda:1, ... (default: the params file's)")]
 
 
-# What a user can cause (bad params, a missing or damaged file, a refused store, an unknown
-# name): one line, exit 1. Anything else is a bug and keeps its traceback.
-USER_ERRORS = (KeyError, ValueError, OSError, RuntimeError)
-
-
-# The fix an OS error's own words leave unsaid, after the path it names.
-OS_FIXES = (
-    ((FileExistsError, NotADirectoryError), "a file stands where a folder is needed: remove it or point the params at another path"),
-    (IsADirectoryError, "a folder stands where a file is needed: point the params at the file"),
-    (PermissionError, "no permission to write or read there: choose a folder you can write, or fix its permissions"),
-)
-READ_ONLY = "the file system is read-only: point the params' output paths at a writable folder"
-
-
-def _fail(e: Exception) -> None:
-    fixes = [fix for kinds, fix in OS_FIXES if isinstance(e, kinds) and e.filename is not None]
-    fixes = [READ_ONLY] if isinstance(e, OSError) and e.errno == errno.EROFS else fixes
-    typer.secho("; ".join([f"error: {e}", *fixes[:1]]), fg=typer.colors.RED, err=True)
-    raise typer.Exit(code=1)
-
-
 def _check_device(device: str) -> None:
     """Refuse a torch device this machine does not have before any store is opened or
     model built (``--device cuda`` on a host without a CUDA driver), naming what torch says."""
@@ -122,12 +102,6 @@ def _echo_json(obj) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
 
 
-def _one_line_warning(message, category, filename, lineno, line=None) -> str:
-    """A warning as the CLI prints it: ``warning: <message>`` on one line (Python's default
-    adds the file, line number and source line of the code that warned)."""
-    return f"warning: {message}\n"
-
-
 @app.callback()
 def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
     logging.basicConfig(
@@ -138,7 +112,7 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug lo
     if not verbose:
         import warnings
 
-        warnings.formatwarning = _one_line_warning
+        warnings.formatwarning = one_line_warning
 
 
 @app.command()
@@ -156,7 +130,7 @@ def world(
         cfg = load_config(WorldConfig, params, "world", {"out": out, "seed": seed})
         _echo_json(stage.run(cfg, progress=not quiet))
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
 
 
 @app.command()
@@ -174,7 +148,7 @@ def toyclip(
         cfg = load_config(ToyClipConfig, params, "toyclip", {"steps": steps, "out": out})
         _echo_json(stage.run(cfg, progress=not quiet))
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
 
 
 @app.command()
@@ -212,7 +186,7 @@ def extract(
         else:
             _echo_json(stage.run(cfg, progress=not quiet, repair=repair, break_lock=break_lock))
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
 
 
 @app.command()
@@ -230,14 +204,16 @@ def score(
     from stages import score as stage
 
     try:
-        cfg = _narrowed(load_config(ScoreConfig, params, "score", {"variants": variant, "suites": suite, "encoder": model, "device": device}), variant, suite)
+        cfg = load_config(ScoreConfig, params, "score", {"variants": variant, "suites": suite, "encoder": model, "device": device})
+        stage.check_names(cfg, params)
+        cfg = _narrowed(cfg, variant, suite)
         _check_device(cfg.device)
         ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
         records = _score_on(cfg, ext, scheduler, not quiet) if scheduler is not None else stage.run(cfg, ext, progress=not quiet)
         for rec in records:
             typer.echo(json.dumps(rec))
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
 
 
 def _score_on(cfg, ext, scheduler: str, progress: bool) -> list[dict]:
@@ -255,7 +231,9 @@ def _score_on(cfg, ext, scheduler: str, progress: bool) -> list[dict]:
     from stages import score as stage
 
     cfg, ext = for_workers(cfg), for_workers(ext)
-    open_store(ext)  # a missing, foreign or damaged store is refused here, before any cluster starts
+    store = open_store(ext)  # a missing, foreign or damaged store is refused here, before any cluster starts
+    for v in cfg.seed_variants:  # and a seed variant with no seeds
+        stage.seeds_to_score(v, cfg, store)
 
     seed_suites = set(cfg.seed_suites or cfg.suites)
     tasks = []
@@ -298,7 +276,7 @@ def train(
             ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
             _echo_json(stage.run(cfg, ext, progress=not quiet))
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
 
 
 @app.command()
@@ -314,7 +292,7 @@ def ridge(
         cfg = load_config(RidgeConfig, params, "ridge", {"lam": lam})
         _echo_json(stage.run(cfg, load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})))
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
 
 
 @app.command("compare-encoders")
@@ -352,7 +330,7 @@ def compare_encoders(
         )
         _echo_json({e: {v: r["means"] for v, r in s["variants"].items()} for e, s in summary["encoders"].items()})
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
 
 
 @app.command()
@@ -371,7 +349,7 @@ def report(params: Params = None) -> None:
         )
         typer.echo(str(path))
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
 
 
 @app.command()
@@ -389,7 +367,7 @@ def manifest(
         write_manifest(df, out, source_hashes(root))
         typer.echo(f"{suite}: {len(df)} items -> {out}")
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
 
 
 @app.command()
@@ -401,7 +379,7 @@ def manifests(params: Params = None) -> None:
     try:
         _echo_json(stage.run(load_config(ManifestsConfig, params, "manifests")))
     except USER_ERRORS as e:
-        _fail(e)
+        fail(e)
 
 
 @app.command()
@@ -454,22 +432,7 @@ def probes_command(params: Params = None) -> None:
         folder = load_config(ReportConfig, params, "report").out  # where the report reads probes.json
         write_bench("probes", f"pipeline probes --params {params}", result, folder=folder)
     except USER_ERRORS as e:
-        _fail(e)
-
-
-def _given_value(argv: list[str], opts: list[str]) -> str | None:
-    """What the command line gave an option (``--batch-size abc`` or ``--batch-size=abc``),
-    for naming it in the one-line error; None when it is not found."""
-    for i, token in enumerate(argv):
-        for opt in opts:
-            if token == opt and i + 1 < len(argv):
-                return argv[i + 1]
-            if token.startswith(opt + "="):
-                return token[len(opt) + 1 :]
-    return None
-
-
-RESUME = "rerun the same command; an extract resumes where it stopped, keeping every row it wrote"
+        fail(e)
 
 
 def run(argv: list[str] | None = None) -> None:
@@ -490,13 +453,7 @@ def run(argv: list[str] | None = None) -> None:
             typer.echo(e.format_message(), err=True)
         code = e.exit_code
     except usage_error as e:
-        message = " ".join(e.format_message().split()).rstrip(".")
-        param = getattr(e, "param", None)
-        given = _given_value(argv, list(param.opts)) if param is not None else None
-        if given is not None:
-            message += f" (given: {given!r})"
-        where = e.ctx.command_path if e.ctx is not None else "pipeline"
-        typer.secho(f"error: {message}; see `{where} --help`", fg=typer.colors.RED, err=True)
+        typer.secho(usage_line(e, argv), fg=typer.colors.RED, err=True)
         code = e.exit_code
     except (KeyboardInterrupt, typer.Abort):  # Ctrl-C (click turns it into Abort)
         typer.secho(f"interrupted: {RESUME}", fg=typer.colors.RED, err=True)

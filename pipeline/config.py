@@ -404,7 +404,10 @@ def _describe(err: dict[str, Any], cls: type, section: str) -> str:
     """One pydantic error as ``section.key = value: expected ...``."""
     key = ".".join([section, *(str(p) for p in err["loc"])])
     if err["type"] == "value_error":  # a check of the config's own (__post_init__): its message
-        return f"{key}: {err['msg'].removeprefix('Value error, ')}"
+        msg = err["msg"].removeprefix("Value error, ")
+        if not err["loc"] and msg.split(" ", 1)[0] in cls.__dataclass_fields__:  # it names its key: section.key ...
+            return f"{key}.{msg}"
+        return f"{key}: {msg}"
     if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         valid = ", ".join(f.name for f in cls.__dataclass_fields__.values())
         return f"unknown key {key} (valid: {valid})"

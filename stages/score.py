@@ -96,16 +96,44 @@ def write_metrics(cfg: ScoreConfig, record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+def check_names(cfg: ScoreConfig, params: str | Path | None = None) -> None:
+    """Refuse a variant no scorer has: in ``variants`` (the registry's one line), and in
+    ``seed_variants``, ``replacement_variants`` or ``options``, where a typo would otherwise score
+    nothing, or the wrong set, in silence; those three come from the params file only, so their
+    error names ``params`` when given."""
+    for variant in cfg.variants:
+        SCORERS.get(variant)
+    known = set(SCORERS.names())
+    for key in ("seed_variants", "replacement_variants", "options"):
+        unknown = sorted(set(getattr(cfg, key)) - known)
+        if unknown:
+            where = f"{params}: " if params is not None else ""
+            raise ValueError(f"{where}score.{key} names unknown scorer(s) {', '.join(unknown)}; valid scorers: {', '.join(sorted(known))}")
+
+
+def seeds_to_score(variant: str, cfg: ScoreConfig, store) -> list[Path]:
+    """The per-seed checkpoint folders of a ``score.seed_variants`` entry; a variant with none
+    is refused (an untrained scorer has no seeds, a trained one has not been trained here), as
+    it would otherwise add nothing to the seed spreads without a word."""
+    folders = seed_checkpoints(variant, cfg.checkpoints)
+    if folders:
+        return folders
+    scorer = build_scorer(variant, store, cfg.options.get(variant))
+    if not scorer.trainable or scorer.fit_command is not None:  # untrained, or fitted once (`pipeline ridge`)
+        raise ValueError(f"score.seed_variants lists {variant}, which is not trained per seed, so it has no per-seed scores; list variants `pipeline train` trains")
+    how = f"pipeline train --variant {checkpoint_dir(variant, cfg.checkpoints).name}"
+    raise ValueError(
+        f"score.seed_variants lists {variant}, but {checkpoint_dir(variant, cfg.checkpoints)} holds no per-seed "
+        f"checkpoints (seed<k>/model.safetensors); run `{how}`, or drop {variant} from score.seed_variants"
+    )
+
+
 def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list[dict[str, Any]]:
     """Score every (variant, suite) of ``cfg`` and write scores + metrics; with
     ``cfg.replacements``, every (variant, choice suite) again per replacement mode."""
     if not cfg.variants or not cfg.suites:
         raise ValueError("score.variants and score.suites must each name at least one entry; nothing to score")
-    for variant in cfg.variants:
-        SCORERS.get(variant)
-    unknown = sorted(set(cfg.options) - set(SCORERS.names()))
-    if unknown:  # a misspelt variant's options would silently not apply
-        raise ValueError(f"score.options names unknown variant(s) {unknown}; valid: {', '.join(SCORERS.names())}")
+    check_names(cfg)
     for mode in cfg.replacements:
         if mode not in REPLACEMENTS:
             raise ValueError(f"unknown score.replacements entry {mode!r}; valid: {', '.join(REPLACEMENTS)}")
@@ -124,7 +152,7 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
     store_id = store.root.attrs.get("fingerprint_id")
     runs = [(v, v, None) for v in cfg.variants]  # (name in outputs, registry key, checkpoint)
     for variant in cfg.seed_variants:
-        runs += [(f"{variant}@{d.name}", variant, d) for d in seed_checkpoints(variant, cfg.checkpoints)]
+        runs += [(f"{variant}@{d.name}", variant, d) for d in seeds_to_score(variant, cfg, store)]
     records = []
     scored: dict[str, list[dict[str, Any]]] = {}  # variant -> the records of its main run
     for name, variant, ckpt in runs:

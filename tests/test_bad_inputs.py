@@ -173,7 +173,7 @@ def test_bad_params_value_is_named(tmp_path, text, needles):
     [
         ("extract:\n  model: tiny-vit\n  batch_size: 8\n  batch_size: 9\n", ["key 'batch_size' is written twice", "line 4"]),
         ("extrct:\n  model: tiny-vit\n", ["unknown section extrct", "valid: world"]),
-        ("extract:\n  model: tiny-vit\n  manifests: {sugarcrep: m.parquet}\n", ["extract: manifests names unknown suite(s) sugarcrep", "pipeline suites"]),
+        ("extract:\n  model: tiny-vit\n  manifests: {sugarcrep: m.parquet}\n", ["extract.manifests names unknown suite(s) sugarcrep", "pipeline suites"]),
         ("extract:\n  model: tiny-vit\n  image_roots: {sugarcrep: images}\n", ["image_roots names unknown suite(s) sugarcrep"]),
         ("extract:\n  model: tiny-vit\n  batch_size: 99999999999999999999\n", ["extract.batch_size", "expected less than or equal to 1048576"]),
         ("extract:\n  model: tiny-vit\n  suites: [shapes-aro, shapes-aro]\n", ["extract.suites: lists shapes-aro more than once"]),
@@ -331,7 +331,7 @@ def test_options_of_an_unknown_variant_are_refused(good):
     _, params = good
     edited(params, "score", options={"clipp": {}})
     ok(cli("extract", "--params", params, "--quiet"))
-    refused(cli("score", "--params", params, "--quiet"), "score.options names unknown variant(s) ['clipp']", "valid:", "local-max")
+    refused(cli("score", "--params", params, "--quiet"), f"{params}: score.options names unknown scorer(s) clipp", "valid scorers", "local-max")
 
 
 def test_unknown_score_encoder_lists_the_valid_ones(good):
@@ -801,14 +801,16 @@ def test_cuda_on_a_host_without_it_is_refused_naming_the_fix(good):
 
 def test_a_narrowed_score_call_scores_only_what_it_names(good, tmp_path):
     """``--variant`` narrows the params' per-seed and replacement lists too: scoring only
-    ``clip`` from a params file whose replacements name another variant runs, and writes
-    ``clip`` alone."""
+    ``clip`` from a params file whose replacements and seeds name another variant runs, and
+    writes ``clip`` alone; the other variant's own call is refused for its (untrained) seeds."""
     _, params = good
     ok(cli("extract", "--params", params, "--quiet"))
     edited(params, "score", variants=["clip", "local-max"], replacements=["shuffle"], replacement_variants=["local-max"],
            seed_variants=["local-max"])  # fmt: skip
     ok(cli("score", "--params", params, "--variant", "clip", "--quiet"))
     assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == ["clip"]
+    refused(cli("score", "--params", params, "--variant", "local-max", "--quiet"), "seed_variants lists local-max", "not trained per seed")
+    edited(params, "score", seed_variants=[])
     ok(cli("score", "--params", params, "--variant", "local-max", "--quiet"))
     assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == ["clip", "local-max", "local-max@shuffle"]
 

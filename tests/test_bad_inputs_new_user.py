@@ -77,6 +77,26 @@ def test_an_image_replacement_listed_twice_is_refused(tmp_path):
         load_config(ScoreConfig, params(tmp_path, "score:\n  replacements: [shuffle, shuffle]\n"), "score")
 
 
+@pytest.mark.parametrize("key", ["seed_variants", "replacement_variants"])
+def test_a_misspelt_variant_in_a_score_list_names_the_params_file_and_key(tmp_path, key):
+    path = params(tmp_path, f"score:\n  variants: [clip]\n  {key}: [clipp]\n")
+    refused(cli("score", "--params", path, "--quiet"), f"error: {path}: score.{key} names unknown scorer(s) clipp; valid scorers: ", "bindclip")
+
+
+@pytest.mark.parametrize("variant,named", [("clip", "not trained per seed"), ("ridge-fgw", "not trained per seed"),
+                                            ("bindclip", "holds no per-seed checkpoints .*run `pipeline train --variant bindclip`")])  # fmt: skip
+def test_a_seed_variant_without_seeds_is_refused_not_skipped(tiny_store, tmp_path, monkeypatch, variant, named):
+    """``score.seed_variants: [clip]`` used to add nothing to the seed spreads, in silence."""
+    from stages import score as score_stage
+
+    monkeypatch.setattr(score_stage, "open_store", lambda extract: tiny_store)
+    cfg = ScoreConfig(variants=["clip"], suites=["shapes-dev"], seed_variants=[variant], checkpoints=str(tmp_path / "ck"),
+                      scores_out=str(tmp_path / "scores"), metrics_out=str(tmp_path / "metrics"))  # fmt: skip
+    with pytest.raises(ValueError, match=f"score.seed_variants lists {variant}.*{named}"):
+        score_stage.run(cfg, ExtractConfig(out=str(tmp_path / "store")), progress=False)
+    assert not (tmp_path / "scores").exists()  # refused before anything is scored
+
+
 @pytest.mark.parametrize("text", ["extract:\n", "extract: null\nscore:\n  device: cpu\n"])
 def test_a_section_left_empty_is_refused_not_run_with_its_defaults(tmp_path, text):
     with pytest.raises(ParamsError, match=r"section `extract` is empty \(null\); give its keys, or delete the line"):
@@ -165,7 +185,7 @@ def test_a_checkpoint_damaged_after_training_is_refused_naming_it(tiny_store, tm
     folder.mkdir()
     scorer = create_scorer("global-m", dims=tiny_store.dims, proj=tiny_store.projections())
     save_file({k: v.contiguous() for k, v in scorer.state_dict().items()}, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps({WEIGHTS_KEY: weights_sha256_of(folder)}))
+    (folder / "config.json").write_text(json.dumps({"scorer_kwargs": {}, WEIGHTS_KEY: weights_sha256_of(folder)}))
     load_scorer("global-m", tiny_store, tmp_path)  # sound
     data = bytearray((folder / "model.safetensors").read_bytes())
     data[-8:] = bytes(b ^ 0xFF for b in data[-8:])  # the last tensor's last bytes

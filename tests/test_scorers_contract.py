@@ -147,10 +147,11 @@ def test_a_missing_checkpoint_names_the_command_that_writes_it(variant, tiny_sto
     assert f"run `{want}`" in str(e.value)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage-config", "config-list", "other-shapes"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage-config", "config-list", "config-empty", "other-shapes"])
 def test_a_damaged_checkpoint_is_one_message_naming_the_file_and_the_fix(damage, tiny_store, tmp_path):
-    """A checkpoint cut short, a config.json that is not JSON (or not an object), or tensors of
-    another scorer's shapes: one ValueError naming the file and the command that rewrites it."""
+    """A checkpoint cut short, a config.json that is not JSON (or not an object, or one without
+    the scorer's options: ``{}``), or tensors of another scorer's shapes: one ValueError naming
+    the damaged file and the command that rewrites it."""
     from safetensors.torch import save_file
 
     from pipeline.scorers.checkpoints import load_scorer
@@ -159,7 +160,7 @@ def test_a_damaged_checkpoint_is_one_message_naming_the_file_and_the_fix(damage,
     folder.mkdir()
     scorer = create_scorer("global-m", dims=tiny_store.dims, proj=tiny_store.projections())
     save_file({k: v.contiguous() for k, v in scorer.state_dict().items()}, folder / "model.safetensors")
-    (folder / "config.json").write_text("{}")
+    (folder / "config.json").write_text('{"scorer_kwargs": {}}')
     load_scorer("global-m", tiny_store, tmp_path)  # sound
     if damage == "truncated":
         (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:100])
@@ -170,6 +171,9 @@ def test_a_damaged_checkpoint_is_one_message_naming_the_file_and_the_fix(damage,
     elif damage == "config-list":
         (folder / "config.json").write_text("[]")
         needle = r"config\.json \(global-m\) is damaged \(not a JSON object\)"
+    elif damage == "config-empty":
+        (folder / "config.json").write_text("{}")
+        needle = r"config\.json \(global-m\) records no scorer_kwargs"
     else:
         save_file({k: torch.zeros(3) for k in scorer.state_dict()}, folder / "model.safetensors")
         needle = r"model\.safetensors \(global-m\) cannot be loaded \(.*size mismatch"

@@ -23,12 +23,12 @@ def one_line(command):
 
     @functools.wraps(command)
     def run(*args, **kwargs):
-        from pipeline.cli import USER_ERRORS, _fail
+        from pipeline.cli_errors import USER_ERRORS, fail
 
         try:
             return command(*args, **kwargs)
         except USER_ERRORS as e:
-            _fail(e)
+            fail(e)
 
     return run
 

@@ -88,6 +88,11 @@ def load_scorer(
         raise ValueError(f"{config} ({variant}) is damaged ({e}); rerun `{how}`") from None
     if not isinstance(record, dict):
         raise ValueError(f"{config} ({variant}) is damaged (not a JSON object); rerun `{how}`")
+    if not isinstance(record.get("scorer_kwargs"), dict):  # every record training and `pipeline ridge` write has it
+        raise ValueError(
+            f"{config} ({variant}) records no scorer_kwargs (the options the scorer was selected with), so it "
+            f"cannot be rebuilt as it was fitted: the record is incomplete or was replaced; rerun `{how}`"
+        )
     _check_fitted_on(record, store, ckpt, variant, how)
     recorded = record.get(WEIGHTS_KEY)  # a record written by hand (or by older code) has none: unchecked
     if recorded is not None and weights_sha256_of(ckpt_dir) != recorded:
@@ -95,7 +100,7 @@ def load_scorer(
             f"{ckpt} ({variant}) is not the file its {config.name} records (sha256 {recorded[:16]}..., the file's "
             f"{weights_sha256_of(ckpt_dir)[:16]}...): it was damaged or replaced after training; rerun `{how}`"
         )
-    kwargs = record.get("scorer_kwargs", {})
+    kwargs = record["scorer_kwargs"]
     if kwargs:
         scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **{**options, **kwargs})
     try:  # a truncated file, or tensors of another shape or name than this scorer's

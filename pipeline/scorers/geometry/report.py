@@ -5,9 +5,10 @@ Shown when a geometry variant (``fgw``, ``hungarian``, ``fgw-hungarian``, ``ridg
 nDCG@10 and mean rank with 95% bootstrap CIs and Δ against ``clip``; the seed's
 hard-versus-soft comparison (Hungarian against FGW, paired); the space ``ridge-fgw``'s map
 compares in, as the held-out training images chose it (``pipeline ridge``'s record); the
-steering table; the reranking cost from ``pipeline bench rerank``; one query's phrases matched to its top
-candidates' objects, drawn; and the issue's goals as measured. The numbers also go to
-``geometry.json``. The prose is ``report.md`` beside this file.
+steering table; the reranking cost from ``pipeline bench rerank``; one query's phrases
+matched to its top candidates' objects, drawn (:mod:`pipeline.scorers.geometry.figure`); and
+the issue's goals as measured. The numbers also go to ``geometry.json``. The prose is
+``report.md`` beside this file.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.retrieval import RETRIEVAL_METRICS, query_ranks
 from pipeline.report import ReportContext, section
@@ -27,6 +26,7 @@ from pipeline.report.markdown import md_table, metric_ci, metric_diff, metric_va
 from pipeline.report.sections import read_bench
 from pipeline.report.templates import Templates
 from pipeline.scorers.geometry.diagnostics import SLICE_METRICS, steering_slices
+from pipeline.scorers.geometry.figure import matching_figure
 from pipeline.scorers.geometry.rerankers import GeometryReranker
 from pipeline.stats import bootstrap_ci, units_bootstrap
 
@@ -419,7 +419,7 @@ def matching_part(ctx: ReportContext) -> list[str]:
     entry = ctx.results.get(suite)
     if entry is None or variant not in entry["scores"]:
         return []
-    fig = matching_figure(ctx, suite, variant)
+    fig = matching_figure(ctx, suite, variant, BASELINE)
     if fig is None:
         return []
     return [
@@ -427,76 +427,3 @@ def matching_part(ctx: ReportContext) -> list[str]:
         TEXT("matching", suite=suite, variant=variant),
         f"![matching]({ctx.figure('geometry-matching.png', fig)})",
     ]
-
-
-def pictured_query(manifest, scores: np.ndarray, clip: np.ndarray | None) -> int:
-    """The first query whose target ``scores`` rank first and frozen CLIP does not (else 0)."""
-    from pipeline.benchmarks.base import gallery_images
-    from pipeline.benchmarks.retrieval import target_ranks
-
-    pos = {g: j for j, g in enumerate(gallery_images(manifest))}
-    target = np.array([pos[i] for i in manifest["image"]])
-    mine = target_ranks(scores, target)
-    theirs = target_ranks(clip, target) if clip is not None else np.full_like(mine, 2)
-    hits = np.flatnonzero((mine == 1) & (theirs > 1))
-    return int(hits[0]) if len(hits) else 0
-
-
-def matching_figure(ctx: ReportContext, suite: str, variant: str, n_candidates: int = 3):
-    """The pictured query's top candidates under ``variant``, each object box labelled with
-    the phrase its transport plan sends the most mass to (and that mass)."""
-    import json
-
-    import matplotlib.pyplot as plt
-    import torch
-    from matplotlib.patches import Rectangle
-    from PIL import Image
-
-    from pipeline.benchmarks.base import gallery_images
-    from pipeline.scoring import suite_inputs
-
-    entry = ctx.results[suite]
-    manifest, scores = entry["manifest"], entry["scores"][variant]
-    q = pictured_query(manifest, scores, entry["scores"].get(BASELINE))
-    top = np.argsort(-scores[q], kind="stable")[:n_candidates]
-    scorer = ctx.scorer(variant)
-    m_store, index = suite_inputs(ctx.store, suite)
-    if len(m_store) != len(manifest):
-        return None
-    scorer.prepare(ctx.store, m_store, index, suite)
-    q_sets, c_sets = scorer.pairs(
-        torch.as_tensor(top)[None], torch.arange(len(gallery_images(manifest))), torch.tensor([q])
-    )
-    plans = scorer.plans(q_sets, c_sets)  # [n, n_phr, n_obj]
-    phrases = list(manifest["phrases"].iloc[q])
-    gallery = gallery_images(manifest)
-    first = {g: i for i, g in reversed(list(enumerate(manifest["image"])))}
-    fig, axes = plt.subplots(1, len(top), figsize=(3.2 * len(top), 3.6))
-    for ax, j, plan in zip(np.atleast_1d(axes), top, plans, strict=True):
-        img = Image.open(entry["image_root"] / gallery[j]).convert("RGB")
-        ax.imshow(img)
-        w, h = img.size
-        boxes = json.loads(manifest["object_boxes"].iloc[first[gallery[j]]])
-        for o, (x0, y0, x1, y1) in enumerate(boxes):
-            ax.add_patch(
-                Rectangle(
-                    (x0 * w, y0 * h), (x1 - x0) * w, (y1 - y0) * h, fill=False, color="white", lw=1
-                )
-            )
-            mass = plan[: len(phrases), o]
-            if mass.sum() > 0:
-                i = int(mass.argmax())
-                ax.text(
-                    x0 * w,
-                    y0 * h - 1,
-                    f"{phrases[i]} {float(mass[i]):.2f}",
-                    color="yellow",
-                    fontsize=6,
-                    va="bottom",
-                )
-        hit = " (target)" if gallery[j] == manifest["image"].iloc[q] else ""
-        ax.set_title(f"rank {list(top).index(j) + 1}{hit}", fontsize=8)
-        ax.axis("off")
-    fig.suptitle(f"{variant}: “{manifest['captions'].iloc[q][0]}”", fontsize=8)
-    fig.tight_layout()
-    return fig
