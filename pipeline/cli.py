@@ -262,7 +262,13 @@ def train(
     quiet: Quiet = False,
 ) -> None:
     """Train a scorer from the feature cache (the family's objectives, dev selection)."""
-    from pipeline.config import ExtractConfig, load_config, load_train_config, train_variants
+    from pipeline.config import (
+        ExtractConfig,
+        OptionsError,
+        load_config,
+        load_train_config,
+        train_variants,
+    )
     from stages import train as stage
 
     try:
@@ -274,7 +280,10 @@ def train(
         for cfg in configs:
             _check_device(cfg.device)
             ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
-            _echo_json(stage.run(cfg, ext, progress=not quiet))
+            try:
+                _echo_json(stage.run(cfg, ext, progress=not quiet))
+            except OptionsError as e:  # train.<variant>.scorer / objective: the file they come from
+                raise OptionsError(f"{params}: {e}") from None
     except USER_ERRORS as e:
         fail(e)
 
@@ -285,11 +294,16 @@ def ridge(
     lam: Annotated[float | None, typer.Option(help="ridge penalty")] = None,
 ) -> None:
     """Fit ridge-fgw's phrase -> object-embedding map on the training split (closed form)."""
-    from pipeline.config import ExtractConfig, RidgeConfig, load_config
+    from pipeline.config import ExtractConfig, RidgeConfig, ScoreConfig, load_config
     from stages import ridge as stage
 
     try:
         cfg = load_config(RidgeConfig, params, "ridge", {"lam": lam})
+        if cfg.suite in load_config(ScoreConfig, params, "score").suites:
+            raise ValueError(
+                f"{params}: ridge.suite = {cfg.suite} is also in score.suites: ridge-fgw would be tested on the items "
+                "it was fitted on; fit it on a training split (shapes-train, coco-objects-train)"
+            )
         _echo_json(stage.run(cfg, load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})))
     except USER_ERRORS as e:
         fail(e)
@@ -307,6 +321,7 @@ def compare_encoders(
     from pipeline.config import (
         CompareConfig,
         ExtractConfig,
+        ParamsError,
         ScoreConfig,
         ToyClipConfig,
         WorldConfig,
@@ -319,15 +334,17 @@ def compare_encoders(
     try:
         cfg = load_config(CompareConfig, params, "compare", {"encoders": encoder, "variants": variant})
         trainable = set(train_variants(params))
-        summary = stage.run(
-            cfg,
+        sections = (
             load_config(ToyClipConfig, params, "toyclip"),
             load_config(ExtractConfig, params, "extract"),
             {v: load_train_config(params, v) for v in cfg.variants if v in trainable},
             load_config(ScoreConfig, params, "score"),
             load_config(WorldConfig, params, "world"),
-            progress=not quiet,
         )
+        try:
+            summary = stage.run(cfg, *sections, progress=not quiet)
+        except ParamsError as e:  # compare.toyclip's overrides and training options, checked by the stage
+            raise ParamsError(f"{params}: {e}") from None
         _echo_json({e: {v: r["means"] for v, r in s["variants"].items()} for e, s in summary["encoders"].items()})
     except USER_ERRORS as e:
         fail(e)

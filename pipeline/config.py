@@ -53,7 +53,8 @@ def _distinct(values: list) -> list:
 
 
 Names = Annotated[list[str], AfterValidator(_distinct)]  # suites, variants, encoders: each once
-Seeds = Annotated[list[int], AfterValidator(_distinct)]
+Seed = Annotated[int, Field(ge=0, lt=2**63)]  # what every generator here (numpy, torch) takes
+Seeds = Annotated[list[Seed], AfterValidator(_distinct)]
 # The sections a params file may have: one per stage and command (a misspelled one is refused).
 SECTIONS = ("world", "toyclip", "extract", "manifests", "train", "ridge", "score", "report", "compare")
 
@@ -125,7 +126,7 @@ SHAPES_SUITES = (
 class WorldConfig:
     """The shapes world (``pipeline world``)."""
 
-    seed: int = 0  # master seed; every scene is a pure function of (seed, index)
+    seed: Seed = 0  # master seed; every scene is a pure function of (seed, index)
     image_size: PositiveInt = 64  # rendered image side in pixels (toy CLIP input resolution)
     out: str = "cache/world"  # output folder: images/ and manifests/
     n_whatsup: NonNegativeInt = 100  # object pairs; 4 images (left/right/above/below) each
@@ -143,7 +144,7 @@ class WorldConfig:
 class ToyClipConfig:
     """Training the toy CLIP on shapes-world scenes (``pipeline toyclip``)."""
 
-    seed: int = 0  # seeds init, the training-scene pool and the batch order
+    seed: Seed = 0  # seeds init, the training-scene pool and the batch order
     model: str = "toy-vit"  # open_clip config shipped in pipeline/encoders/configs/
     out: str = "cache/toyclip"  # checkpoint folder (model.safetensors, config.json, log)
     steps: NonNegativeInt = 1000  # optimisation steps (the first colourless_steps on the colourless pool)
@@ -169,7 +170,7 @@ class ExtractConfig:
 
     model: str = "toy"  # encoder key: toy, ViT-L-14-336, ViT-B-32, ... (see `pipeline encoders`)
     pretrained: str = "openai"  # weights tag/path for real models; "none" = random init
-    init_seed: NonNegativeInt = 0  # seed of the random init (pretrained: none), recorded in the store fingerprint
+    init_seed: Seed = 0  # seed of the random init (pretrained: none), recorded in the store fingerprint
     checkpoint: str = "cache/toyclip/model.safetensors"  # toy CLIP weights
     world: str = "cache/world"  # shapes world folder (manifests/ and images/ of shapes-* suites)
     suites: Names = field(default_factory=lambda: list(SHAPES_SUITES))  # suites to encode
@@ -216,7 +217,7 @@ class ScoreConfig:
     metrics_out: str = "reports/metrics"  # <metrics_out>/<variant>/<suite>.json
     replacements: Annotated[list[Literal["shuffle", "fixed", "true"]], AfterValidator(_distinct)] = field(default_factory=list)  # image replacements also scored on choice suites ("shuffle", "fixed", "true"): <variant>@<mode>
     replacement_variants: list[str] = field(default_factory=list)  # variants the replacements score ([] = every entry of `variants`)
-    replacement_seed: int = 0  # seed of the shuffle permutation and of the fixed image
+    replacement_seed: Seed = 0  # seed of the shuffle permutation and of the fixed image
     options: dict[str, dict] = field(default_factory=dict)  # variant -> its factory's options (e.g. the rerankers' k, alpha, structure)
 
     @property
@@ -241,7 +242,7 @@ class TrainConfig:
     dev_suite: str = "shapes-dev"  # checkpoint selection and the family's dev choices (never a test suite); e.g. coco-families[validation]
     train_items: PositiveInt | None = None  # train on a seeded sample of this many training items (None: all); bounds a large suite's memory
     dev_items: PositiveInt | None = None  # select on a seeded sample of this many dev items (None: all); bounds the time of each dev evaluation
-    sample_seed: int = 0  # seed of both samples, the same for every training seed
+    sample_seed: Seed = 0  # seed of both samples, the same for every training seed
     seeds: Seeds = field(default_factory=lambda: [0, 1, 2])  # one model per seed; the first is the one scored as `variant`
     steps: NonNegativeInt = 300  # optimisation steps (BindCLIP paper: 3 epochs x 100 steps)
     batch_size: BatchSize = 64  # items per step (BindCLIP paper: 64)
@@ -255,6 +256,12 @@ class TrainConfig:
     out: str = "cache/checkpoints"  # <out>/<variant>/model.safetensors (+ seed<k>/)
     threads: Threads = 2  # torch intra-op threads (at most MAX_THREADS: four per core, at least 8)
     device: str = "cpu"  # torch device of the scorer and of the training features (moved there once)
+
+    def __post_init__(self) -> None:
+        """Refuse a training or dev suite no suite has (the store's own message would advise
+        extracting it), and a selection that is not one of the accepted forms."""
+        for key in ("train_suite", "dev_suite"):
+            _known_suite(getattr(self, key), key)
 
 
 @with_config(STRICT)
@@ -281,6 +288,12 @@ class RidgeConfig:
     objects: Literal["box-mean", "crops"] = "box-mean"  # object embeddings the map targets: box-mean (grid chosen on held-out images) or crops (extract.object_crops)
     out: str = "cache/checkpoints"  # <out>/ridge-fgw/{model.safetensors, config.json}
 
+    def __post_init__(self) -> None:
+        """Refuse a suite no suite has, and a selection (``suite[column=value]``): the map is
+        fitted on a whole training suite."""
+        if _known_suite(self.suite, "suite") != self.suite:
+            raise ValueError(f"suite takes a whole suite's name, not a selection of its rows, got {self.suite!r}")
+
 
 @with_config(STRICT)
 @dataclass
@@ -304,7 +317,7 @@ class CompareConfig:
     out: str = "cache/encoders"  # <out>/<encoder>/{toyclip,checkpoints,scores}
     metrics_out: str = "reports/encoders"  # <metrics_out>/<encoder>/<variant>/<suite>.json, summary.json
     bootstrap: PositiveInt = 10000  # resamples of the means' CIs
-    seed: int = 0  # bootstrap seed
+    seed: Seed = 0  # bootstrap seed
 
 
 @with_config(STRICT)
@@ -314,10 +327,22 @@ class ReportConfig:
 
     out: str = "reports"  # report.md, figures/, plots/
     bootstrap: PositiveInt = 10000  # paired-bootstrap resamples for CIs
-    seed: int = 0  # bootstrap seed
+    seed: Seed = 0  # bootstrap seed
     examples: NonNegativeInt = 4  # example images per suite
     head_to_head: list[str] = field(default_factory=lambda: ["clip", "bindclip", "global-m", "flowclip", "flowclip-cimr"])  # the cross-family table's variants (those scored)
     encoders: str = "reports/encoders/summary.json"  # `pipeline compare-encoders`' summary, shown when present
+
+
+def _known_suite(text: str, key: str) -> str:
+    """The registered suite ``text`` names (a plain name or a selection of its rows), else a
+    ValueError naming ``key`` and where the valid names are listed."""
+    from pipeline.benchmarks import SUITES
+    from pipeline.benchmarks.base import SuiteSelection
+
+    suite = SuiteSelection.parse(text).suite
+    if suite not in SUITES.names():
+        raise ValueError(f"{key} names unknown suite {suite!r} (see `pipeline suites`)")
+    return suite
 
 
 def load_config(cls: type[C], params: str | Path | None, section: str, overrides: dict[str, Any] | None = None) -> C:

@@ -11,6 +11,9 @@ variants into ``<metrics_out>/summary.json``, with the sha256 of each compared s
 manifest, which the report's encoder-comparison section shows only while the manifests it
 reads are those. With ``reuse_pipeline`` the pipeline's own encoder (``extract.model``) is read from
 what ``dvc repro`` scored, whose first training seed is the same model a one-seed run trains.
+``compare.toyclip`` (overrides of the ``toyclip`` section) is checked against the ``toyclip``
+section's own schema before the first encoder starts (:func:`toy_settings`), so a bad value
+is one line rather than a toy trained with it, or a failure after an earlier encoder's work.
 Not a DVC stage: a second toy CLIP would push the default ``dvc repro`` past its time budget.
 """
 
@@ -19,26 +22,61 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import (
     CompareConfig,
     ExtractConfig,
+    ParamsError,
     ScoreConfig,
     ToyClipConfig,
     TrainConfig,
     WorldConfig,
+    _build,
 )
+
+# The toyclip keys the comparison sets for each toy encoder itself: its open_clip config and
+# its checkpoint folder under <compare.out>/<encoder>/toyclip.
+PER_ENCODER = ("model", "out")
+
+
+def toy_settings(cfg: CompareConfig, toyclip: ToyClipConfig) -> ToyClipConfig:
+    """The ``toyclip`` section with ``compare.toyclip``'s overrides, validated by the section's
+    own schema (strict types and ranges, no unknown key).
+
+    Raises :class:`ParamsError` (one line naming ``compare.toyclip.<key>``, the value and what
+    is expected) on an override the ``toyclip`` section would refuse, and on ``model`` or
+    ``out``, which the comparison sets per encoder. The ``toyclip`` section itself was checked
+    when it was loaded, so every error here is an override's."""
+    fixed = [k for k in PER_ENCODER if k in cfg.toyclip]
+    if fixed:
+        key = fixed[0]
+        raise ParamsError(
+            f"compare.toyclip.{key} = {cfg.toyclip[key]!r}: set per encoder by the comparison (model: the encoder's "
+            "open_clip config, out: <compare.out>/<encoder>/toyclip); remove it"
+        )
+    valid = [f.name for f in fields(ToyClipConfig) if f.name not in PER_ENCODER]
+    unknown = [str(k) for k in cfg.toyclip if k not in valid]
+    if unknown:
+        raise ParamsError(f"unknown key compare.toyclip.{unknown[0]} (valid: {', '.join(valid)})")
+    try:
+        return _build(ToyClipConfig, {**asdict(toyclip), **cfg.toyclip}, "compare.toyclip")
+    except ParamsError as e:  # _build blames "the command line"; the values are compare.toyclip's
+        raise ParamsError(str(e).removeprefix("the command line: ")) from None
 
 
 def toy_weights(cfg: CompareConfig, toyclip: ToyClipConfig, encoder: str, open_clip_model: str, progress: bool) -> str:
     """The toy encoder's checkpoint under ``<cfg.out>/<encoder>/toyclip``, trained unless
-    the one there was trained with exactly this configuration."""
+    the one there was trained with exactly this configuration.
+
+    Args:
+        toyclip: the settings :func:`toy_settings` resolved (``compare.toyclip`` applied).
+    """
     from pipeline.encoders.toyclip import train_toyclip
 
-    tcfg = replace(toyclip, **cfg.toyclip, model=open_clip_model, out=str(Path(cfg.out) / encoder / "toyclip"))
+    tcfg = replace(toyclip, model=open_clip_model, out=str(Path(cfg.out) / encoder / "toyclip"))
     ckpt = Path(tcfg.out) / "model.safetensors"
     record = Path(tcfg.out) / "config.json"
     if not (ckpt.is_file() and record.is_file() and json.loads(record.read_text()).get("toyclip") == asdict(tcfg)):
@@ -81,6 +119,7 @@ def run(
     unknown = sorted(set(cfg.pretrained) - set(cfg.encoders))
     if unknown:  # a misspelt encoder's weights would silently not apply
         raise ValueError(f"compare.pretrained names {unknown}, not among compare.encoders ({', '.join(cfg.encoders)})")
+    toy = toy_settings(cfg, toyclip)  # checked before any encoder's work starts
     summary: dict[str, Any] = {"variants": list(cfg.variants), "suites": list(cfg.suites), "encoders": {}}
     for enc, spec in specs.items():
         t0 = time.perf_counter()
@@ -104,7 +143,7 @@ def run(
         else:
             features = str(Path(cfg.out) / enc / "features")  # never inside the pipeline's own store folder
             if spec.toy:
-                ckpt = toy_weights(cfg, toyclip, enc, spec.open_clip_model, progress)
+                ckpt = toy_weights(cfg, toy, enc, spec.open_clip_model, progress)
                 ext = replace(extract, model=enc, checkpoint=ckpt, out=features)
             else:
                 ext = replace(extract, model=enc, pretrained=cfg.pretrained.get(enc, extract.pretrained), out=features)

@@ -2,12 +2,13 @@
 
 Reads the score stage's outputs (``cache/scores``), the manifests and images, and the
 measurements that ``pipeline bench ...`` and ``pipeline probes`` leave in the report folder;
-sections that need the trained scorers open the feature store and checkpoints
-(``cache/features``, ``cache/checkpoints``) on demand. Every section (:mod:`pipeline.report`:
-the generic ones, and one per scorer family that has a ``report`` module) runs in order; this
-stage only loads, assembles and writes: ``reports/report.md``, the figures they drew
-(``reports/figures/*.png``), their JSON payloads (``reports/diagnostics.json``) and tables
-(``reports/plots/metrics.csv``, a long table for ``dvc plots``).
+where a scores table leaves items out, the feature store's suite index (only the items whose
+image was not extracted may be left out); sections that need the trained scorers open the
+store and checkpoints (``cache/features``, ``cache/checkpoints``) on demand. Every section
+(:mod:`pipeline.report`: the generic ones, and one per scorer family that has a ``report``
+module) runs in order; this stage only loads, assembles and writes: ``reports/report.md``, the
+figures they drew (``reports/figures/*.png``), their JSON payloads (``reports/diagnostics.json``)
+and tables (``reports/plots/metrics.csv``, a long table for ``dvc plots``).
 """
 
 from __future__ import annotations
@@ -16,13 +17,75 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from pipeline.benchmarks.base import extracted_items
+from pipeline.cache import CacheError, open_store
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
 from pipeline.manifests import file_sha256, read_manifest, resolve_source
 from pipeline.report import FIGURE_DPI, ReportContext, render
+from pipeline.scorers import SCORERS
 from pipeline.scorers.checkpoints import seed_checkpoints
 from pipeline.scoring import scores_array, scores_origin
+
+
+def check_head_to_head(cfg: ReportConfig) -> None:
+    """Refuse a ``report.head_to_head`` name no scorer has: the section shows only the names
+    that were scored, so a typo would drop its column, or the whole table, without a word. A
+    suffixed run (``bindclip@seed0``) is checked by its variant's name."""
+    known = set(SCORERS.names())
+    unknown = [v for v in cfg.head_to_head if v.split("@", 1)[0] not in known]
+    if unknown:
+        valid = ", ".join(sorted(known))
+        raise ValueError(f"report.head_to_head names unknown scorer(s) {', '.join(unknown)}; valid scorers: {valid}")
+
+
+def few(ids: list[str], n: int = 5) -> str:
+    """Up to ``n`` item ids, comma-separated, "…" after them when there are more."""
+    return ", ".join(ids[:n]) + (", …" if len(ids) > n else "")
+
+
+def extracted_of(
+    suite: str, manifest: pd.DataFrame, sha: str, extract: ExtractConfig, tables: dict[Path, list[str]]
+) -> np.ndarray | None:
+    """[n] bool over ``manifest``: the items every scores table of ``suite`` (``tables``: path
+    -> its item ids) must hold, in the manifest's order; None when every table holds every item
+    (nothing left out, and the store is not opened). Otherwise the items whose every image was
+    extracted, read from the store's suite index (:func:`pipeline.benchmarks.base.extracted_items`,
+    the items :func:`pipeline.scoring.drop_missing` keeps for the score stage): only those may
+    be missing from a table, so a table with rows deleted, added or reordered after scoring is
+    refused instead of being read as items skipped at extract.
+
+    Raises:
+        ValueError: a table holds other items than those, or the store cannot say which they are.
+    """
+    ids = manifest["item_id"].astype(str).tolist()
+    if all(t == ids for t in tables.values()):
+        return None
+    first = next(p for p, t in tables.items() if t != ids)
+    try:
+        store = open_store(extract)
+        keep = extracted_items(store.suite_index(suite, manifest_sha256=sha))  # [n]
+    except CacheError as e:
+        raise ValueError(
+            f"{first} leaves out items of {suite}, and the feature store that says which images were missing at "
+            f"extract cannot be read: {e}"
+        ) from None
+    expected = [i for i, k in zip(ids, keep, strict=True) if k]
+    for path, t in tables.items():
+        if t == expected:
+            continue
+        lacks, extra = sorted(set(expected) - set(t)), sorted(set(t) - set(expected))
+        wrong = [f"lacks {len(lacks)} ({few(lacks)})"] if lacks else []
+        wrong += [f"holds {len(extra)} others ({few(extra)})"] if extra else []
+        wrong += ["repeats items"] if len(t) != len(set(t)) else []
+        how = " and ".join(wrong) or "lists them in another order than the manifest"
+        raise ValueError(
+            f"{path} does not score exactly the {len(expected)} items of {suite} whose images were extracted into "
+            f"{store.path}: it {how}; rerun `pipeline score`"
+        )
+    return keep
 
 
 def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> dict[str, Any]:
@@ -33,7 +96,8 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
     listed under ``missing``, so every table's denominator is the scored items and the report
     can name what is left out. ``manifest_sha256`` is the manifest file's hash, by which the
     report knows whether a result computed elsewhere (``pipeline compare-encoders``) is of
-    these suites.
+    these suites. A table may leave out only those items (:func:`extracted_of`, which reads the
+    store's suite index when some table lacks items).
 
     Every scores table must record that it was scored with ``score.encoder``, all from one
     feature store, and on the manifest file the configuration names (its sha256;
@@ -44,7 +108,7 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
     Raises:
         ValueError: nothing at all was scored (the report would be its header alone), or
             the scores tables come from another encoder, from more than one store or from
-            another manifest.
+            another manifest, or hold other items than the manifest's extracted ones.
     """
     out: dict[str, Any] = {}
     stores: dict[str, Path] = {}  # store fingerprint_id -> the first table scored from it
@@ -58,7 +122,7 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
             names += [f"{variant}@{d.name}" for d in seed_checkpoints(variant, score.checkpoints)]
         for variant in score.replaced:
             names += [f"{variant}@{mode}" for mode in score.replacements]
-        scored_ids = None
+        tables: dict[Path, list[str]] = {}  # each table's item ids
         for name in names:
             path = Path(score.scores_out) / name / f"{suite}.parquet"
             if not path.is_file():
@@ -83,17 +147,12 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
             if len(stores) > 1:  # the first table of the first store, and this one
                 raise ValueError(f"{next(iter(stores.values()))} and {path} were scored from different feature "
                                  f"stores of {score.encoder}; rerun `pipeline score`")  # fmt: skip
-            if scored_ids is None:
-                scored_ids = ids
-            elif ids != scored_ids:
-                raise ValueError(f"{path} scores other items than the suite's other variants; rerun `pipeline score`")
+            tables[path] = ids
             entry["scores"][name] = scores
-        if scored_ids is not None and len(scored_ids) != len(manifest):
-            keep = manifest["item_id"].astype(str).isin(set(scored_ids)).to_numpy()
-            entry["missing"] = manifest.loc[~keep, "item_id"].astype(str).tolist()  # image missing at extract
+        keep = extracted_of(suite, manifest, entry["manifest_sha256"], extract, tables)
+        if keep is not None:  # items whose image was missing (or undecodable) at extract
+            entry["missing"] = manifest.loc[~keep, "item_id"].astype(str).tolist()
             entry["manifest"] = manifest[keep].reset_index(drop=True)
-            if entry["manifest"]["item_id"].astype(str).tolist() != scored_ids:
-                raise ValueError(f"the scores of {suite} do not follow its manifest's item order; rerun score")
         out[suite] = entry
     if not any(entry["scores"] for entry in out.values()):
         raise ValueError(
@@ -104,7 +163,9 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
 
 
 def write_outputs(ctx: ReportContext) -> None:
-    """Save what the sections left in the context: figures, JSON payloads, CSV tables."""
+    """Save what the sections left in the context: figures, JSON payloads, CSV tables (into
+    the report folder, made when absent)."""
+    ctx.out.mkdir(parents=True, exist_ok=True)
     if ctx.figures:
         import matplotlib.pyplot as plt
 
@@ -120,6 +181,7 @@ def write_outputs(ctx: ReportContext) -> None:
 
 
 def run(cfg: ReportConfig, score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> Path:
+    check_head_to_head(cfg)
     out = Path(cfg.out)
     ctx = ReportContext(load_results(score, extract, world), cfg, score, extract, world, out)
     text = render(ctx)

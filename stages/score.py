@@ -111,6 +111,26 @@ def check_names(cfg: ScoreConfig, params: str | Path | None = None) -> None:
             raise ValueError(f"{where}score.{key} names unknown scorer(s) {', '.join(unknown)}; valid scorers: {', '.join(sorted(known))}")
 
 
+def refuse_own_training_items(variant: str, cfg: ScoreConfig) -> None:
+    """Refuse to score a fitted map on the suite it was fitted on (the ``train_suite`` that
+    ``pipeline ridge``'s record names): its retrieval figures there would be measured on its
+    own training items. (A trained family may be scored on its training suite, as a diagnostic
+    of the fit; its records keep the suite under ``train``.)"""
+    record_path = checkpoint_dir(variant, cfg.checkpoints) / "config.json"
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError):  # absent or damaged: load_scorer names it, if the variant is trained
+        return
+    if not isinstance(record, dict):
+        return
+    fitted = record.get("train_suite")
+    if fitted in cfg.suites:
+        raise ValueError(
+            f"{variant} was fitted on {fitted} ({record_path}), which score.suites also scores: its figures there would "
+            f"be on its own training items; drop {fitted} from score.suites, or refit {variant} on a training split"
+        )
+
+
 def seeds_to_score(variant: str, cfg: ScoreConfig, store) -> list[Path]:
     """The per-seed checkpoint folders of a ``score.seed_variants`` entry; a variant with none
     is refused (an untrained scorer has no seeds, a trained one has not been trained here), as
@@ -134,6 +154,8 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
     if not cfg.variants or not cfg.suites:
         raise ValueError("score.variants and score.suites must each name at least one entry; nothing to score")
     check_names(cfg)
+    for variant in cfg.variants:
+        refuse_own_training_items(variant, cfg)
     for mode in cfg.replacements:
         if mode not in REPLACEMENTS:
             raise ValueError(f"unknown score.replacements entry {mode!r}; valid: {', '.join(REPLACEMENTS)}")

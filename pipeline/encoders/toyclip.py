@@ -60,6 +60,7 @@ import torch.nn.functional as F
 
 from pipeline.config import ToyClipConfig
 from pipeline.encoders.stem import VISION_STEMS
+from pipeline.training.resume import read_resume
 from pipeline.training.schedule import warmup_cosine
 
 BatchFn = Callable[[int, np.ndarray, int], tuple[np.ndarray, list[str]]]
@@ -263,8 +264,10 @@ def train_toyclip(
     model = build_model(cfg).train()
     opts = make_optimizers(model, cfg)
     start, log, elapsed, resumed = 0, [], 0.0, None
-    if resume_path.exists():
-        state = torch.load(resume_path, map_location="cpu", weights_only=True)
+    state, unreadable = read_resume(resume_path, {"identity", "step", "model", "optimizers", "log", "elapsed"})
+    if unreadable and progress:
+        print(f"toyclip: {resume_path} is unreadable ({unreadable}); starting afresh")
+    if state is not None:
         if state["identity"] == identity:
             model.load_state_dict(state["model"])
             for opt, opt_state in zip(opts, state["optimizers"], strict=True):

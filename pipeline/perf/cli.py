@@ -1,6 +1,13 @@
 """``pipeline bench …``: one command per measurement behind the README's and the report's
 figures, each writing ``reports/bench/<name>.json`` (the command that made it and its
 results) for the report's performance sections. Heavy imports happen inside the commands.
+
+Option values the benches cannot run with are command-line mistakes, refused while the
+options are parsed, before any bench sets torch's threads or builds a tensor: ``--threads``
+outside 1 to :data:`pipeline.config.MAX_THREADS` (the stage configs' cap; 10**5 threads
+exhaust OpenMP's memory or crash the solvers), an empty ``--out`` (which would write into the
+current folder) and a ``bench rerank --dim`` below the ridge-fgw rank the bench plants
+(:data:`pipeline.perf.rerank.RIDGE_RANK`).
 """
 
 from __future__ import annotations
@@ -12,9 +19,13 @@ from typing import Annotated
 
 import typer
 
+from pipeline.config import MAX_THREADS
+
 bench_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Measurements behind the README/report figures.")
 DEFAULT_OUT = "reports/bench"  # the shapes report's bench folder (report.out / "bench")
 OUT = {"folder": DEFAULT_OUT}  # this run's --out
+# Every bench's --threads: torch intra-op threads, capped as the stage configs' `threads` are.
+Threads = Annotated[int, typer.Option(min=1, max=MAX_THREADS, help="torch intra-op threads (at most the free cores)")]
 
 
 def one_line(command):
@@ -33,12 +44,30 @@ def one_line(command):
     return run
 
 
+def not_empty(out: str) -> str:
+    """``bench --out``, refused when empty: ``""`` would write into the current folder
+    (``extract --out ""`` is refused too)."""
+    if not out.strip():
+        raise typer.BadParameter(f"is empty: give the folder the <name>.json files go in (default {DEFAULT_OUT})")
+    return out
+
+
 @bench_app.callback()
 def bench_options(
-    out: Annotated[str, typer.Option("--out", help="folder of the <name>.json files: the report's out folder + /bench (the real report: ../reports/real/bench from real/)")] = DEFAULT_OUT,
+    out: Annotated[str, typer.Option("--out", callback=not_empty, help="folder of the <name>.json files: the report's out folder + /bench (the real report: ../reports/real/bench from real/)")] = DEFAULT_OUT,
 ) -> None:
     """Measurements behind the README/report figures."""
     OUT["folder"] = out
+
+
+def at_least_ridge_rank(dim: int) -> int:
+    """``bench rerank --dim``, refused below the rank of the ridge-fgw map the bench plants
+    (its compared directions cannot outnumber the joint space's)."""
+    from pipeline.perf.rerank import RIDGE_RANK
+
+    if dim < RIDGE_RANK:
+        raise typer.BadParameter(f"must be at least {RIDGE_RANK}, the ridge-fgw rank the bench uses (the committed fit's compared directions)")
+    return dim
 
 
 def write_bench(name: str, command: str, results: dict, folder: str | None = None) -> None:
@@ -100,7 +129,7 @@ def bench_scoring(
     items: Annotated[int, typer.Option(min=1, help="items (an image, two captions) for the toy encoder")] = 500,
     vit_items: Annotated[int, typer.Option(min=0, help="items for ViT-L-14-336 at random init (0 = skip)")] = 8,
     variants: Annotated[list[str] | None, typer.Option(help="scorer variants (repeatable; default: clip bindclip global-m flowclip flowclip-cimr)")] = None,
-    threads: Annotated[int, typer.Option(min=1, help="torch intra-op threads (at most the free cores)")] = 2,
+    threads: Threads = 2,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress bars")] = False,
 ) -> None:
     """Each scorer from the cache vs re-encoding batched as CLIP_benchmark does (toy, ViT-L-14-336)."""
@@ -121,8 +150,8 @@ def bench_scoring(
 def bench_rerank(
     queries: Annotated[int, typer.Option(min=1, help="queries reranked per variant")] = 200,
     objects: Annotated[int, typer.Option(min=1, help="objects per query and per image")] = 4,
-    dim: Annotated[int, typer.Option(min=1, help="joint-space dimension (toy: 128)")] = 128,
-    threads: Annotated[int, typer.Option(min=1, help="torch intra-op threads")] = 2,
+    dim: Annotated[int, typer.Option(callback=at_least_ridge_rank, help="joint-space dimension (toy: 128; at least the ridge-fgw rank the bench uses)")] = 128,
+    threads: Threads = 2,
 ) -> None:
     """Geometry-aware reranking cost: ms per query at K = 20, growth with K and objects, FGW batched vs POT's loop."""
     from pipeline.perf.rerank import bench_rerank as run_bench
@@ -136,7 +165,7 @@ def bench_rerank(
 def bench_fgw(
     problems: Annotated[int, typer.Option(min=1, help="FGW problems per case")] = 4000,
     pot_batch_problems: Annotated[int, typer.Option(min=1, help="problems POT's batched entropic solver is timed on")] = 1000,
-    threads: Annotated[int, typer.Option(min=1, help="torch intra-op threads")] = 2,
+    threads: Threads = 2,
 ) -> None:
     """Batched exact FGW against POT's per-problem fused_gromov_wasserstein2 and its batched entropic solver, on equal problems."""
     from pipeline.perf.fgw import bench_fgw as run_bench

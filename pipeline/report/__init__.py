@@ -38,6 +38,13 @@ FAMILY_PACKAGES = "pipeline.scorers"  # each subpackage with a ``report`` module
 FIGURE_DPI = 110  # every figure is saved at this resolution
 
 
+def bench_command(folder: Path, name: str) -> str:
+    """``pipeline bench <name>`` writing into ``folder``: with ``--out`` unless that is the
+    default folder (``reports/bench``)."""
+    folder = Path(folder)
+    return f"pipeline bench {name}" if folder == Path("reports/bench") else f"pipeline bench --out {folder} {name}"
+
+
 @dataclass
 class ReportContext:
     """What sections read (results, configs, the store on demand) and what they leave for
@@ -56,10 +63,8 @@ class ReportContext:
     scorers_: dict[str, Any] = field(default_factory=dict)  # trained scorers loaded so far
 
     def bench_command(self, name: str) -> str:
-        """``pipeline bench <name>`` writing where this report reads (``<out>/bench``): with
-        ``--out`` unless that is the default folder."""
-        folder = self.out / "bench"
-        return f"pipeline bench {name}" if folder == Path("reports/bench") else f"pipeline bench --out {folder} {name}"
+        """``pipeline bench <name>`` writing where this report reads (``<out>/bench``)."""
+        return bench_command(self.out / "bench", name)
 
     @property
     def scored(self) -> set[str]:
@@ -144,4 +149,4 @@ def render(ctx: ReportContext) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-__all__ = ["FIGURE_DPI", "SECTIONS", "ReportContext", "Section", "render", "section"]
+__all__ = ["FIGURE_DPI", "SECTIONS", "ReportContext", "Section", "bench_command", "render", "section"]

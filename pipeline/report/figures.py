@@ -11,7 +11,8 @@ import numpy as np
 def examples_figure(entry: dict[str, Any], n: int):
     """``n`` random items of a suite (seed 0): the image as the encoder saw it (cut to the
     item's ``crop_box`` where the manifest has one, as ARO's VG items), caption options (✓ the
-    true one) and each variant's score per option; None when nothing was scored."""
+    true one) and each variant's score per option; None when nothing was scored or ``n`` is 0
+    (``report.examples: 0``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -20,7 +21,7 @@ def examples_figure(entry: dict[str, Any], n: int):
     from pipeline.manifests import decode_image, read_image_bytes
 
     manifest = entry["manifest"]
-    if not entry["scores"] or len(manifest) == 0:
+    if not entry["scores"] or len(manifest) == 0 or n == 0:
         return None
     rng = np.random.default_rng(0)
     picks = rng.choice(len(manifest), size=min(n, len(manifest)), replace=False)

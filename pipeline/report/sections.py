@@ -42,6 +42,7 @@ from pipeline.config import ReportConfig
 from pipeline.report import ReportContext, section
 from pipeline.report.compare import common_tasks, compare_mean, mean_ci, task_units
 from pipeline.report.figures import examples_figure
+from pipeline.report.inputs import read_bench, read_measurement, read_summary
 from pipeline.report.markdown import md_table, metric_ci, metric_diff, pct, pct_ci, points_ci
 from pipeline.report.tasks import (
     ARO_TASKS,
@@ -129,6 +130,9 @@ def overview(ctx: ReportContext) -> list[str]:
     unscored = [v for v in ctx.score.variants if not any(v in e["scores"] for e in ctx.results.values())]
     if unscored:
         intro += " " + TEXT("unscored", variants=", ".join(f"`{v}`" for v in unscored))
+    empty = [s for s, e in ctx.results.items() if not e["scores"]]  # score.suites with no table at all
+    if empty:
+        intro += " " + TEXT("unscored-suites", suites=", ".join(f"`{s}`" for s in empty))
     if any("@seed" in v for v in ctx.scored):
         intro += " " + TEXT("seed-runs")
     modes = [m for m in replacement_modes(ctx) if any(v.endswith(f"@{m}") for v in ctx.scored)]
@@ -232,15 +236,6 @@ def head_to_head_tasks(layout: TaskLayout) -> list[Task]:
     extra = [(s, m) for s in layout.extra_head_to_head for m in SUITES.get(s).metric_names]
     rows = [*layout.tasks(roles), *extra, *layout.tasks([*HEAD_TO_HEAD_TASKS, *BINDING_SLICES])]
     return list(dict.fromkeys(rows))
-
-
-def read_bench(path) -> dict[str, Any]:
-    """The ``results`` of a ``pipeline bench`` file; {} when it is absent or not that shape."""
-    try:
-        results = json.loads(path.read_text()).get("results", {})
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return results if isinstance(results, dict) else {}
 
 
 def bench_entry(bench: dict[str, Any], encoder: str, variant: str) -> dict[str, Any]:
@@ -418,15 +413,15 @@ def encoder_comparison(ctx: ReportContext) -> list[str]:
     and binding means per encoder, with CIs and the paired difference to ``clip`` on the
     same encoder and tasks (naming ``clip``'s mean over them where they are fewer than its
     own, :func:`mean_cell`); a pointer to the command when it has not been run, or when it ran on other
-    manifests than the report's (:func:`stale_suites`)."""
+    manifests than the report's (:func:`stale_suites`). A summary file that is there but not
+    one is refused (:func:`pipeline.report.inputs.read_summary`), never shown as absent."""
     if not ctx.layout.toy_world:  # the comparison trains toy encoders on the shapes world
         return []
     path = Path(ctx.cfg.encoders)
-    try:
-        summary = json.loads(path.read_text())
-        encoders = summary["encoders"]
-    except (OSError, ValueError, KeyError):
+    summary = read_summary(path)  # refuses a file that is there but not the summary
+    if summary is None:
         return ["## Encoder comparison", TEXT("no-encoder-comparison", path=str(path))]
+    encoders = summary["encoders"]
     stale = stale_suites(ctx, summary)
     if stale:
         return ["## Encoder comparison", TEXT("stale-encoder-comparison", path=str(path), suites=stale)]
@@ -459,7 +454,8 @@ def encoder_comparison(ctx: ReportContext) -> list[str]:
 def performance(ctx: ReportContext) -> list[str]:
     """The measurement files (:data:`MEASUREMENTS`) by name, each with its command: its
     own table where its results carry one (``table_markdown``, e.g. ``scripts/real_cost.py``'s
-    estimate, whose JSON runs to hundreds of lines), else its results as JSON."""
+    estimate, whose JSON runs to hundreds of lines), else its results as JSON. Each is read by
+    :func:`pipeline.report.inputs.read_measurement`, which refuses one that is not a measurement."""
     files = sorted(
         (f for pattern in MEASUREMENTS for f in ctx.out.glob(pattern)), key=lambda f: f.stem
     )
@@ -468,11 +464,10 @@ def performance(ctx: ReportContext) -> list[str]:
         return ["## Performance", TEXT("no-measurements", **commands)]
     parts = []
     for f in files:
-        data = json.loads(f.read_text())
-        results = data.get("results", data)
-        if isinstance(results, dict) and isinstance(results.get("table_markdown"), str):
+        command, results = read_measurement(f)  # refuses a file that is not a measurement
+        if isinstance(results.get("table_markdown"), str):
             body = f"{results['table_markdown']}\n\nEvery figure, count and note: `{f.relative_to(ctx.out)}`."
         else:
             body = f"```json\n{json.dumps(results, indent=1)}\n```"
-        parts.append(f"**{f.stem}** (`{data.get('command', '')}`)\n\n{body}")
+        parts.append(f"**{f.stem}** (`{command}`)\n\n{body}")
     return ["## Performance", "\n\n".join(parts)]

@@ -63,8 +63,9 @@ def load_scorer(
 ) -> Scorer:
     """Build ``variant`` for this store; ``options`` are its factory's keyword options
     (``score.options``); trained scorers load their checkpoint and the options chosen at
-    training time (``config.json`` ``scorer_kwargs``, e.g. q0, which win). A checkpoint
-    fitted on features this store does not hold is refused (:func:`_check_fitted_on`)."""
+    training time (``config.json`` ``scorer_kwargs``, e.g. q0); an option that sets one of those
+    to another value is refused, since it could not apply. A checkpoint fitted on features this
+    store does not hold is refused (:func:`_check_fitted_on`)."""
     options = dict(options or {})
     scorer = build_scorer(variant, store, options)
     if not scorer.trainable:
@@ -101,6 +102,13 @@ def load_scorer(
             f"{weights_sha256_of(ckpt_dir)[:16]}...): it was damaged or replaced after training; rerun `{how}`"
         )
     kwargs = record["scorer_kwargs"]
+    overridden = {k: (v, kwargs[k]) for k, v in options.items() if k in kwargs and kwargs[k] != v}
+    if overridden:  # the fitted scorer keeps the options it was selected with: a score option would not apply
+        said = "; ".join(f"{k} = {v!r} (fitted with {w!r})" for k, (v, w) in overridden.items())
+        raise ValueError(
+            f"score.options.{variant} sets {said}, but {ckpt_dir} keeps the options it was fitted with "
+            f"({config.name} scorer_kwargs); drop them from score.options.{variant}, or refit with them (`{how}`)"
+        )
     if kwargs:
         scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **{**options, **kwargs})
     try:  # a truncated file, or tensors of another shape or name than this scorer's

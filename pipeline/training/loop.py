@@ -68,14 +68,16 @@ from pipeline import code_identity
 from pipeline.benchmarks.base import SuiteSelection
 from pipeline.cache import FeatureStore
 from pipeline.cache.schema import encoder_id
-from pipeline.config import TrainConfig
+from pipeline.config import OptionsError, TrainConfig
 from pipeline.features import to_device
 from pipeline.scorers import create_scorer
 from pipeline.scorers.checkpoints import WEIGHTS_KEY, checkpoint_owner, weights_sha256_of
+from pipeline.training.resume import read_resume
 from pipeline.training.schedule import warmup_cosine
 from pipeline.training.trainer import FamilyTrainer
 
 log = logging.getLogger(__name__)
+RESUME_KEYS = {"fingerprint", "step", "model", "optim", "generator", "torch_rng", "log", "best"}  # what resume.pt holds
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -156,7 +158,8 @@ def train_seed(
             log.info("%s seed %d: already trained under this configuration and data (%s); kept", cfg.variant, seed, out)
             return record
     torch.manual_seed(seed)
-    model = create_scorer(cfg.variant, dims=store.dims, proj=store.projections(), **cfg.scorer).to(cfg.device)
+    model = _named_options(cfg, "scorer", lambda: create_scorer(cfg.variant, dims=store.dims, proj=store.projections(), **cfg.scorer))
+    model = model.to(cfg.device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(seed)
@@ -165,8 +168,10 @@ def train_seed(
     step = 0
     n_items = trainer.n_items(train)
     resume = out / "resume.pt"
-    if resume.is_file():
-        ck = torch.load(resume, weights_only=True, map_location=cfg.device)
+    ck, unreadable = read_resume(resume, RESUME_KEYS, cfg.device)
+    if unreadable:
+        log.warning("%s is unreadable (%s); seed %d starts again at step 0", resume, unreadable, seed)
+    if ck is not None:
         if ck.get("fingerprint") == fp:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["optim"])
@@ -214,6 +219,12 @@ def train_seed(
         with warnings.catch_warnings():  # per-step solver convergence is the family's to log
             warnings.simplefilter("ignore", UserWarning)
             loss, logged = trainer.loss(model, train, batch)
+        if not torch.isfinite(loss.detach()):  # a NaN step would poison every later weight, silently
+            raise ValueError(
+                f"train {cfg.variant} seed {seed}: the loss is {float(loss.detach())} at step {step + 1}; lower "
+                f"train.{cfg.variant}.lr or check train.{cfg.variant}.scorer and objective (the last resume point "
+                f"is kept in {out})"
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         lr = learning_rate(step, cfg)
@@ -282,6 +293,8 @@ def _check(cfg: TrainConfig) -> None:
         )
     if cfg.lr_schedule == "cosine" and cfg.steps == 0:
         raise ValueError("train.steps is 0 under lr_schedule cosine, which needs steps > warmup; lr_schedule: constant keeps the initial weights")
+    if cfg.lr_schedule == "constant" and cfg.warmup:
+        raise ValueError(f"train.warmup = {cfg.warmup} applies to lr_schedule cosine only; set lr_schedule: cosine, or drop warmup")
     if cfg.lr_schedule == "cosine" and not 0 <= cfg.warmup < cfg.steps:
         raise ValueError(f"train.warmup must be in [0, steps) = [0, {cfg.steps}), got {cfg.warmup}")
 
@@ -303,6 +316,15 @@ def make_trainer(cfg: TrainConfig) -> FamilyTrainer:
     return make(cfg.objective)
 
 
+def _named_options(cfg: TrainConfig, key: str, build: Any) -> Any:
+    """``build()``, an error in its options naming ``train.<variant>.<key>`` (the family's
+    own message names the option)."""
+    try:
+        return build()
+    except (OptionsError, TypeError) as e:
+        raise OptionsError(f"train.{cfg.variant}.{key}: {e}") from None
+
+
 def train_variant(
     cfg: TrainConfig, store: FeatureStore, progress: bool = True, stop_after: int | None = None
 ) -> dict[str, Any]:
@@ -311,7 +333,7 @@ def train_variant(
     Returns the summary written to ``<cfg.out>/<variant>/summary.json``.
     """
     _check(cfg)
-    trainer = make_trainer(cfg)
+    trainer = _named_options(cfg, "objective", lambda: make_trainer(cfg))  # before any data is loaded
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:

@@ -91,6 +91,19 @@ class BindClipConfig:
             raise ValueError(f"scale_init must be one positive value or one per energy {ENERGIES}, got {self.scale_init!r}")
         if not 0.0 < self.span_gate_floor <= 1.0:
             raise ValueError(f"span_gate_floor must be in (0, 1], got {self.span_gate_floor!r}")
+        for name in ("h", "epsilon", "n_iters", "tau_x", "tau", "q0", "uncertainty_floor", "max_tokens", "sinkhorn_tol"):
+            if not getattr(self, name) > 0:  # a temperature, width or count of 0 gives NaN or nothing
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("nu_t", "nu_v"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} (the null row's / column's share of the mass) must be in [0, 1), got {getattr(self, name)!r}")
+        for name in ("floor", "var_floor"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.absorb_every is not None and self.absorb_every < 1:
+            raise ValueError(f"absorb_every must be >= 1 or null (pure log domain), got {self.absorb_every!r}")
+        if self.grad_iters is not None and not 1 <= self.grad_iters <= self.n_iters:
+            raise ValueError(f"grad_iters must be in [1, n_iters = {self.n_iters}] or null (every iteration), got {self.grad_iters!r}")
 
 
 @dataclass

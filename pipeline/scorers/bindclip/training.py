@@ -80,6 +80,15 @@ class BindClipObjective:
         unknown = sorted(set(self.weights) - set(OBJECTIVES))
         if unknown:
             raise ValueError(f"unknown objective weight(s) {unknown}; valid: {', '.join(OBJECTIVES)}")
+        bad = {k: w for k, w in self.weights.items() if not 0 <= w < float("inf")}
+        if bad:  # a negative weight maximises its loss
+            raise ValueError(f"objective weights must be finite and >= 0, got {bad}")
+        if not self.group_tau > 0:
+            raise ValueError(f"group_tau must be > 0, got {self.group_tau!r}")
+        if not all(q > 0 for q in self.q0_grid):  # [] keeps the scorer's own q0
+            raise ValueError(f"q0_grid must list q0 values > 0 (or be [] to keep the scorer's q0), got {self.q0_grid!r}")
+        if self.consistency_items is not None and self.consistency_items < 1:
+            raise ValueError(f"consistency_items must be >= 1 or null (every item), got {self.consistency_items!r}")
 
     def weight(self, name: str) -> float:
         return float(self.weights.get(name, 1.0))

@@ -46,8 +46,10 @@ class Steer(Reranker):
 
     def __init__(self, beta: float = 0.5, multi: bool = False, k: int = WHOLE_GALLERY, base: str = "clip") -> None:
         super().__init__()
-        if not math.isfinite(float(beta)) or int(k) < 1:
-            raise ValueError(f"steering needs a finite beta and k >= 1, got beta={beta}, k={k}")
+        if isinstance(beta, bool) or not isinstance(beta, int | float) or not math.isfinite(beta):
+            raise ValueError(f"steering's beta must be a finite number, got {beta!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:  # 2.5 or "20" is a typo, not a shortlist length
+            raise ValueError(f"steering's k must be an integer >= 1, got {k!r}")
         self.beta, self.multi, self.k, self.base = float(beta), bool(multi), int(k), base
         self._directions: torch.Tensor | None = None
 

@@ -1,0 +1,174 @@
+"""Bad inputs to fitting, found by the third new-user trial (issue 24): training options out
+of range, a diverging loss, an unreadable resume snapshot, a score option a fitted scorer
+cannot honour, and a fit scored on its own training items. Each is refused with one line
+naming the key or file and the fix, or, for a snapshot, reported and restarted."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import yaml
+
+from pipeline.config import ParamsError, RidgeConfig, ScoreConfig, load_config, load_train_config
+from tests.test_bad_inputs import cli, refused  # noqa: F401
+from tests.test_training import _cfg, _weights
+
+pytestmark = pytest.mark.bad_input
+
+
+def _params(tmp_path, data: dict):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    "options,named",
+    [({"tau": -1.0}, "tau must be > 0"), ({"epsilon": 0.0}, "epsilon must be > 0"), ({"grad_iters": 0}, "grad_iters must be in [1, n_iters"),
+     ({"nu_v": 5.0}, "nu_v (the null row's / column's share of the mass) must be in [0, 1)"), ({"absorb_every": 0}, "absorb_every must be >= 1")],
+)  # fmt: skip
+def test_bindclip_scorer_options_out_of_range_are_refused(options, named):
+    from pipeline.scorers.bindclip.model import BindClipConfig
+
+    with pytest.raises(ValueError) as e:
+        BindClipConfig(**options)
+    assert named in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "options,named",
+    [({"weights": {"grounding": -3.0}}, "objective weights must be finite and >= 0"), ({"group_tau": 0.0}, "group_tau must be > 0"),
+     ({"q0_grid": [0.5, 0.0]}, "q0_grid must list q0 values > 0"), ({"consistency_items": 0}, "consistency_items must be >= 1")],
+)  # fmt: skip
+def test_bindclip_objective_options_out_of_range_are_refused(options, named):
+    from pipeline.scorers.bindclip.training import BindClipObjective
+
+    with pytest.raises(ValueError) as e:
+        BindClipObjective(**options)
+    assert named in str(e.value)
+    assert BindClipObjective(q0_grid=[]).q0_grid == []  # [] keeps the scorer's own q0
+
+
+def test_a_loss_that_is_not_finite_stops_training_naming_the_step(tmp_path, tiny_store):
+    from pipeline.training.loop import train_variant
+
+    with pytest.raises(ValueError, match=r"train global-m seed 0: the loss is (nan|inf) at step \d+; lower train.global-m.lr"):
+        train_variant(_cfg(tmp_path, variant="global-m", lr=1e30, steps=6, scorer={}, objective={}), tiny_store, progress=False)
+    assert not (tmp_path / "global-m" / "seed0" / "model.safetensors").exists()  # no checkpoint of NaN weights
+
+
+@pytest.mark.parametrize("content", ["garbage", "tensor", "list", "truncated"])
+def test_an_unreadable_resume_snapshot_is_reported_and_the_seed_restarts(tmp_path, tiny_store, caplog, content):
+    import torch
+
+    from pipeline.training.loop import train_variant
+
+    train_variant(_cfg(tmp_path / "a"), tiny_store, progress=False)
+    clean = _weights(tmp_path / "a" / "bindclip" / "seed0" / "model.safetensors")
+    train_variant(_cfg(tmp_path / "b"), tiny_store, progress=False, stop_after=4)
+    resume = tmp_path / "b" / "bindclip" / "seed0" / "resume.pt"
+    if content == "garbage":
+        resume.write_text("garbage\n")
+    elif content == "tensor":
+        torch.save(torch.zeros(3), resume)
+    elif content == "list":
+        torch.save([1, 2], resume)
+    else:
+        resume.write_bytes(resume.read_bytes()[:200])
+    with caplog.at_level(logging.WARNING, logger="pipeline.training.loop"):
+        train_variant(_cfg(tmp_path / "b"), tiny_store, progress=False)
+    assert f"{resume} is unreadable" in caplog.text and "starts again at step 0" in caplog.text
+    again = _weights(tmp_path / "b" / "bindclip" / "seed0" / "model.safetensors")
+    assert all(torch.equal(again[k], clean[k]) for k in clean)  # restarted from step 0: the clean run's weights
+
+
+def test_a_toyclip_resume_snapshot_that_is_unreadable_is_not_resumed(tmp_path):
+    from pipeline.training.resume import read_resume
+
+    path = tmp_path / "resume.pt"
+    assert read_resume(path, {"step"}) == (None, None)
+    path.write_text("garbage")
+    record, reason = read_resume(path, {"step"})
+    assert record is None and reason
+
+
+def test_warmup_under_a_constant_schedule_is_refused(tmp_path, tiny_store):
+    from pipeline.training.loop import train_variant
+
+    with pytest.raises(ValueError, match="train.warmup = 10 applies to lr_schedule cosine only"):
+        train_variant(_cfg(tmp_path, warmup=10, steps=3), tiny_store, progress=False)
+
+
+def test_a_seed_no_generator_takes_is_refused_naming_the_key(tmp_path):
+    path = _params(tmp_path, {"train": {"variants": ["global-m"], "global-m": {"seeds": [2**64]}}})
+    with pytest.raises(ParamsError, match=r"train.global-m.seeds.0 = 18446744073709551616: expected less than 9223372036854775808"):
+        load_train_config(path, "global-m")
+
+
+def test_an_unknown_training_or_ridge_suite_is_named_not_sent_to_extract(tmp_path):
+    path = _params(tmp_path, {"train": {"variants": ["global-m"], "global-m": {"train_suite": "shapes-trian"}}})
+    with pytest.raises(ParamsError, match=r"train.global-m.train_suite names unknown suite 'shapes-trian' \(see `pipeline suites`\)"):
+        load_train_config(path, "global-m")
+    path = _params(tmp_path, {"ridge": {"suite": "shapes-train[family=entity]"}})
+    with pytest.raises(ParamsError, match=r"ridge.suite takes a whole suite's name, not a selection"):
+        load_config(RidgeConfig, path, "ridge")
+
+
+def test_a_score_option_a_fitted_scorer_overrides_is_refused(tiny_store, tmp_path):
+    from safetensors.torch import save_file
+
+    from pipeline.scorers import create_scorer
+    from pipeline.scorers.checkpoints import WEIGHTS_KEY, load_scorer, weights_sha256_of
+
+    folder = tmp_path / "global-m"
+    folder.mkdir()
+    scorer = create_scorer("global-m", dims=tiny_store.dims, proj=tiny_store.projections())
+    save_file({k: v.contiguous() for k, v in scorer.state_dict().items()}, folder / "model.safetensors")
+    chosen = dict(json.loads(json.dumps(scorer.config.__dict__)) if hasattr(scorer, "config") else {})
+    key = next(k for k, v in chosen.items() if isinstance(v, float))
+    (folder / "config.json").write_text(json.dumps({"scorer_kwargs": {key: chosen[key]}, WEIGHTS_KEY: weights_sha256_of(folder)}))
+    load_scorer("global-m", tiny_store, tmp_path, options={key: chosen[key]})  # the same value: accepted
+    with pytest.raises(ValueError, match=rf"score.options.global-m sets {key} = {chosen[key] * 2!r} \(fitted with {chosen[key]!r}\)"):
+        load_scorer("global-m", tiny_store, tmp_path, options={key: chosen[key] * 2})
+
+
+def test_a_fit_scored_on_its_own_training_suite_is_refused(tiny_store, tmp_path, monkeypatch):
+    from stages import score as score_stage
+
+    folder = tmp_path / "ck" / "ridge-fgw"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"train_suite": "shapes-retrieval", "scorer_kwargs": {}}))
+    monkeypatch.setattr(score_stage, "open_store", lambda extract: tiny_store)
+    cfg = ScoreConfig(variants=["clip", "ridge-fgw"], suites=["shapes-retrieval"], checkpoints=str(tmp_path / "ck"),
+                      scores_out=str(tmp_path / "scores"), metrics_out=str(tmp_path / "metrics"))  # fmt: skip
+    from pipeline.config import ExtractConfig
+
+    with pytest.raises(ValueError, match=r"ridge-fgw was fitted on shapes-retrieval .* which score.suites also scores"):
+        score_stage.run(cfg, ExtractConfig(out=str(tmp_path / "store")), progress=False)
+    path = _params(tmp_path, {"ridge": {"suite": "shapes-multi"}, "score": {"suites": ["shapes-multi"]}})
+    refused(cli("ridge", "--params", path), f"{path}: ridge.suite = shapes-multi is also in score.suites")
+
+
+def test_a_bad_training_option_names_the_params_file_and_its_key(tmp_path, tiny_store, monkeypatch):
+    from pipeline.config import OptionsError
+    from pipeline.training.loop import train_variant
+
+    with pytest.raises(OptionsError, match=r"^train.bindclip.scorer: unknown BindClip options \['tua'\]"):
+        train_variant(_cfg(tmp_path, scorer={"tua": 0.1}), tiny_store, progress=False)
+    with pytest.raises(OptionsError, match=r"^train.bindclip.objective: unknown BindCLIP objective options \['group_ta'\]"):
+        train_variant(_cfg(tmp_path, objective={"group_ta": 1.0}), tiny_store, progress=False)
+    with pytest.raises(OptionsError, match=r"^train.bindclip.scorer: .*tau must be > 0"):
+        train_variant(_cfg(tmp_path, scorer={"tau": -1.0}), tiny_store, progress=False)
+    assert not list(tmp_path.rglob("model.safetensors"))  # refused before any weights are written
+
+
+@pytest.mark.parametrize("options,named", [({"k": 2.5}, "k must be an integer >= 1, got 2.5"), ({"k": "20"}, "k must be an integer"),
+                                           ({"beta": "0.5"}, "beta must be a finite number, got '0.5'"), ({"beta": float("nan")}, "beta must be a finite")])  # fmt: skip
+def test_steering_options_of_the_wrong_kind_are_refused_not_coerced(tiny_store, options, named):
+    from pipeline.scorers.checkpoints import build_scorer
+
+    with pytest.raises(ValueError, match=rf"score.options.steer = .*steering's {named}"):
+        build_scorer("steer", tiny_store, options)
+    build_scorer("steer", tiny_store, {"k": 20, "beta": 1})  # an int beta is a number
