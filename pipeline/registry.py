@@ -1,7 +1,7 @@
 """A tiny name -> factory registry, shared by every extensible axis (timm style).
 
-A registry is read in one screen: ``register`` (decorator), ``names``, ``get``/``create``.
-Lookups of unknown names raise ``KeyError`` listing the valid ones.
+A registry is read in one screen: ``register`` (decorator), ``names``, ``get``/``create``,
+``check_known``. Lookups of unknown names raise ``KeyError`` listing the valid ones.
 """
 
 from __future__ import annotations
@@ -82,6 +82,17 @@ class Registry(Generic[T]):
                 f"unknown {self.kind} {name!r}; valid {self.kind}s: {', '.join(self.names())}"
             )
         return self._entries[name]
+
+    def check_known(self, names, key: str) -> None:
+        """Refuse the names of ``names`` that are not registered, in one line naming ``key``
+        (where they come from, e.g. ``score.seed_variants``) and the valid alternatives: a list a
+        config filters by name would otherwise drop a misspelt entry in silence."""
+        self._load()
+        unknown = sorted(set(names) - set(self._entries))
+        if unknown:
+            raise UnknownNameError(
+                f"{key} names unknown {self.kind}(s) {', '.join(unknown)}; valid {self.kind}s: {', '.join(self.names())}"
+            )
 
     def __contains__(self, name: str) -> bool:
         self._load()

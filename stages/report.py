@@ -34,11 +34,7 @@ def check_head_to_head(cfg: ReportConfig) -> None:
     """Refuse a ``report.head_to_head`` name no scorer has: the section shows only the names
     that were scored, so a typo would drop its column, or the whole table, without a word. A
     suffixed run (``bindclip@seed0``) is checked by its variant's name."""
-    known = set(SCORERS.names())
-    unknown = [v for v in cfg.head_to_head if v.split("@", 1)[0] not in known]
-    if unknown:
-        valid = ", ".join(sorted(known))
-        raise ValueError(f"report.head_to_head names unknown scorer(s) {', '.join(unknown)}; valid scorers: {valid}")
+    SCORERS.check_known([v.split("@", 1)[0] for v in cfg.head_to_head], "report.head_to_head")
 
 
 def few(ids: list[str], n: int = 5) -> str:

@@ -103,12 +103,9 @@ def check_names(cfg: ScoreConfig, params: str | Path | None = None) -> None:
     error names ``params`` when given."""
     for variant in cfg.variants:
         SCORERS.get(variant)
-    known = set(SCORERS.names())
+    where = f"{params}: " if params is not None else ""
     for key in ("seed_variants", "replacement_variants", "options"):
-        unknown = sorted(set(getattr(cfg, key)) - known)
-        if unknown:
-            where = f"{params}: " if params is not None else ""
-            raise ValueError(f"{where}score.{key} names unknown scorer(s) {', '.join(unknown)}; valid scorers: {', '.join(sorted(known))}")
+        SCORERS.check_known(getattr(cfg, key), f"{where}score.{key}")
 
 
 def refuse_own_training_items(variant: str, cfg: ScoreConfig) -> None:
