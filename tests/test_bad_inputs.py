@@ -781,6 +781,26 @@ def test_an_option_value_the_scorer_refuses_is_named_by_its_key(tiny_store):
         load_scorer("fgw", tiny_store, "none", options={"k": -1})
 
 
+@pytest.mark.parametrize(
+    ("variant", "options", "says"),
+    [
+        ("fgw-hungarian", {"k": 2.5}, r"k = 2.5: Input should be a valid integer"),
+        ("hungarian", {"k": "3"}, r"k = '3': Input should be a valid integer"),
+        ("ridge-fgw", {"top": True}, r"top = True: Input should be a valid integer"),
+        ("fgw", {"base": "foo"}, r"unknown scorer 'foo'; valid scorers: .*clip"),
+        ("fgw", {"base": "bindclip"}, r"base 'bindclip' is a pairwise caption scorer"),
+        ("steer", {"base": "fgw"}, r"base 'fgw' is a reranker"),
+    ],
+)
+def test_a_reranker_option_of_the_wrong_type_or_base_is_refused_by_its_key(tiny_store, variant, options, says):
+    """A shortlist length of 2.5 or '3' used to be taken (truncated, or compared as text) and
+    an unknown or pairwise ``base`` failed only once a retrieval suite was scored."""
+    from pipeline.scorers.checkpoints import build_scorer
+
+    with pytest.raises(ValueError, match=rf"score.options.{variant} = .*{says}"):
+        build_scorer(variant, tiny_store, options)
+
+
 def test_nothing_to_score_is_refused(good):
     _, params = good
     refused(cli("score", "--params", edited(params, "score", variants=[]), "--quiet"), "score.variants and score.suites must each name at least one entry")

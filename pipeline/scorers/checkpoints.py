@@ -38,13 +38,26 @@ def build_scorer(variant: str, store: FeatureStore, options: dict | None = None)
     or a value it refuses is one ``ValueError`` naming ``score.options.<variant>``."""
     options = dict(options or {})
     try:
-        return create_scorer(variant, dims=store.dims, proj=store.projections(), **options)
+        scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **options)
+        if scorer.reranker:
+            check_base(scorer, store)
+        return scorer
     except TypeError as e:  # an option its factory does not take: the user's typo, named
         raise ValueError(f"score.options.{variant} = {options}: {e}") from None
-    except ValueError as e:  # a value the factory refuses (k: -1), named by its key
+    except (ValueError, KeyError) as e:  # a value the factory refuses (k: -1), named by its key
         if not options:
             raise
         raise ValueError(f"score.options.{variant} = {options}: {e}") from None
+
+
+def check_base(reranker: Scorer, store: FeatureStore) -> None:
+    """Refuse a reranker whose ``base`` is not a registered per-caption scorer (an unknown
+    name, a pairwise caption scorer, another reranker): the shortlist is the base's ranking
+    of the whole gallery, which only a per-caption scorer gives."""
+    base = create_scorer(reranker.base, dims=store.dims, proj=store.projections())
+    if base.pairwise or base.reranker:
+        kind = "a pairwise caption scorer" if base.pairwise else "a reranker"
+        raise ValueError(f"base {reranker.base!r} is {kind}; the shortlist needs a per-caption scorer (e.g. clip)")
 
 
 WEIGHTS_KEY = "weights_sha256"  # config.json: the sha256 of the model.safetensors beside it

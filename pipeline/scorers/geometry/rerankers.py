@@ -41,12 +41,14 @@ small problems per suite, solved batched.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import nn
 
 from pipeline.benchmarks.base import gallery_images
+from pipeline.config import family_options
 from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
 from pipeline.ot.assignment import hungarian
 from pipeline.ot.fgw import fused_gromov_wasserstein_batched, fused_gromov_wasserstein_offsets
@@ -98,6 +100,33 @@ def rerank_scores(cost: torch.Tensor, queries: ObjectSets, candidates: ObjectSet
     return torch.where(empty, keep, score)
 
 
+@dataclass(frozen=True)
+class RerankOptions:
+    """The geometry rerankers' options (``score.options.<variant>``; the attributes of
+    :class:`GeometryReranker`), their ranges checked here; the factories also check their
+    types strictly (:func:`pipeline.config.family_options`), so a ``k`` of 2.5 or ``'20'`` is
+    refused rather than truncated or compared as text."""
+
+    k: int = 20
+    alpha: float = 0.5
+    structure: str = "offset"
+    base: str = "clip"
+    top: int = 5
+    layer: str = "final"
+    objects: str = "box-mean"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must lie in [0, 1], got {self.alpha}")
+        if int(self.k) < 1 or int(self.top) < 1:
+            raise ValueError(f"k and top must be >= 1, got k={self.k}, top={self.top}")
+        if self.structure not in ("offset", "distance"):
+            raise ValueError(f"structure must be 'offset' or 'distance', got {self.structure!r}")
+        if self.layer not in OBJECT_LAYERS:
+            raise ValueError(f"layer must be one of {', '.join(OBJECT_LAYERS)}, got {self.layer!r}")
+        check_source(self.objects, self.layer)
+
+
 class GeometryReranker(Reranker):
     """Shared machinery: the suite's object sets (``prepare``) and the shortlist's problems.
 
@@ -116,17 +145,9 @@ class GeometryReranker(Reranker):
 
     def __init__(self, k: int = 20, alpha: float = 0.5, structure: str = "offset", base: str = "clip", top: int = 5, layer: str = "final", objects: str = "box-mean") -> None:
         super().__init__()
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
-        if int(k) < 1 or int(top) < 1:
-            raise ValueError(f"k and top must be >= 1, got k={k}, top={top}")
-        if structure not in ("offset", "distance"):
-            raise ValueError(f"structure must be 'offset' or 'distance', got {structure!r}")
-        if layer not in OBJECT_LAYERS:
-            raise ValueError(f"layer must be one of {', '.join(OBJECT_LAYERS)}, got {layer!r}")
-        check_source(objects, layer)
-        self.k, self.alpha, self.structure, self.base, self.top = k, float(alpha), structure, base, int(top)
-        self.layer, self.objects = layer, objects
+        o = RerankOptions(k, alpha, structure, base, top, layer, objects)
+        self.k, self.alpha, self.structure, self.base, self.top = int(o.k), float(o.alpha), o.structure, o.base, int(o.top)
+        self.layer, self.objects = o.layer, o.objects
         self._queries: ObjectSets | None = None
         self._gallery: ObjectSets | None = None
 
@@ -255,15 +276,11 @@ class RidgeFGWReranker(FGWReranker):
         return objects.with_embed(self.fitted().objects(objects.embed))
 
 
-RERANK_OPTIONS = ("k", "alpha", "structure", "base", "top", "layer", "objects")
-
-
 def _options(kwargs: dict) -> dict:
-    """The rerankers' factory options; an unknown one (a typo in ``score.options``) is refused."""
-    unknown = sorted(set(kwargs) - set(RERANK_OPTIONS))
-    if unknown:
-        raise TypeError(f"unknown reranker options {unknown}; valid: {list(RERANK_OPTIONS)}")
-    return dict(kwargs)
+    """The rerankers' factory options (``score.options.<variant>``), checked by
+    :class:`RerankOptions`: an unknown one (a typo), a value of the wrong type or out of range
+    is refused."""
+    return vars(family_options(RerankOptions, kwargs, "reranker options"))
 
 
 @SCORERS.register("fgw")
@@ -290,4 +307,4 @@ def ridge_fgw(dims: FeatureDims, proj: Projections, rank: int = 0, **kwargs) -> 
 
     ``rank``: the width of the compared space (set by the fit's ``scorer_kwargs``)."""
     options = _options(kwargs)
-    return RidgeFGWReranker(dims.embed_dim, object_dim(dims, options.get("layer", "final")), rank=rank, **options)
+    return RidgeFGWReranker(dims.embed_dim, object_dim(dims, options["layer"]), rank=rank, **options)
