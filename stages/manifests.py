@@ -33,16 +33,21 @@ def run(cfg: ManifestsConfig) -> dict[str, int]:
     Raises:
         ValueError: ``cfg.roots`` is empty, or names an unknown suite (listing the valid ones),
             or a suite has no item (none in its files, or none kept by ``image_share`` or
-            ``disjoint_from``), or ``disjoint_from`` names a suite not built in this run.
+            ``disjoint_from``), or ``disjoint_from`` names an unknown suite, a suite not built in
+            this run, or the suite itself.
         FileNotFoundError: a root or an annotation file is missing (the builder names it).
     """
     if not cfg.roots:
         raise ValueError("manifests.roots is empty: map each suite to the folder of its official annotation files")
     suites = {name: SUITES.get(name) for name in cfg.roots}  # unknown names fail before any work
+    SUITES.check_known(cfg.image_share, "manifests.image_share")
     stray = sorted(set(cfg.image_share) - set(cfg.roots))
     if stray:
         raise ValueError(f"manifests.image_share names {', '.join(stray)}, not in manifests.roots: {', '.join(cfg.roots)}")
     for name, others in cfg.disjoint_from.items():
+        SUITES.check_known([name, *others], f"manifests.disjoint_from.{name}")
+        if name in others:  # its own photographs: every item would be dropped, said as if another suite held them
+            raise ValueError(f"manifests.disjoint_from.{name} names {name} itself; list the suites whose COCO photographs it must not show")
         stray = sorted({name, *others} - set(cfg.roots))
         if stray:
             raise ValueError(f"manifests.disjoint_from.{name} needs {', '.join(stray)} built in the same run; add to manifests.roots")

@@ -277,3 +277,20 @@ def test_a_missing_manifest_is_refused_before_the_model_loads_or_the_store_is_to
         with pytest.raises(FileNotFoundError, match=f"manifest of {SUITE} not found at"):
             run()
         assert not (tmp_path / "features").exists()
+
+
+@pytest.mark.parametrize(
+    ("disjoint", "says"),
+    [
+        ("{aro-relation: [aro-relation]}", "manifests.disjoint_from.aro-relation names aro-relation itself"),
+        ("{aro-relation: [coco-familes]}", "manifests.disjoint_from.aro-relation names unknown suite(s) coco-familes; valid suites:"),
+        ("{aro-relaton: [coco-families]}", "manifests.disjoint_from.aro-relaton names unknown suite(s) aro-relaton; valid suites:"),
+    ],
+)
+def test_a_disjoint_from_entry_naming_the_suite_itself_or_no_suite_is_refused(tmp_path, disjoint, says):
+    """A suite disjoint from itself used to drop every item and blame "a photograph of" itself;
+    a misspelt suite was told to be added to manifests.roots."""
+    params = tmp_path / "params.yaml"
+    params.write_text(f"manifests:\n  out: {tmp_path / 'out'}\n  roots:\n    aro-relation: {tmp_path}\n  disjoint_from: {disjoint}\n")
+    line = refused(cli("manifests", "--params", params), says)
+    assert "add to manifests.roots" not in line
