@@ -269,12 +269,15 @@ def train(
         load_train_config,
         train_variants,
     )
+    from pipeline.training.loop import check_trainable
     from stages import train as stage
 
     try:
         variants = [variant] if variant else train_variants(params)
         if not variants:
             raise ValueError(f"{params} lists no train.variants; pass --variant")
+        for name in variants:
+            check_trainable(name)
         overrides = {"steps": steps, "seeds": seed, "device": device}
         configs = [load_train_config(params, name, overrides) for name in variants]  # every section checked first
         for cfg in configs:

@@ -172,3 +172,17 @@ def test_steering_options_of_the_wrong_kind_are_refused_not_coerced(tiny_store, 
     with pytest.raises(ValueError, match=rf"score.options.steer = .*steering's {named}"):
         build_scorer("steer", tiny_store, options)
     build_scorer("steer", tiny_store, {"k": 20, "beta": 1})  # an int beta is a number
+
+
+@pytest.mark.parametrize(
+    ("variant", "says"),
+    [
+        ("ridge-fgw", "ridge-fgw is fitted by `pipeline ridge`, not by `pipeline train`"),
+        ("clip", "clip has no trainable parameters; nothing to train (trainable variants: bindclip, flowclip"),
+    ],
+)
+def test_train_of_a_variant_it_does_not_train_names_what_does(tmp_path, variant, says):
+    """`train --variant ridge-fgw` used to say the params had no train.ridge-fgw section."""
+    params = _params(tmp_path, {"train": {"variants": ["bindclip"]}})
+    line = refused(cli("train", "--params", params, "--variant", variant), says)
+    assert "section" not in line

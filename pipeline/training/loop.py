@@ -306,14 +306,29 @@ def _selections(cfg: TrainConfig) -> tuple[SuiteSelection, SuiteSelection]:
     return train, dev
 
 
+def check_trainable(variant: str) -> None:
+    """Refuse a variant the training loop does not train, before its params are read: an
+    unknown name (the registry lists the valid ones), one fitted by a command of its own
+    (``ridge-fgw``: ``pipeline ridge``), or one with nothing to train (frozen CLIP, the local
+    baselines, an ablation loading another variant's weights)."""
+    from pipeline.scorers import SCORERS
+
+    factory = SCORERS.get(variant)
+    if getattr(factory, "make_trainer", None) is not None:
+        return
+    fit = getattr(factory, "fit_command", None)
+    if fit:
+        raise ValueError(f"{variant} is fitted by `{fit}`, not by `pipeline train`")
+    trainable = [name for name in SCORERS.names() if getattr(SCORERS.get(name), "make_trainer", None) is not None]
+    raise ValueError(f"{variant} has no trainable parameters; nothing to train (trainable variants: {', '.join(trainable)})")
+
+
 def make_trainer(cfg: TrainConfig) -> FamilyTrainer:
     """The variant's training hook, built from its ``objective`` options."""
     from pipeline.scorers import SCORERS
 
-    make = getattr(SCORERS.get(cfg.variant), "make_trainer", None)
-    if make is None:
-        raise ValueError(f"{cfg.variant} has no trainable parameters; nothing to train")
-    return make(cfg.objective)
+    check_trainable(cfg.variant)
+    return SCORERS.get(cfg.variant).make_trainer(cfg.objective)
 
 
 def _named_options(cfg: TrainConfig, key: str, build: Any) -> Any:

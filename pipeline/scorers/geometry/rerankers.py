@@ -308,3 +308,6 @@ def ridge_fgw(dims: FeatureDims, proj: Projections, rank: int = 0, **kwargs) -> 
     ``rank``: the width of the compared space (set by the fit's ``scorer_kwargs``)."""
     options = _options(kwargs)
     return RidgeFGWReranker(dims.embed_dim, object_dim(dims, options["layer"]), rank=rank, **options)
+
+
+ridge_fgw.fit_command = RidgeFGWReranker.fit_command  # fitted by its own command, not by the training loop
