@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -376,13 +377,16 @@ def report(params: Params = None) -> None:
 def manifest(
     suite: Annotated[str, typer.Option(help="suite name (see `pipeline suites`)")],
     root: Annotated[Path, typer.Option(help="folder with the official annotation files")],
-    out: Annotated[Path, typer.Option(help="output Parquet manifest")],
+    out: Annotated[str, typer.Option(help="output Parquet manifest; a folder gets <out>/<suite>.parquet")],
 ) -> None:
     """Build a suite's manifest from its annotation files alone (no images needed)."""
     from pipeline.benchmarks import SUITES
     from pipeline.manifests import source_hashes, write_manifest
 
     try:
+        if not out:
+            raise ValueError("--out is empty; name the manifest file to write, e.g. --out cache/manifests/<suite>.parquet")
+        out = Path(out) / f"{suite}.parquet" if out.endswith(("/", os.sep)) or Path(out).is_dir() else Path(out)
         df = SUITES.get(suite).build_manifest(root)
         write_manifest(df, out, source_hashes(root))
         typer.echo(f"{suite}: {len(df)} items -> {out}")

@@ -25,6 +25,7 @@ from tests.test_bad_inputs import (
     item,
     manifest_cmd,
     official,
+    ok,
     refused,
     with_image,
     write_manifest,
@@ -294,3 +295,17 @@ def test_a_disjoint_from_entry_naming_the_suite_itself_or_no_suite_is_refused(tm
     params.write_text(f"manifests:\n  out: {tmp_path / 'out'}\n  roots:\n    aro-relation: {tmp_path}\n  disjoint_from: {disjoint}\n")
     line = refused(cli("manifests", "--params", params), says)
     assert "add to manifests.roots" not in line
+
+
+def test_manifest_out_as_a_folder_writes_the_suite_file_inside_and_an_empty_out_is_refused(tmp_path):
+    """`manifest --out <folder>` used to fail with pyarrow's "Is a directory"; an empty --out
+    with the same message about '.'."""
+    root = tmp_path / "aro"
+    root.mkdir()
+    entry = {"image_path": "1.jpg", "bbox_x": 0, "bbox_y": 0, "bbox_w": 5, "bbox_h": 5, "true_caption": "a on b", "false_caption": "b on a", "relation_name": "on"}
+    (root / "visual_genome_relation.json").write_text(json.dumps([entry]))
+    (tmp_path / "out").mkdir()
+    for out in (tmp_path / "out", f"{tmp_path / 'new'}/"):
+        ok(cli("manifest", "--suite", "aro-relation", "--root", root, "--out", out))
+        assert len(pd.read_parquet(Path(out) / "aro-relation.parquet")) == 1
+    refused(cli("manifest", "--suite", "aro-relation", "--root", root, "--out", ""), "--out is empty")
