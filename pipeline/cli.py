@@ -65,10 +65,13 @@ Device = Annotated[str | None, typer.Option(help="torch device: cpu, cuda, cuda:
 
 def _check_device(device: str) -> None:
     """Refuse a torch device this machine does not have before any store is opened or
-    model built (``--device cuda`` on a host without a CUDA driver), naming what torch says."""
+    model built (``--device cuda`` on a host without a CUDA driver), naming what torch says,
+    and the ``meta`` device, which computes no values."""
     import torch
 
     try:
+        if torch.device(device).type == "meta":  # it allocates, but holds shapes only: every feature would be garbage
+            raise RuntimeError("the meta device holds tensors' shapes, not their values")
         torch.empty(0, device=torch.device(device))
     except (RuntimeError, AssertionError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

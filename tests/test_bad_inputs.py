@@ -812,6 +812,13 @@ def test_a_device_name_torch_does_not_know_is_refused_before_any_work(good, tmp_
     assert not (tmp_path / "features").exists()
 
 
+def test_the_meta_device_which_computes_no_values_is_refused(good, tmp_path):
+    """``--device meta`` allocates without error, so it used to pass the device check."""
+    _, params = good
+    refused(cli("extract", "--params", params, "--device", "meta", "--quiet"), "device 'meta' is not usable here", "holds tensors' shapes")
+    assert not (tmp_path / "features").exists()
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this host has CUDA")
 def test_cuda_on_a_host_without_it_is_refused_naming_the_fix(good):
     _, params = good
