@@ -273,6 +273,7 @@ def train(
         load_train_config,
         train_variants,
     )
+    from pipeline.scorers import SCORERS
     from pipeline.training.loop import check_trainable
     from stages import train as stage
 
@@ -280,6 +281,7 @@ def train(
         variants = [variant] if variant else train_variants(params)
         if not variants:
             raise ValueError(f"{params} lists no train.variants; pass --variant")
+        SCORERS.check_known(variants, "--variant" if variant else f"{params}: train.variants")
         for name in variants:
             check_trainable(name)
         overrides = {"steps": steps, "seeds": seed, "device": device}
