@@ -140,8 +140,9 @@ def seeds_to_score(variant: str, cfg: ScoreConfig, store) -> list[Path]:
         raise ValueError(f"score.seed_variants lists {variant}, which is not trained per seed, so it has no per-seed scores; list variants `pipeline train` trains")
     how = f"pipeline train --variant {checkpoint_dir(variant, cfg.checkpoints).name}"
     raise ValueError(
-        f"score.seed_variants lists {variant}, but {checkpoint_dir(variant, cfg.checkpoints)} holds no per-seed "
-        f"checkpoints (seed<k>/model.safetensors); run `{how}`, or drop {variant} from score.seed_variants"
+        f"score.seed_variants lists {variant}, but {checkpoint_dir(variant, cfg.checkpoints)} holds no finished "
+        f"training's per-seed checkpoints (summary.json and seed<k>/model.safetensors); run `{how}`, or drop "
+        f"{variant} from score.seed_variants"
     )
 
 

@@ -186,3 +186,23 @@ def test_train_of_a_variant_it_does_not_train_names_what_does(tmp_path, variant,
     params = _params(tmp_path, {"train": {"variants": ["bindclip"]}})
     line = refused(cli("train", "--params", params, "--variant", variant), says)
     assert "section" not in line
+
+
+def test_a_retraining_that_stops_leaves_nothing_score_would_mix_with_the_last_one(tmp_path, tiny_store):
+    """A retraining killed after its first seed used to leave the last training's top-level
+    model (which `score` loads as the variant) and summary beside a rewritten seed0/: two runs
+    scored under one name, without a word."""
+    from pipeline.scorers.checkpoints import load_scorer, seed_checkpoints
+    from pipeline.training.loop import train_variant
+
+    train_variant(_cfg(tmp_path, seeds=[0, 1], steps=3), tiny_store, progress=False)
+    assert [p.name for p in seed_checkpoints("bindclip", tmp_path)] == ["seed0", "seed1"]
+    train_variant(_cfg(tmp_path, seeds=[0, 1], steps=4), tiny_store, progress=False, stop_after=2)  # killed in seed 0
+    root = tmp_path / "bindclip"
+    assert not any((root / f).exists() for f in ("model.safetensors", "config.json", "summary.json"))
+    assert seed_checkpoints("bindclip", tmp_path) == []
+    with pytest.raises(FileNotFoundError, match="is trained but .*model.safetensors does not exist; run `pipeline train --variant bindclip`"):
+        load_scorer("bindclip", tiny_store, tmp_path)
+    train_variant(_cfg(tmp_path, seeds=[0, 1], steps=4), tiny_store, progress=False)  # resumed to the end
+    assert (root / "model.safetensors").read_bytes() == (root / "seed0" / "model.safetensors").read_bytes()
+    assert [p.name for p in seed_checkpoints("bindclip", tmp_path)] == ["seed0", "seed1"]

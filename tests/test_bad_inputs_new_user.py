@@ -84,7 +84,7 @@ def test_a_misspelt_variant_in_a_score_list_names_the_params_file_and_key(tmp_pa
 
 
 @pytest.mark.parametrize("variant,named", [("clip", "not trained per seed"), ("ridge-fgw", "not trained per seed"),
-                                            ("bindclip", "holds no per-seed checkpoints .*run `pipeline train --variant bindclip`")])  # fmt: skip
+                                            ("bindclip", "holds no finished training.s per-seed checkpoints .*run `pipeline train --variant bindclip`")])  # fmt: skip
 def test_a_seed_variant_without_seeds_is_refused_not_skipped(tiny_store, tmp_path, monkeypatch, variant, named):
     """``score.seed_variants: [clip]`` used to add nothing to the seed spreads, in silence."""
     from stages import score as score_stage

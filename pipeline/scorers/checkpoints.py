@@ -166,11 +166,11 @@ def _check_fitted_on(record: dict, store: FeatureStore, ckpt: Path, variant: str
 def seed_checkpoints(variant: str, checkpoints: str | Path) -> list[Path]:
     """Per-seed checkpoint folders of a trained variant (``<dir>/seed<k>/``): the seeds its
     ``summary.json`` lists (the last training's), so a seed folder left by an earlier run
-    with more seeds is not read as this one's; every ``seed*`` folder without a summary."""
+    with more seeds is not read as this one's; none without a summary, which training writes
+    once every seed has finished (the folders of an unfinished training may mix two runs)."""
     root = checkpoint_dir(variant, checkpoints)
     summary = root / "summary.json"
-    if summary.is_file():
-        folders = [root / f"seed{k}" for k in json.loads(summary.read_text()).get("seeds", {})]
-    else:
-        folders = list(root.glob("seed*"))
+    if not summary.is_file():
+        return []
+    folders = [root / f"seed{k}" for k in json.loads(summary.read_text()).get("seeds", {})]
     return sorted(p for p in folders if (p / "model.safetensors").is_file())

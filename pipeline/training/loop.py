@@ -345,6 +345,12 @@ def train_variant(
 ) -> dict[str, Any]:
     """Train ``cfg.variant`` for every seed of ``cfg.seeds``; write the checkpoint layout.
 
+    The variant's own ``model.safetensors``, ``config.json`` and ``summary.json`` (the scored
+    seed's copy and the seeds' record) are removed before the first seed trains and written
+    after the last: a run that stops between leaves no top-level model for `pipeline score`
+    to load beside seed folders of another training, so scoring asks for the training to
+    finish instead of mixing two runs.
+
     Returns the summary written to ``<cfg.out>/<variant>/summary.json``.
     """
     _check(cfg)
@@ -356,6 +362,8 @@ def train_variant(
         train = to_device(trainer.load(store, train_sel, train=True), cfg.device)
         dev = to_device(trainer.load(store, dev_sel, train=False), cfg.device)
         root = Path(cfg.out) / cfg.variant
+        for name in ("model.safetensors", "config.json", "summary.json"):  # the last training's, no longer true
+            (root / name).unlink(missing_ok=True)
         records = []
         for seed in cfg.seeds:
             rec = train_seed(cfg, store, trainer, train, dev, seed, root / f"seed{seed}", progress, stop_after)
