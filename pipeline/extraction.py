@@ -97,9 +97,10 @@ def extract(
         A summary: rows encoded/reused per modality, seconds, store path.
     """
     torch.set_num_threads(cfg.threads)
-    sources = suite_sources(cfg)  # before the model loads: a wrong suite or path fails at once
+    sources = suite_sources(cfg)  # before the model loads: a wrong suite, path or store address fails at once
+    path = store_path(cfg)
     enc = encoder or load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
-    with store_lock(store_path(cfg), break_lock, cfg.storage_options):
+    with store_lock(path, break_lock, cfg.storage_options):
         root, plan = prepare(cfg, enc, repair, progress, sources)
         return encode_plan(enc, root, plan, cfg, progress, overlap)
 

@@ -18,6 +18,7 @@ from pipeline.cache import (
     store_path,
 )
 from pipeline.cache.location import StoreLocation
+from pipeline.cache.schema import CacheError
 from pipeline.config import ExtractConfig
 from pipeline.extraction import extract
 from tests.conftest import make_choice_manifest, make_images
@@ -97,3 +98,39 @@ def test_storage_options_reach_the_filesystem(suite, tmp_path):
     refused = dataclasses.replace(_cfg(suite, f"file://{tmp_path}/other/folder"), storage_options={"auto_mkdir": False})
     with pytest.raises(FileNotFoundError):  # the option reached fsspec's filesystem
         StoreLocation.of(store_path(refused), refused.storage_options).open("w")
+
+
+def test_a_local_url_is_a_file_url(suite, tiny_encoder, tmp_path):
+    """``local://`` (fsspec's other name for ``file://``) used to miss the folder-creating
+    option and the local lock: an extract there failed half-way and damaged the store."""
+    path = tmp_path / "features"
+    summary = extract(_cfg(suite, f"local://{path}"), progress=False, encoder=tiny_encoder)
+    assert str(summary["store"]).startswith("file://") and summary["images"]["encoded"] == 12
+    again = extract(_cfg(suite, str(path)), progress=False, encoder=tiny_encoder)  # the same store, as a path
+    assert again["images"]["encoded"] == 0
+    with store_lock(f"local://{path}/tiny-test.zarr"):
+        with pytest.raises(StoreLockedError, match="is being written by pid"), store_lock(path / "tiny-test.zarr"):
+            pass
+
+
+@pytest.mark.parametrize(
+    ("out", "says"),
+    [
+        ("file:cache/features", "reads as a file URL without its '//': write file://"),
+        ("fiel:///tmp/features", "fsspec knows no protocol 'fiel'"),
+        ("file:///tmp/a%20b/features", "file:// URLs are read without decoding %XX escapes"),
+    ],
+)
+def test_a_store_address_that_cannot_mean_what_it_says_is_refused_before_the_model_loads(suite, monkeypatch, tmp_path, out, says):
+    """A one-colon ``file:`` became a local folder named ``file:cache``, and ``%20`` a folder
+    named with it, both exit 0; an unknown protocol was named only after the model loaded."""
+    import pipeline.extraction
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(pipeline.extraction, "load_encoder", no_model)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CacheError, match=f"extract.out = .*{says}"):
+        extract(_cfg(suite, out), progress=False)
+    assert list(tmp_path.iterdir()) == []

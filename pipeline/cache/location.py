@@ -28,6 +28,39 @@ def is_url(path: str | Path) -> bool:
     return "://" in str(path)
 
 
+def check_address(address: str | Path, key: str = "extract.out") -> str | Path:
+    """``address`` (the value of ``key``) as the store code reads it, refused when it cannot
+    mean what it says, before any model is loaded or file written: a URL of a protocol fsspec
+    does not know, or whose package is not installed; a known protocol followed by one colon
+    and no ``//`` (``file:cache/features``, which would be a local folder of that name); a
+    ``file://`` URL with ``%XX`` escapes (fsspec reads them literally, another folder than the
+    decoded one). ``local://``, fsspec's other name for ``file://``, is returned as ``file://``,
+    so both spellings share one lock and one folder-creating filesystem."""
+    import re
+
+    import fsspec
+
+    text = str(address)
+    if not is_url(text):
+        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):(?!//)", text)
+        if scheme and scheme.group(1).lower() in fsspec.available_protocols():
+            raise CacheError(f"{key} = {text!r} reads as a {scheme.group(1)} URL without its '//': write {scheme.group(1)}://...")
+        return address
+    if text.startswith("local://"):
+        text = "file://" + text.removeprefix("local://")
+    for part in text.split("::"):  # a chained URL (simplecache::s3://...): every protocol in it
+        protocol = part.split("://")[0]
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except ValueError:
+            raise CacheError(f"{key} = {text!r}: fsspec knows no protocol {protocol!r} (e.g. file://, s3://, gs://)") from None
+        except ImportError as e:  # a protocol whose fsspec package is not installed: the user's to add
+            raise CacheError(f"{key} = {text!r}: {e}; install the remote-store extra: pip install -e '.[remote]'") from None
+    if text.startswith("file://") and re.search(r"%[0-9A-Fa-f]{2}", text):
+        raise CacheError(f"{key} = {text!r}: file:// URLs are read without decoding %XX escapes; write the folder's name as it is (spaces are fine)")
+    return text
+
+
 @dataclass(frozen=True)
 class StoreLocation:
     """A store's address and, for a URL, its fsspec storage options."""
@@ -37,6 +70,8 @@ class StoreLocation:
 
     @classmethod
     def of(cls, path: str | Path, storage_options: dict[str, Any] | None = None) -> StoreLocation:
+        """The location of ``path``, checked and normalised by :func:`check_address`."""
+        path = check_address(path, "store address")
         return cls(str(path) if is_url(path) else Path(path), dict(storage_options or {}))
 
     def __str__(self) -> str:
@@ -49,12 +84,7 @@ class StoreLocation:
     def _fs(self) -> tuple[Any, str]:
         import fsspec
 
-        try:
-            return fsspec.core.url_to_fs(str(self.path), **self._options())
-        except ImportError as e:  # a protocol whose fsspec package is not installed: the user's to add
-            raise CacheError(
-                f"{self.path}: {e}; install the remote-store extra: pip install -e '.[remote]'"
-            ) from None
+        return fsspec.core.url_to_fs(str(self.path), **self._options())
 
     def _options(self) -> dict[str, Any]:
         if str(self.path).startswith("file://"):
@@ -80,7 +110,6 @@ class StoreLocation:
         """The group at this location (``mode`` as :func:`zarr.open_group`'s)."""
         if not self.remote:
             return zarr.open_group(self.path, mode=mode, use_consolidated=False)
-        self._fs()  # a missing filesystem package is named with the extra that provides it
         return zarr.open_group(str(self.path), mode=mode, storage_options=self._options(), use_consolidated=False)
 
     def remove(self) -> None:
@@ -128,7 +157,8 @@ class StoreLocation:
 def local_path(path: str | Path) -> Path | None:
     """The local file-system path of ``path``: itself when it is a path, the path part of a
     ``file://`` URL (the same folder, so both spellings share one lock), None for any other
-    URL."""
+    URL (``local://`` is ``file://``: :func:`check_address`)."""
+    path = check_address(path, "store address")
     if not is_url(path):
         return Path(path)
     if str(path).startswith("file://"):

@@ -13,17 +13,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.cache.location import is_url
+from pipeline.cache.location import check_address, is_url
 from pipeline.cache.reader import FeatureStore
 from pipeline.cache.schema import ForeignCacheError
 from pipeline.config import ExtractConfig
 
 
 def store_path(cfg: ExtractConfig) -> Path | str:
-    """``<cfg.out>/<cfg.model>.zarr``: one store per encoder (a URL when ``cfg.out`` is one)."""
-    if is_url(cfg.out):
-        return f"{cfg.out.rstrip('/')}/{cfg.model}.zarr"
-    return Path(cfg.out) / f"{cfg.model}.zarr"
+    """``<cfg.out>/<cfg.model>.zarr``: one store per encoder (a URL when ``cfg.out`` is one),
+    ``cfg.out`` checked first (:func:`pipeline.cache.location.check_address`)."""
+    out = check_address(cfg.out, "extract.out")
+    if is_url(out):
+        return f"{str(out).rstrip('/')}/{cfg.model}.zarr"
+    return Path(out) / f"{cfg.model}.zarr"
 
 
 def expected_fingerprint(store: FeatureStore, extract: ExtractConfig) -> dict[str, Any]:
