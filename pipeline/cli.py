@@ -456,7 +456,8 @@ def probes_command(params: Params = None) -> None:
         store = open_store(load_config(ExtractConfig, params, "extract"))
         missing = [s for s in ("shapes-train", "shapes-aro", "shapes-sugarcrepe") if s not in store.suites()]
         if missing:
-            raise ValueError(f"the probes read the shapes world's {', '.join(missing)}, which {store.path} lacks; run `pipeline extract`")
+            how = " ".join(f"--suite {s}" for s in missing)
+            raise ValueError(f"the probes read the shapes world's {', '.join(missing)}, which {store.path} lacks; run `pipeline extract {how}`")
         result = probes(store)
         folder = load_config(ReportConfig, params, "report").out  # where the report reads probes.json
         write_bench("probes", f"pipeline probes --params {params}", result, folder=folder)

@@ -121,13 +121,16 @@ SHAPES_SUITES = (
 )
 
 
+MAX_WORLD_IMAGE_SIZE = 1024  # the world's renderer workers hold whole images: 16x the toy's input side
+
+
 @with_config(STRICT)
 @dataclass
 class WorldConfig:
     """The shapes world (``pipeline world``)."""
 
     seed: Seed = 0  # master seed; every scene is a pure function of (seed, index)
-    image_size: PositiveInt = 64  # rendered image side in pixels (toy CLIP input resolution)
+    image_size: Annotated[int, Field(ge=16, le=MAX_WORLD_IMAGE_SIZE)] = 64  # rendered image side in pixels (toy CLIP input resolution)
     out: str = "cache/world"  # output folder: images/ and manifests/
     n_whatsup: NonNegativeInt = 100  # object pairs; 4 images (left/right/above/below) each
     n_aro: NonNegativeInt = 200  # items per ARO-style category (relation, attribution, order)
@@ -147,10 +150,10 @@ class ToyClipConfig:
     seed: Seed = 0  # seeds init, the training-scene pool and the batch order
     model: str = "toy-vit"  # open_clip config shipped in pipeline/encoders/configs/
     out: str = "cache/toyclip"  # checkpoint folder (model.safetensors, config.json, log)
-    steps: NonNegativeInt = 1000  # optimisation steps (the first colourless_steps on the colourless pool)
+    steps: NonNegativeInt = 1000  # optimisation steps (the first colourless_steps on the colourless pool: all of them when steps is smaller)
     batch_size: BatchSize = 128  # contrastive batch (in-batch negatives only)
     lr: PositiveFinite = 2e-3  # AdamW peak learning rate (cosine decay to 0, linear warm-up)
-    warmup: NonNegativeInt = 100  # warm-up steps
+    warmup: NonNegativeInt = 100  # warm-up steps (a run shorter than its warm-up never reaches lr)
     weight_decay: NonNegativeFinite = 0.1  # AdamW weight decay (matrices only)
     pool_size: PositiveInt = 8000  # pre-rendered training scenes (train hash buckets only)
     colourless_steps: NonNegativeInt = 400  # first steps on the colourless pool (all objects white, shapes
@@ -161,6 +164,11 @@ class ToyClipConfig:
     log_every: PositiveInt = 10  # steps between train_log.json entries
     checkpoint_every: PositiveInt = 200  # steps between resume.pt checkpoints
     threads: Threads = 2  # torch intra-op threads (at most MAX_THREADS: four per core, at least 8)
+
+    def __post_init__(self) -> None:
+        """Refuse a batch larger than the scene pool it is drawn from."""
+        if self.batch_size > self.pool_size:
+            raise ValueError(f"batch_size {self.batch_size} exceeds pool_size {self.pool_size}: each batch draws distinct scenes from the pool")
 
 
 @with_config(STRICT)

@@ -99,6 +99,8 @@ def _probe(scheduler: str) -> None:
         host, port = parse_host_port(location)
     except ValueError as e:
         raise _refuse(scheduler, f"not an address ({e})") from None
+    if not 0 < port < 65536:
+        raise _refuse(scheduler, f"port {port} is outside 1-65535")
     try:
         socket.create_connection((host, port), timeout=5).close()
     except OSError as e:
@@ -152,7 +154,8 @@ def cluster(scheduler: str, quiet: bool = False) -> Iterator[Any]:
 
     if quiet:
         logging.getLogger("distributed").setLevel(logging.WARNING)
-    if not scheduler.strip():
+    scheduler = scheduler.strip()  # a pasted address's trailing space or newline
+    if not scheduler:
         raise _refuse(repr(scheduler), "empty")
     if scheduler.lower().startswith("local:") and not scheduler.startswith("local:"):
         raise _refuse(scheduler, "write local:N in lower case")

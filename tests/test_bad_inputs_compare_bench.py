@@ -83,7 +83,7 @@ def test_compare_toyclip_overrides_apply_over_the_toyclip_section():
     """A valid override replaces its keys only; the rest stays the ``toyclip`` section's."""
     from stages.compare import toy_settings
 
-    toy = toy_settings(CompareConfig(toyclip={"steps": 3, "lr": 1e-3}), ToyClipConfig(seed=7, pool_size=16))
+    toy = toy_settings(CompareConfig(toyclip={"steps": 3, "lr": 1e-3}), ToyClipConfig(seed=7, pool_size=16, batch_size=8))
     assert (toy.steps, toy.lr, toy.seed, toy.pool_size, toy.model) == (3, 1e-3, 7, 16, "toy-vit")
 
 

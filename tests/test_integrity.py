@@ -169,7 +169,7 @@ def test_flipped_byte_in_an_index_or_projection_is_named_with_its_fix(damaged, a
         (f"{SUITE}/image/zarr.json", f"{SUITE}/image ", "/suites/shapes-sugarcrepe and rerun `pipeline extract --suite"),
         (f"{SUITE}/zarr.json", f"{SUITE} ", "/suites/shapes-sugarcrepe and rerun `pipeline extract --suite"),
         ("params/text_projection/zarr.json", "params/text_projection ", "/params and rerun `pipeline extract`"),
-        ("text/done/zarr.json", "text/done ", "delete it and rerun `pipeline extract`"),
+        ("text/done/zarr.json", "text/done ", "which --repair cannot undo — delete the whole store (/"),
         ("zarr.json", "root metadata (zarr.json)", "delete the store and rerun `pipeline extract`"),
         ("image/zarr.json", "its image group (image/zarr.json)", "delete the store and rerun `pipeline extract`"),
         ("text/zarr.json", "its text group (text/zarr.json)", "delete the store and rerun `pipeline extract`"),

@@ -461,5 +461,5 @@ def check_shapes(root: zarr.Group, path: Any, counts: bool = True) -> None:
         problems = list(dict.fromkeys(problems))  # a lost dims key fails every array alike
         raise CorruptStoreError(
             f"{path} does not match its own dims/schema: {'; '.join(problems)}; its attributes or "
-            f"arrays were edited — delete it and rerun `pipeline extract`"
+            f"arrays were edited, which --repair cannot undo — delete the whole store ({path}) and rerun `pipeline extract`"
         )

@@ -101,6 +101,8 @@ def store_lock(store: str | Path, break_lock: bool = False, storage_options: dic
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir():
         raise StoreLockedError(f"{path} is a folder where the store's lock file belongs: remove that folder and rerun")
+    if path.is_symlink() and not path.exists():
+        raise StoreLockedError(f"{path}, the store's lock file, is a link to {os.readlink(path)}, which cannot be opened: remove the link and rerun")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
@@ -118,7 +120,10 @@ def store_lock(store: str | Path, break_lock: bool = False, storage_options: dic
                 f"cannot check; if that extract is gone, rerun with --break-lock"
             )
         if previous:
-            log.warning("%s: reclaiming the stale lock of %s (it is no longer running)", store, describe_holder(previous))
+            if previous.get("host") not in (None, here):
+                log.warning("%s: taking over the lock of %s, another host (--break-lock)", store, describe_holder(previous))
+            else:
+                log.warning("%s: reclaiming the stale lock of %s (no process holds it: that extract has ended)", store, describe_holder(previous))
         holder = _me()
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode(), 0)
@@ -203,4 +208,5 @@ def describe_holder(holder: dict[str, Any]) -> str:
         return "another process (its lock file names none yet)"
     if "unreadable" in holder:
         return f"an unknown process (its lock file {holder['unreadable']} holds no lock record)"
-    return f"pid {holder.get('pid')} on {holder.get('host')} since {holder.get('started')}"
+    since = f" since {holder['started']}" if holder.get("started") else ""
+    return f"pid {holder.get('pid')} on {holder.get('host')}{since}"

@@ -154,7 +154,8 @@ class FeatureStore:
             others = [] if loc.remote else sorted(p.name for p in Path(path).parent.glob("*.zarr") if p.is_dir())
             beside = (f"; its folder holds {', '.join(others)}: if one was extracted for this run, set this stage's "
                       f"encoder to its name (extract.model names the store)") if others else ""  # fmt: skip
-            raise CacheError(f"no feature store at {path}; run `pipeline extract` first{beside}")
+            where = "" if loc.remote or Path(path).is_absolute() else f" ({Path(path).absolute()}: relative paths in the params are read from the current folder)"
+            raise CacheError(f"no feature store at {path}{where}; run `pipeline extract` first{beside}")
         try:
             return cls(path, cls._checked_root(loc, path, expect))
         except CacheError:
@@ -187,8 +188,8 @@ class FeatureStore:
         if attrs.get("fingerprint_id") != fingerprint_id(have):
             raise CorruptStoreError(
                 f"{path}: its fingerprint_id {attrs.get('fingerprint_id')} is not the hash of its "
-                f"recorded fingerprint ({fingerprint_id(have)}): its attributes were edited; delete it "
-                f"and rerun `pipeline extract`"
+                f"recorded fingerprint ({fingerprint_id(have)}): its attributes were edited; delete the "
+                f"whole store ({path}) and rerun `pipeline extract`"
             )
         if expect is not None and fingerprint_id(have) != fingerprint_id(expect):
             raise ForeignCacheError(

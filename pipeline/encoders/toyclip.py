@@ -244,8 +244,6 @@ def train_toyclip(
         from pipeline.world import training_batch as batch_fn
     if colourless_batch_fn is None:
         from pipeline.world import colourless_training_batch as colourless_batch_fn
-    if cfg.batch_size > cfg.pool_size:
-        raise ValueError(f"batch_size {cfg.batch_size} exceeds pool_size {cfg.pool_size}")
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from pipeline.config import SHAPES_SUITES, WorldConfig
+from pipeline.config import MAX_WORLD_IMAGE_SIZE, SHAPES_SUITES, WorldConfig
 from pipeline.world.families import pair_item
 from pipeline.world.multi import multi_items
 from pipeline.world.render import mirror, render, save_png
@@ -90,8 +90,8 @@ def validate(cfg: WorldConfig) -> None:
         n = getattr(cfg, name)
         if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
             raise ValueError(f"world.{name} must be a positive integer (suite {suite}), got {n!r}")
-    if not isinstance(cfg.image_size, int) or cfg.image_size < 16:
-        raise ValueError(f"world.image_size must be an integer >= 16, got {cfg.image_size!r}")
+    if not isinstance(cfg.image_size, int) or not 16 <= cfg.image_size <= MAX_WORLD_IMAGE_SIZE:
+        raise ValueError(f"world.image_size must be an integer in [16, {MAX_WORLD_IMAGE_SIZE}], got {cfg.image_size!r}")
     if not isinstance(cfg.seed, int) or cfg.seed < 0:
         raise ValueError(f"world.seed must be a non-negative integer, got {cfg.seed!r}")
 
