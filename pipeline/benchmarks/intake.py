@@ -195,14 +195,14 @@ def read_json_object(path: Path, source: str | None = None) -> dict:
     return data
 
 
-def entry_list(record: dict, key: str, path: Path, allow_empty: bool = True) -> list:
+def entry_list(record: dict, key: str, path: Path) -> list:
     """``record[key]`` as a list of JSON objects (a COCO file's ``images`` or
-    ``annotations``), or a ValueError naming ``path``, the section and its first entry of
-    another shape; an empty list is refused unless ``allow_empty``."""
+    ``annotations``; it may be empty), or a ValueError naming ``path``, the section and its
+    first entry of another shape."""
     value = _value(record, key, path, "the file")
     if value is _ABSENT:
         raise field_error(record, key, value, path, "the file's object", "a JSON list of objects")
-    if isinstance(value, list) and not value and allow_empty:
+    if isinstance(value, list) and not value:
         return value
     return _check_entries(value, f"{path}: {key!r}", None, None)
 
