@@ -60,12 +60,13 @@ import pandas as pd
 from pipeline.benchmarks.base import SUITES, Suite, Units, bucket_split, choice_correct, hash_bucket
 from pipeline.benchmarks.intake import (
     bbox_field,
-    check_on_image,
     entry_list,
     id_index,
     number_field,
+    off_image,
     read_json_object,
     relative_image_path,
+    report_off_image,
     require_file,
     text_field,
 )
@@ -322,15 +323,15 @@ def build_families(root: Path, cfg: CocoFamiliesConfig | None = None) -> pd.Data
             a["bbox"] = bbox_field(a, "bbox", inst_path, f"annotation {a['id']}")
         anns.setdefault(a["image_id"], []).append(a)
 
-    rows, counts = [], dict.fromkeys(FAMILIES, 0)
+    rows, counts, left_out = [], dict.fromkeys(FAMILIES, 0), []
     for image_id in sorted(images):
         im = images[image_id]
         image = relative_image_path(f"{cfg.image_dir}/{im['file_name']}", f"image {image_id}")
         w, h = (number_field(im, k, inst_path, f"image {image_id}", positive=True) for k in ("width", "height"))
         inst_list = anns.get(image_id, [])
-        for a in inst_list:
-            if not a.get("iscrowd", 0):
-                check_on_image(a["bbox"], w, h, inst_path, f"image {image_id}, annotation {a['id']}")
+        off = [a for a in inst_list if not a.get("iscrowd", 0) and off_image(a["bbox"], w, h)]
+        left_out += [f"image {image_id}, annotation {a['id']}" for a in off]
+        inst_list = [a for a in inst_list if not any(a is b for b in off)]  # not in the picture: not present
         names = [cats[a["category_id"]]["name"] for a in inst_list]
         present = set(names)
         absent_by_super = {n: [m for m in supers[super_of[n]] if m not in present] for n in present}
@@ -392,6 +393,7 @@ def build_families(root: Path, cfg: CocoFamiliesConfig | None = None) -> pd.Data
                     **ground(it["captions"][0], boxes_of),
                 }
             )
+    report_off_image(inst_path, left_out, "left out: those objects count as absent from their images")
     if not rows:
         raise ValueError(f"no family item could be generated from {root}")
     return pd.DataFrame(rows)

@@ -17,9 +17,12 @@ TypeError; and image paths must stay under the image root (:func:`relative_image
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def require_file(root: Path, name: str, how_to_get: str) -> Path:
@@ -299,16 +302,23 @@ def bbox_field(record: Any, key: str, path: Path, where: str) -> list[float]:
     return [float(v) for v in bbox]
 
 
-def check_on_image(box: list[float], width: float, height: float, path: Path, where: str) -> None:
-    """Refuse a pixel box ``[x, y, w, h]`` that lies wholly outside its ``width`` x ``height``
+def off_image(box: list[float] | tuple[float, ...], width: float, height: float) -> bool:
+    """Whether a pixel box ``[x, y, w, h]`` lies wholly outside its ``width`` x ``height``
     image: clipped to the image it would be a box of no area on the image's edge, an object
-    that is not in the picture."""
+    that is not in the picture. The loaders leave such objects out and say how many (an
+    official file cannot be fixed by its user)."""
     x, y, w, h = box
-    if x >= width or y >= height or x + w <= 0 or y + h <= 0:
-        raise ValueError(
-            f"{path}: {where}: box [x {x:g}, y {y:g}, w {w:g}, h {h:g}] lies wholly outside its "
-            f"{width:g}x{height:g} image; expected a box that overlaps the image; {OFFICIAL}"
-        )
+    return x >= width or y >= height or x + w <= 0 or y + h <= 0
+
+
+def report_off_image(path: Path, left_out: list[str], what: str) -> None:
+    """One warning for the objects of ``path`` that :func:`off_image` left out (``left_out``:
+    where each was, e.g. ``image 1, annotation 5``), and what leaving them out meant."""
+    if left_out:
+        log.warning(
+            "%s: %d object box(es) lie wholly outside their images and are %s (first: %s)",
+            path, len(left_out), what, "; ".join(left_out[:3]),
+        )  # fmt: skip
 
 
 def relative_image_path(path: str, item: str) -> str:

@@ -50,15 +50,16 @@ from pipeline.benchmarks.base import SUITES, Suite
 from pipeline.benchmarks.intake import (
     OFFICIAL,
     bbox_field,
-    check_on_image,
     entry_list,
     field_error,
     id_index,
     integer_field,
     number_field,
+    off_image,
     read_json_list,
     read_json_object,
     relative_image_path,
+    report_off_image,
     require_file,
     shown,
     string_list_field,
@@ -149,13 +150,14 @@ def build_coco_objects(root: Path, cfg: CocoObjectsConfig | None = None) -> pd.D
             anns.setdefault(a["image_id"], []).append(a)
 
     ids = sorted(i for i in images if i in first_caption)
-    rows = []
+    rows, left_out = [], []
     for image_id in ids[: cfg.limit]:
         im, item = images[image_id], str(image_id)
         width, height = _image_size(im, inst_path, f"image {image_id}")
-        for a in anns.get(image_id, []):
-            check_on_image(a["bbox"], width, height, inst_path, f"image {image_id}, annotation {a['id']}")
-        objs = sorted(anns.get(image_id, []), key=lambda a: (-a["bbox"][2] * a["bbox"][3], a["id"]))
+        own = anns.get(image_id, [])
+        left_out += [f"image {image_id}, annotation {a['id']}" for a in own if off_image(a["bbox"], width, height)]
+        on = [a for a in own if not off_image(a["bbox"], width, height)]
+        objs = sorted(on, key=lambda a: (-a["bbox"][2] * a["bbox"][3], a["id"]))
         objs = objs[: cfg.max_objects]
         unknown = sorted({a["category_id"] for a in objs} - set(cats))
         if unknown:
@@ -179,6 +181,7 @@ def build_coco_objects(root: Path, cfg: CocoObjectsConfig | None = None) -> pd.D
         )
     if not rows:
         raise ValueError(f"no captioned image in {inst_path} / {cap_path}")
+    report_off_image(inst_path, left_out, "left out of their images' object lists")
     return pd.DataFrame(rows)
 
 
@@ -238,14 +241,12 @@ def _vg_object(obj: Any, path: Path, where: str) -> _VgObject:
     return _VgObject(oid, " ".join(names[0].lower().split()), obj, path, where)
 
 
-def _vg_box(obj: _VgObject, width: float, height: float) -> tuple[float, float, float, float]:
-    """The object's pixel ``(x, y, w, h)``: numbers, ``w, h >= 0``, overlapping its
-    ``width`` x ``height`` image; otherwise a ValueError naming the file, the image and the
-    object."""
+def _vg_box(obj: _VgObject) -> tuple[float, float, float, float]:
+    """The object's pixel ``(x, y, w, h)``: numbers with ``w, h >= 0``; otherwise a
+    ValueError naming the file, the image and the object."""
     d, path, where = obj.entry, obj.path, obj.where
     box = [number_field(d, k, path, where) for k in ("x", "y")]
     box += [number_field(d, k, path, where, minimum=0) for k in ("w", "h")]
-    check_on_image(box, width, height, path, where)
     return tuple(box)
 
 
@@ -322,7 +323,7 @@ def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataF
                     clean = (" ".join(str(a).lower().split()) for a in o.get("attributes") or [])
                     attrs[(i, o["object_id"])] = list(dict.fromkeys(a for a in clean if a))
 
-    rows = []
+    rows, left_out, unseen = [], [], []
     for image_id, query in queries.items():
         item = str(image_id)
         width, height = sizes[image_id]
@@ -333,7 +334,14 @@ def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataF
                 objs.setdefault(x.oid, x)  # a query object missing from objects.json
                 if x.oid not in ids:
                     ids.append(x.oid)
-        boxes = {oid: _vg_box(obj, width, height) for oid, obj in objs.items()}
+        boxes = {oid: _vg_box(obj) for oid, obj in objs.items()}
+        off = [oid for oid, box in boxes.items() if off_image(box, width, height)]
+        if any(oid in ids for oid in off):  # the query names an object that is not in the picture
+            unseen.append(f"image {image_id}, object {next(oid for oid in off if oid in ids)}")
+            continue
+        left_out += [f"image {image_id}, object {oid}" for oid in off]
+        for oid in off:
+            del objs[oid], boxes[oid]
 
         def area(oid: int, boxes=boxes) -> tuple[float, int]:
             _, _, w, h = boxes[oid]
@@ -365,6 +373,10 @@ def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataF
                 "coco_id": None if coco_id is None else int(coco_id),
             }
         )
+    report_off_image(obj_path, unseen, "named by their images' queries: those images are left out")
+    report_off_image(obj_path, left_out, "left out of their images' object lists")
+    if not rows:
+        raise ValueError(f"no image of {rel_path} is left: every query names an object outside its image")
     df = pd.DataFrame(rows)
     df["coco_id"] = df["coco_id"].astype("Int64")
     return df
