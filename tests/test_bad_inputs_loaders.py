@@ -253,3 +253,18 @@ def test_a_bad_coco_instances_or_captions_file_is_refused_naming_the_entry(tmp_p
     path, result = coco(tmp_path, name, edit)
     refused(result, str(path), says)
     assert not (tmp_path / "co.parquet").exists()
+
+
+def test_a_coco_families_object_wholly_outside_its_image_counts_as_absent(tmp_path, caplog):
+    """An off-image car was placed by its unclipped box: "a dog to the left of a car" about a
+    car the picture does not show."""
+    from pipeline.benchmarks import SUITES
+    from tests.test_benchmarks_coco_families import _coco as _families
+
+    _families(tmp_path)
+    path = tmp_path / "annotations" / "instances_train2017.json"
+    edit_json(path, lambda d: d["annotations"][1].update(bbox=[500, 20, 30, 30]))  # image 1's car
+    m = SUITES.get("coco-families").build_manifest(tmp_path).set_index("item_id")
+    assert "relative-geometry/1" not in m.index and "role-swap/1" not in m.index  # each needs the car
+    assert "vertical/2" in m.index and "depth/3" in m.index  # the other images' items are kept
+    assert f"{path}: 1 object box(es) lie wholly outside their images and are left out: those objects count as absent" in caplog.text
