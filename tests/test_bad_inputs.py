@@ -415,7 +415,7 @@ def test_official_file_with_invalid_utf8(tmp_path):
 
 def test_official_file_with_a_null_caption(tmp_path):
     path = official(tmp_path / "sc", f'{{"0": {entry()}, "1": {entry(caption=None)}}}')
-    refused(manifest_cmd(tmp_path), str(path), "item swap-att/1", "'caption' is None", "expected a non-empty string")
+    refused(manifest_cmd(tmp_path), str(path), "item swap-att/1", "'caption' is null", "expected a non-empty string")
 
 
 def test_official_file_without_negative_caption(tmp_path):

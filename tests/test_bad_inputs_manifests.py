@@ -198,7 +198,7 @@ def test_a_field_missing_from_an_aro_file_names_the_file_and_the_field(tmp_path)
     path = tmp_path / "aro" / "visual_genome_relation.json"
     good = {"image_path": "1.jpg", "bbox_x": 0, "bbox_y": 0, "bbox_w": 5, "bbox_h": 5, "true_caption": "a on b", "false_caption": "b on a", "relation_name": "on"}
     path.write_text(json.dumps([good, {k: v for k, v in good.items() if k != "true_caption"}]))
-    refused(cli("manifest", "--suite", "aro-relation", "--root", tmp_path / "aro", "--out", tmp_path / "r.parquet"), str(path), "no 'true_caption' field", "official file")
+    refused(cli("manifest", "--suite", "aro-relation", "--root", tmp_path / "aro", "--out", tmp_path / "r.parquet"), str(path), "entry 1: 'true_caption' is missing", "official file")
 
 
 def test_an_image_share_that_keeps_no_item_is_refused(tmp_path):

@@ -195,7 +195,7 @@ def _edit_coco(tmp_path, name: str, edit) -> None:
 
 
 @pytest.mark.parametrize(("name", "edit", "message"), [
-    ("captions", lambda d: d["annotations"][0].update(caption=None), r"captions_val2017\.json: item caption 12: 'caption' is None; expected a non-empty string"),
+    ("captions", lambda d: d["annotations"][0].update(caption=None), r"captions_val2017\.json: caption 12: 'caption' is null; expected a non-empty string"),
     ("captions", lambda d: d["annotations"].append(dict(d["annotations"][0])), r"captions_val2017\.json: annotations: id 12 appears twice"),
     ("instances", lambda d: d["images"].append({**d["images"][0], "file_name": "dup.jpg"}), r"instances_val2017\.json: images: id 3 appears twice"),
     ("instances", lambda d: d["annotations"][0].update(bbox=[20, 10, 60]), r"instances_val2017\.json: annotation 100: bbox \[20, 10, 60\] is not \[x, y, width, height\]"),

@@ -81,7 +81,14 @@ from pipeline.benchmarks.base import (
     choice_correct,
     hash_bucket,
 )
-from pipeline.benchmarks.intake import read_json_list, relative_image_path, require_file
+from pipeline.benchmarks.intake import (
+    number_field,
+    read_json_list,
+    relative_image_path,
+    require_file,
+    string_list_field,
+    text_field,
+)
 
 VG_SOURCE = "download it with gdown as in dataset_zoo/aro_datasets.py of github.com/mertyg/vision-language-models-are-bows"
 BLIP_SOURCE = "download it from storage.googleapis.com/sfr-vision-language-research/datasets/ (BLIP annotations)"
@@ -103,19 +110,19 @@ def excluded_relations() -> frozenset[str]:
 # ---------------------------------------------------------------------------- VG loaders
 
 
-def _read_json_list(path: Path) -> list:
-    """The file's JSON list of objects (each a dict naming ``path`` on a missing field)."""
-    return read_json_list(path)
-
-
-def _vg_row(d: dict, item: str, category: str) -> dict:
-    x, y, w, h = (float(d[k]) for k in ("bbox_x", "bbox_y", "bbox_w", "bbox_h"))
-    image = relative_image_path(d["image_path"], item)
+def _vg_row(d: dict, i: int, path: Path, category: str) -> dict:
+    """One VG-Relation / VG-Attribution entry ``i`` of ``path`` -> its manifest row, every
+    field checked against the official format (a ``null`` or text box coordinate, a negative
+    box size, a caption that is not a string) with the file, the entry and the field named."""
+    where, item = f"entry {i}", f"{category}/{i}"
+    x, y = (number_field(d, k, path, where) for k in ("bbox_x", "bbox_y"))
+    w, h = (number_field(d, k, path, where, minimum=0) for k in ("bbox_w", "bbox_h"))
+    image = relative_image_path(text_field(d, "image_path", path, where), item)
     return {
         "item_id": item,
         "image": image,
         "crop_box": [x, y, x + w, y + h],
-        "captions": [d["false_caption"], d["true_caption"]],
+        "captions": [text_field(d, k, path, where) for k in ("false_caption", "true_caption")],
         "correct": 1,
         "category": category,
         "split": bucket_split(hash_bucket(image)),
@@ -123,24 +130,26 @@ def _vg_row(d: dict, item: str, category: str) -> dict:
 
 
 def build_relation(root: Path) -> pd.DataFrame:
-    """VG-Relation manifest from ``root/visual_genome_relation.json``."""
-    data = _read_json_list(require_file(root, "visual_genome_relation.json", VG_SOURCE))
+    """VG-Relation manifest from ``root/visual_genome_relation.json``; ``relation_name`` must
+    be a non-empty string (it is the macro's group key)."""
+    path = require_file(root, "visual_genome_relation.json", VG_SOURCE)
     rows = [
-        {**_vg_row(d, f"relation/{i}", "relation"), "relation_name": d["relation_name"]}
-        for i, d in enumerate(data)
+        {**_vg_row(d, i, path, "relation"), "relation_name": text_field(d, "relation_name", path, f"entry {i}")}
+        for i, d in enumerate(read_json_list(path, source=VG_SOURCE))
     ]
     return pd.DataFrame(rows)
 
 
 def build_attribution(root: Path) -> pd.DataFrame:
-    """VG-Attribution manifest from ``root/visual_genome_attribution.json``."""
-    data = _read_json_list(require_file(root, "visual_genome_attribution.json", VG_SOURCE))
+    """VG-Attribution manifest from ``root/visual_genome_attribution.json``; ``attributes``
+    must be the official list of two non-empty strings, joined into the macro's group key."""
+    path = require_file(root, "visual_genome_attribution.json", VG_SOURCE)
     rows = [
         {
-            **_vg_row(d, f"attribution/{i}", "attribution"),
-            "attr_pair": f"{d['attributes'][0]}_{d['attributes'][1]}",
+            **_vg_row(d, i, path, "attribution"),
+            "attr_pair": "_".join(string_list_field(d, "attributes", path, f"entry {i}", length=2)),
         }
-        for i, d in enumerate(data)
+        for i, d in enumerate(read_json_list(path, source=VG_SOURCE))
     ]
     return pd.DataFrame(rows)
 
@@ -352,18 +361,24 @@ def build_order(
     path: Path, tagger: str | OrderTagger = "auto", seed: int = 1, max_words: int = 30
 ) -> pd.DataFrame:
     """Order manifest from a BLIP annotation file: one row per (image, caption), 5 options."""
-    data = _read_json_list(path)
+    data = read_json_list(path, source=BLIP_SOURCE)
     tg = resolve_tagger(tagger)
     shuffler = TextShuffler(tg, seed)
     rows = []
     for i, ann in enumerate(data):
-        captions = [ann["caption"]] if isinstance(ann["caption"], str) else ann["caption"]
+        where = f"entry {i}"
+        captions = (
+            [text_field(ann, "caption", path, where)]
+            if isinstance(ann.get("caption"), str)
+            else string_list_field(ann, "caption", path, where)
+        )
+        image = text_field(ann, "image", path, where)
         for j, caption in enumerate(captions):
             item = f"order/{i}/{j}"
             rows.append(
                 {
                     "item_id": item,
-                    "image": relative_image_path(ann["image"], item),
+                    "image": relative_image_path(image, item),
                     "captions": shuffler.options(caption, max_words),
                     "correct": 0,
                     "category": "order",

@@ -58,7 +58,18 @@ import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks.base import SUITES, Suite, Units, bucket_split, choice_correct, hash_bucket
-from pipeline.benchmarks.intake import id_index, read_json, relative_image_path, require_file
+from pipeline.benchmarks.intake import (
+    bbox_field,
+    entry_list,
+    id_index,
+    number_field,
+    off_image,
+    read_json_object,
+    relative_image_path,
+    report_off_image,
+    require_file,
+    text_field,
+)
 
 FAMILIES = (
     "entity",
@@ -291,28 +302,36 @@ def _geometric_items(
 def build_families(root: Path, cfg: CocoFamiliesConfig | None = None) -> pd.DataFrame:
     """The family manifest from the COCO captions + instances files under ``root``."""
     cfg = cfg or CocoFamiliesConfig()
-    cap_data = read_json(require_file(root, cfg.captions, COCO_SOURCE))
-    inst = read_json(require_file(root, cfg.instances, COCO_SOURCE))
-    cats = id_index(((c["id"], c) for c in inst["categories"]), f"{cfg.instances} under {root}: categories")
+    cap_path = require_file(root, cfg.captions, COCO_SOURCE)
+    inst_path = require_file(root, cfg.instances, COCO_SOURCE)
+    cap_data = read_json_object(cap_path, COCO_SOURCE)
+    inst = read_json_object(inst_path, COCO_SOURCE)
+    cats = id_index(((c["id"], c) for c in entry_list(inst, "categories", inst_path)), f"{inst_path}: categories")
     super_of = {c["name"]: c["supercategory"] for c in cats.values()}
     supers: dict[str, list[str]] = {}
     for c in cats.values():
         supers.setdefault(c["supercategory"], []).append(c["name"])
-    images = {im["id"]: im for im in inst["images"]}
-    images.update({im["id"]: im for im in cap_data.get("images", []) if im["id"] not in images})
+    images = {im["id"]: im for im in entry_list(inst, "images", inst_path)}
+    if "images" in cap_data:
+        images.update({im["id"]: im for im in entry_list(cap_data, "images", cap_path) if im["id"] not in images})
     caps: dict[int, list[tuple[int, str]]] = {}
-    for a in cap_data["annotations"]:
-        caps.setdefault(a["image_id"], []).append((a["id"], a["caption"].strip()))
+    for a in entry_list(cap_data, "annotations", cap_path):
+        caps.setdefault(a["image_id"], []).append((a["id"], text_field(a, "caption", cap_path, f"caption {a['id']}").strip()))
     anns: dict[int, list[dict]] = {}
-    for a in inst["annotations"]:
+    for a in entry_list(inst, "annotations", inst_path):
+        if not a.get("iscrowd", 0):  # a crowd's box is not used
+            a["bbox"] = bbox_field(a, "bbox", inst_path, f"annotation {a['id']}")
         anns.setdefault(a["image_id"], []).append(a)
 
-    rows, counts = [], dict.fromkeys(FAMILIES, 0)
+    rows, counts, left_out = [], dict.fromkeys(FAMILIES, 0), []
     for image_id in sorted(images):
         im = images[image_id]
         image = relative_image_path(f"{cfg.image_dir}/{im['file_name']}", f"image {image_id}")
-        w, h = float(im["width"]), float(im["height"])
+        w, h = (number_field(im, k, inst_path, f"image {image_id}", positive=True) for k in ("width", "height"))
         inst_list = anns.get(image_id, [])
+        off = [a for a in inst_list if not a.get("iscrowd", 0) and off_image(a["bbox"], w, h)]
+        left_out += [f"image {image_id}, annotation {a['id']}" for a in off]
+        inst_list = [a for a in inst_list if not any(a is b for b in off)]  # not in the picture: not present
         names = [cats[a["category_id"]]["name"] for a in inst_list]
         present = set(names)
         absent_by_super = {n: [m for m in supers[super_of[n]] if m not in present] for n in present}
@@ -374,6 +393,7 @@ def build_families(root: Path, cfg: CocoFamiliesConfig | None = None) -> pd.Data
                     **ground(it["captions"][0], boxes_of),
                 }
             )
+    report_off_image(inst_path, left_out, "left out: those objects count as absent from their images")
     if not rows:
         raise ValueError(f"no family item could be generated from {root}")
     return pd.DataFrame(rows)

@@ -3,17 +3,26 @@
 The loaders of :mod:`pipeline.benchmarks` read their inputs through these helpers: a file that
 is absent names where to get it (:func:`require_file`); JSON is read with duplicate-key,
 UTF-8 and syntax errors raised as one ValueError naming the file and the place
-(:func:`read_json`, :func:`read_json_list`); an entry's missing field or an undefined id names
-the file and the field (:class:`MissingFieldError`, :class:`IdIndex`); captions must be
-non-empty strings (:func:`text_field`); and image paths must stay under the image root
-(:func:`relative_image_path`).
+(:func:`read_json`); a file or section that must hold a list of entries, or one object, is
+refused as one line when it holds something else or no entry (:func:`read_json_list`,
+:func:`read_json_object`, :func:`entry_list`); an entry's missing field or an undefined id
+names the file and the field (:class:`MissingFieldError`, :class:`IdIndex`); a field's value
+is checked against the type the official format gives it, naming the file, the entry, the
+field, the value found and the one expected (:func:`text_field`, :func:`number_field`,
+:func:`integer_field`, :func:`string_list_field`, :func:`bbox_field`), so that a string where
+a list belongs is not read character by character and a ``null`` number is not a bare
+TypeError; and image paths must stay under the image root (:func:`relative_image_path`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def require_file(root: Path, name: str, how_to_get: str) -> Path:
@@ -32,6 +41,11 @@ class MissingFieldError(KeyError, ValueError):
         return str(self.args[0])
 
 
+def _fields_of(record: dict) -> str:
+    """The first keys of ``record``, for naming what an entry has instead of a missing field."""
+    return ", ".join(map(repr, list(record)[:8])) + (" ..." if len(record) > 8 else "") or "none"
+
+
 class _Entry(dict):
     """One JSON object of an official file: a missing key raises :class:`MissingFieldError`
     naming the file, the key and the keys the object has."""
@@ -39,7 +53,7 @@ class _Entry(dict):
     __slots__ = ("_path",)
 
     def __missing__(self, key: Any) -> Any:
-        have = ", ".join(map(repr, list(self)[:8])) + (" ..." if len(self) > 8 else "") or "none"
+        have = _fields_of(self)
         raise MissingFieldError(
             f"{self._path}: an entry has no {key!r} field (its fields: {have}); the file is not "
             f"in the official format, replace it with the official file"
@@ -111,19 +125,37 @@ def read_json(path: Path) -> Any:
         raise ValueError(f"{path}: unreadable JSON ({e}); this is not an official annotation file") from None
 
 
-def read_json_list(path: Path, length: int | None = None) -> list:
-    """An official file holding a JSON list of entries: objects, or lists of at least
-    ``length`` values when ``length`` is given (What'sUp's ``[image_id, correct, wrong]``;
-    the official loader reads the first three, so a longer entry is accepted).
+OFFICIAL = "replace it with the official file"
 
-    Raises:
-        ValueError: naming ``path`` and the first entry (by index) that has another shape,
-            which would otherwise fail inside a loader with a bare TypeError or unpacking
-            error.
-    """
-    data = read_json(path)
+
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words (``an object``, ``a list``, ``a string``,
+    ``a number``, ``a boolean``, ``null``), for messages that must not name Python classes."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    for kind, name in ((dict, "an object"), (list, "a list"), (str, "a string"), ((int, float), "a number")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``value`` as JSON text (``null``, ``"abc"``, ``[1, 2]``), cut to ``limit`` characters."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_entries(data: Any, where: str, length: int | None, source: str | None) -> list:
+    """``data`` if it is a non-empty list of JSON objects (of lists of at least ``length``
+    values when ``length`` is given), else a ValueError naming ``where`` and the first
+    entry (by index) of another shape."""
+    fix = f"{OFFICIAL}: {source}" if source else OFFICIAL
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list, got a JSON {type(data).__name__}")
+        raise ValueError(f"{where}: expected a JSON list of entries, got {json_kind(data)}; {fix}")
+    if not data:
+        raise ValueError(f"{where}: holds no entry (an empty JSON list); {fix}")
     if length is None:
         wrong = [i for i, d in enumerate(data) if not isinstance(d, dict)]
         shape = "a JSON object"
@@ -132,20 +164,161 @@ def read_json_list(path: Path, length: int | None = None) -> list:
         shape = f"a list of {length} values"
     if wrong:
         raise ValueError(
-            f"{path}: entry {wrong[0]} is {json.dumps(data[wrong[0]])[:80]}, not {shape} "
-            f"({len(wrong)} entry(ies) in all); replace it with the official file"
+            f"{where}: entry {wrong[0]} is {shown(data[wrong[0]])}, not {shape} "
+            f"({len(wrong)} entry(ies) in all); {fix}"
         )
     return data
 
 
-def text_field(record: Any, key: str, path: Path, item: str) -> str:
-    """``record[key]`` as a non-empty string, or a ValueError naming the file, the item and
-    the key (a missing key, ``null`` or an empty caption)."""
-    value = record.get(key) if isinstance(record, dict) else None
+def read_json_list(path: Path, length: int | None = None, source: str | None = None) -> list:
+    """An official file holding a JSON list of entries: objects, or lists of at least
+    ``length`` values when ``length`` is given (What'sUp's ``[image_id, correct, wrong]``;
+    the official loader reads the first three, so a longer entry is accepted).
+
+    Raises:
+        ValueError: naming ``path`` (and ``source``, where the official file comes from)
+            when the file is not a JSON list, is an empty one (the manifest would have no
+            item and fail later naming its output) or has an entry of another shape, named
+            by index, which would otherwise fail inside a loader with a bare TypeError.
+    """
+    return _check_entries(read_json(path), str(path), length, source)
+
+
+def read_json_object(path: Path, source: str | None = None) -> dict:
+    """An official file holding one JSON object (COCO's ``{"images", "annotations", ...}``).
+
+    Raises:
+        ValueError: naming ``path`` when it holds anything else (a list around the object
+            would fail in the loader as a bare TypeError).
+    """
+    data = read_json(path)
+    if not isinstance(data, dict):
+        fix = f"{OFFICIAL}: {source}" if source else OFFICIAL
+        raise ValueError(f"{path}: expected a JSON object, got {json_kind(data)}; {fix}")
+    return data
+
+
+def entry_list(record: dict, key: str, path: Path) -> list:
+    """``record[key]`` as a list of JSON objects (a COCO file's ``images`` or
+    ``annotations``; it may be empty), or a ValueError naming ``path``, the section and its
+    first entry of another shape."""
+    value = _value(record, key, path, "the file")
+    if value is _ABSENT:
+        raise field_error(record, key, value, path, "the file's object", "a JSON list of objects")
+    if isinstance(value, list) and not value:
+        return value
+    return _check_entries(value, f"{path}: {key!r}", None, None)
+
+
+_ABSENT = object()
+
+
+def _value(record: Any, key: str, path: Path, where: str) -> Any:
+    """``record[key]``, or :data:`_ABSENT` when ``record`` is an object without ``key``;
+    a ValueError when ``record`` is not an object at all."""
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: {where} is {shown(record)}, not a JSON object; {OFFICIAL}")
+    return record.get(key, _ABSENT)
+
+
+def field_error(record: dict, key: str, value: Any, path: Path, where: str, expected: str) -> ValueError:
+    """The one-line error of a field whose value is not what the official format holds:
+    ``<file>: <entry>: '<field>' is <value found>; expected <what>; replace it ...``. A
+    missing field is named with the fields the entry has (a misspelt key shows there)."""
+    got = f"missing (its fields: {_fields_of(record)})" if value is _ABSENT else shown(value)
+    return ValueError(f"{path}: {where}: {key!r} is {got}; expected {expected}; {OFFICIAL}")
+
+
+def text_field(record: Any, key: str, path: Path, where: str) -> str:
+    """``record[key]`` as a non-empty string, or a ValueError naming the file, the entry
+    ``where`` (``item swap-att/3``, ``entry 3``) and the key: a missing key, ``null``, a
+    number or an empty caption."""
+    value = _value(record, key, path, where)
     if not isinstance(value, str) or not value.strip():
-        got = "missing" if not isinstance(record, dict) or key not in record else repr(value)
-        raise ValueError(f"{path}: item {item}: {key!r} is {got}; expected a non-empty string")
+        raise field_error(record, key, value, path, where, "a non-empty string")
     return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def number_field(record: Any, key: str, path: Path, where: str, minimum: float | None = None, positive: bool = False) -> float:
+    """``record[key]`` as a float: a finite JSON number (not a string of digits, a boolean or
+    ``null``), at least ``minimum`` when given and above 0 when ``positive``; otherwise a
+    ValueError naming the file, the entry ``where`` and the key."""
+    value = _value(record, key, path, where)
+    ok = _is_number(value) and (minimum is None or value >= minimum) and (not positive or value > 0)
+    if not ok:
+        bound = " > 0" if positive else f" >= {minimum:g}" if minimum is not None else ""
+        raise field_error(record, key, value, path, where, f"a number{bound}")
+    return float(value)
+
+
+def integer_field(record: Any, key: str, path: Path, where: str) -> int:
+    """``record[key]`` as an int (an id): a JSON integer, else a ValueError naming the file,
+    the entry ``where`` and the key."""
+    value = _value(record, key, path, where)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise field_error(record, key, value, path, where, "an integer id")
+    return value
+
+
+def string_list_field(
+    record: Any,
+    key: str,
+    path: Path,
+    where: str,
+    length: int | None = None,
+    blank_ok: bool = False,
+) -> list[str]:
+    """``record[key]`` as a list of strings, of exactly ``length`` when given, each
+    non-empty unless ``blank_ok``.
+
+    Raises:
+        ValueError: naming the file, the entry ``where`` and the key. A string there is
+            refused, not taken as the list of its characters (``"white"`` would be read as
+            ``["w", "h", ...]`` by indexing).
+    """
+    value = _value(record, key, path, where)
+    ok = isinstance(value, list) and all(isinstance(v, str) and (blank_ok or v.strip()) for v in value)
+    if not ok or (length is not None and len(value) != length):
+        kind = "strings" if blank_ok else "non-empty strings"
+        raise field_error(record, key, value, path, where, f"a list of {f'{length} ' if length else ''}{kind}")
+    return value
+
+
+def bbox_field(record: Any, key: str, path: Path, where: str) -> list[float]:
+    """``record[key]`` as a pixel box ``[x, y, width, height]`` of four finite numbers with
+    ``width, height >= 0`` (COCO's ``bbox``), or a ValueError naming the file, the entry
+    ``where`` and the box."""
+    bbox = _value(record, key, path, where)
+    ok = isinstance(bbox, list) and len(bbox) == 4 and all(_is_number(v) for v in bbox)
+    if not ok or bbox[2] < 0 or bbox[3] < 0:
+        shown_box = "missing" if bbox is _ABSENT else shown(bbox)
+        raise ValueError(
+            f"{path}: {where}: {key} {shown_box} is not [x, y, width, height] with width, height >= 0; {OFFICIAL}"
+        )
+    return [float(v) for v in bbox]
+
+
+def off_image(box: list[float] | tuple[float, ...], width: float, height: float) -> bool:
+    """Whether a pixel box ``[x, y, w, h]`` lies wholly outside its ``width`` x ``height``
+    image: clipped to the image it would be a box of no area on the image's edge, an object
+    that is not in the picture. The loaders leave such objects out and say how many (an
+    official file cannot be fixed by its user)."""
+    x, y, w, h = box
+    return x >= width or y >= height or x + w <= 0 or y + h <= 0
+
+
+def report_off_image(path: Path, left_out: list[str], what: str) -> None:
+    """One warning for the objects of ``path`` that :func:`off_image` left out (``left_out``:
+    where each was, e.g. ``image 1, annotation 5``), and what leaving them out meant."""
+    if left_out:
+        log.warning(
+            "%s: %d object box(es) lie wholly outside their images and are %s (first: %s)",
+            path, len(left_out), what, "; ".join(left_out[:3]),
+        )  # fmt: skip
 
 
 def relative_image_path(path: str, item: str) -> str:

@@ -39,7 +39,6 @@ Object lists (both) are sorted by box area, largest first, ties by annotation/ob
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -49,10 +48,21 @@ import pandas as pd
 
 from pipeline.benchmarks.base import SUITES, Suite
 from pipeline.benchmarks.intake import (
+    OFFICIAL,
+    bbox_field,
+    entry_list,
+    field_error,
     id_index,
-    read_json,
+    integer_field,
+    number_field,
+    off_image,
+    read_json_list,
+    read_json_object,
     relative_image_path,
+    report_off_image,
     require_file,
+    shown,
+    string_list_field,
     text_field,
 )
 from pipeline.benchmarks.phrases import split_phrases
@@ -72,21 +82,9 @@ def _norm_box(x: float, y: float, w: float, h: float, width: float, height: floa
     return [clip(x / width), clip(y / height), clip((x + w) / width), clip((y + h) / height)]
 
 
-def _check_bbox(bbox: Any, where: str) -> None:
-    """Refuse a box that is not four finite numbers ``[x, y, w, h]`` with ``w, h >= 0``."""
-    ok = isinstance(bbox, (list, tuple)) and len(bbox) == 4
-    ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bbox)
-    if not ok or bbox[2] < 0 or bbox[3] < 0:
-        raise ValueError(f"{where}: bbox {json.dumps(bbox)[:80]} is not [x, y, width, height] with width, height >= 0; replace it with the official file")
-
-
-def _image_size(meta: dict, item: str) -> tuple[float, float]:
-    width, height = float(meta.get("width") or 0), float(meta.get("height") or 0)
-    if width <= 0 or height <= 0:
-        raise ValueError(
-            f"{item}: width/height {meta.get('width')}x{meta.get('height')} must be > 0"
-        )
-    return width, height
+def _image_size(meta: dict, path: Path, where: str) -> tuple[float, float]:
+    """An image entry's ``width`` and ``height``: positive numbers, named with the file."""
+    return tuple(number_field(meta, k, path, where, positive=True) for k in ("width", "height"))
 
 
 def _row(
@@ -114,10 +112,6 @@ def _row(
     }
 
 
-def _load_json(path: Path):
-    return read_json(path)
-
-
 # ---------------------------------------------------------------------------- COCO
 
 COCO_SOURCE = (
@@ -140,26 +134,30 @@ def build_coco_objects(root: Path, cfg: CocoObjectsConfig | None = None) -> pd.D
     inst_path = require_file(root, f"annotations/instances_{cfg.split}.json", source)
     cap_path = require_file(root, f"annotations/captions_{cfg.split}.json", source)
     first_caption: dict[int, tuple[int, str]] = {}
-    captions = id_index(((a["id"], a) for a in _load_json(cap_path)["annotations"]), f"{cap_path}: annotations")
+    cap_entries = entry_list(read_json_object(cap_path, source), "annotations", cap_path)
+    captions = id_index(((a["id"], a) for a in cap_entries), f"{cap_path}: annotations")
     for cap_id, a in captions.items():
         best = first_caption.get(a["image_id"])
         if best is None or cap_id < best[0]:
             first_caption[a["image_id"]] = (cap_id, text_field(a, "caption", cap_path, f"caption {cap_id}").strip())
-    inst = _load_json(inst_path)
-    cats = id_index(((c["id"], c["name"]) for c in inst["categories"]), f"{inst_path}: categories")
-    images = id_index(((im["id"], im) for im in inst["images"]), f"{inst_path}: images")
+    inst = read_json_object(inst_path, source)
+    cats = id_index(((c["id"], c["name"]) for c in entry_list(inst, "categories", inst_path)), f"{inst_path}: categories")
+    images = id_index(((im["id"], im) for im in entry_list(inst, "images", inst_path)), f"{inst_path}: images")
     anns: dict[int, list[dict]] = {}
-    for a in id_index(((a["id"], a) for a in inst["annotations"]), f"{inst_path}: annotations").values():
+    for a in id_index(((a["id"], a) for a in entry_list(inst, "annotations", inst_path)), f"{inst_path}: annotations").values():
         if not a.get("iscrowd", 0):
-            _check_bbox(a["bbox"], f"{inst_path}: annotation {a['id']}")
+            a["bbox"] = bbox_field(a, "bbox", inst_path, f"annotation {a['id']}")
             anns.setdefault(a["image_id"], []).append(a)
 
     ids = sorted(i for i in images if i in first_caption)
-    rows = []
+    rows, left_out = [], []
     for image_id in ids[: cfg.limit]:
         im, item = images[image_id], str(image_id)
-        width, height = _image_size(im, f"COCO image {image_id}")
-        objs = sorted(anns.get(image_id, []), key=lambda a: (-a["bbox"][2] * a["bbox"][3], a["id"]))
+        width, height = _image_size(im, inst_path, f"image {image_id}")
+        own = anns.get(image_id, [])
+        left_out += [f"image {image_id}, annotation {a['id']}" for a in own if off_image(a["bbox"], width, height)]
+        on = [a for a in own if not off_image(a["bbox"], width, height)]
+        objs = sorted(on, key=lambda a: (-a["bbox"][2] * a["bbox"][3], a["id"]))
         objs = objs[: cfg.max_objects]
         unknown = sorted({a["category_id"] for a in objs} - set(cats))
         if unknown:
@@ -170,7 +168,7 @@ def build_coco_objects(root: Path, cfg: CocoObjectsConfig | None = None) -> pd.D
             {
                 **_row(
                     item,
-                    relative_image_path(f"{cfg.split}/{im['file_name']}", item),
+                    relative_image_path(f"{cfg.split}/{text_field(im, 'file_name', inst_path, f'image {image_id}')}", item),
                     caption,
                     [cats[a["category_id"]] for a in objs],
                     [_norm_box(*a["bbox"], width, height) for a in objs],
@@ -183,6 +181,7 @@ def build_coco_objects(root: Path, cfg: CocoObjectsConfig | None = None) -> pd.D
         )
     if not rows:
         raise ValueError(f"no captioned image in {inst_path} / {cap_path}")
+    report_off_image(inst_path, left_out, "left out of their images' object lists")
     return pd.DataFrame(rows)
 
 
@@ -202,17 +201,53 @@ class VgObjectsConfig:
     max_attributes: int = 1  # attributes prefixed to a query object's name (attributes.json)
 
 
-def _vg_id(entry: dict) -> int:
-    return int(entry["image_id"] if "image_id" in entry else entry["id"])
+def _vg_id(entry: dict, path: Path, index: int) -> int:
+    """An entry's image id (``image_id``, or ``id`` in v1.2's image_data.json): an integer."""
+    return integer_field(entry, "image_id" if "image_id" in entry else "id", path, f"entry {index}")
 
 
-def _vg_name(obj: dict) -> str:
-    names = obj.get("names") or [obj.get("name")]
-    return " ".join(str(names[0] or "").lower().split())
+def _vg_entries(path: Path) -> list[tuple[int, dict]]:
+    """``(image id, entry)`` of a VG file that lists one entry per image."""
+    return [(_vg_id(e, path, k), e) for k, e in enumerate(read_json_list(path, source=VG_SOURCE))]
 
 
-def _vg_box(obj: dict) -> tuple[float, float, float, float]:
-    return float(obj["x"]), float(obj["y"]), float(obj["w"]), float(obj["h"])
+@dataclass(frozen=True)
+class _VgObject:
+    """One VG object as a query or a row uses it: its id, its name and the raw entry whose
+    box :func:`_vg_box` reads (with the file and place that name it in an error)."""
+
+    oid: int
+    name: str
+    entry: dict
+    path: Path
+    where: str
+
+
+def _vg_object(obj: Any, path: Path, where: str) -> _VgObject:
+    """A VG object entry checked: ``object_id`` an integer; ``names`` (v1.4) a list of strings,
+    or ``name`` (v1.2, relationships) a string; the name is the first, lower-cased with
+    whitespace collapsed ("" for an unnamed object, which the loader skips). A string in
+    ``names`` is refused, not read as its first character."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: {where} is {shown(obj)}, not a JSON object; {OFFICIAL}")
+    oid = integer_field(obj, "object_id", path, where)
+    where = f"{where} (object {oid})"
+    names = string_list_field(obj, "names", path, where, blank_ok=True) if obj.get("names") is not None else []
+    if not names:
+        name = obj.get("name")
+        if name is not None and not isinstance(name, str):
+            raise field_error(obj, "name", name, path, where, "a string")
+        names = [name or ""]
+    return _VgObject(oid, " ".join(names[0].lower().split()), obj, path, where)
+
+
+def _vg_box(obj: _VgObject) -> tuple[float, float, float, float]:
+    """The object's pixel ``(x, y, w, h)``: numbers with ``w, h >= 0``; otherwise a
+    ValueError naming the file, the image and the object."""
+    d, path, where = obj.entry, obj.path, obj.where
+    box = [number_field(d, k, path, where) for k in ("x", "y")]
+    box += [number_field(d, k, path, where, minimum=0) for k in ("w", "h")]
+    return tuple(box)
 
 
 def _vg_image_path(meta: dict, image_id: int) -> str:
@@ -222,13 +257,22 @@ def _vg_image_path(meta: dict, image_id: int) -> str:
     return relative_image_path(rel, f"VG image {image_id}")
 
 
-def _vg_query(rels: list[dict], n: int) -> list[tuple[dict, str, dict]]:
+Query = list[tuple[_VgObject, str, _VgObject]]
+
+
+def _vg_query(rels: Any, n: int, path: Path, image_id: int) -> Query:
     """The first ``n`` relationships with names, a predicate and two distinct objects."""
-    out = []
-    for r in rels:
-        s, o = r["subject"], r["object"]
-        pred = " ".join(str(r.get("predicate") or "").lower().split())
-        if pred and _vg_name(s) and _vg_name(o) and s["object_id"] != o["object_id"]:
+    out: Query = []
+    if not isinstance(rels, list):
+        raise ValueError(f"{path}: image {image_id}: 'relationships' is {shown(rels)}; expected a list; {OFFICIAL}")
+    for k, r in enumerate(rels):
+        where = f"image {image_id}, relationship {k}"
+        if not isinstance(r, dict):
+            raise ValueError(f"{path}: {where} is {shown(r)}, not a JSON object; {OFFICIAL}")
+        s, o = (_vg_object(r[role], path, f"{where}, {role}") for role in ("subject", "object"))
+        pred = r.get("predicate")
+        pred = " ".join(pred.lower().split()) if isinstance(pred, str) else ""
+        if pred and s.name and o.name and s.oid != o.oid:
             out.append((s, pred, o))
             if len(out) == n:
                 break
@@ -237,66 +281,79 @@ def _vg_query(rels: list[dict], n: int) -> list[tuple[dict, str, dict]]:
 
 def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataFrame:
     """The Visual Genome object-retrieval manifest from the files under ``root``; the
-    files are read one at a time, keeping only what the selected images need."""
+    files are read one at a time, keeping only what the selected images need. Every field
+    the manifest takes is checked against the official format, naming the file, the image,
+    the object and the field: ids are integers, names strings, box coordinates numbers with
+    ``w, h >= 0`` on the image, and image sizes positive numbers."""
     cfg = cfg or VgObjectsConfig()
     meta_path = require_file(root, "image_data.json", VG_SOURCE)
     rel_path = require_file(root, "relationships.json", VG_SOURCE)
     obj_path = require_file(root, "objects.json", VG_SOURCE)
     attr_path = Path(root) / "attributes.json"
 
-    queries: dict[int, list[tuple[dict, str, dict]]] = {}
-    entries = id_index(((_vg_id(e), e) for e in _load_json(rel_path)), f"{rel_path}: images")
-    for _, entry in sorted(entries.items()):
+    queries: dict[int, Query] = {}
+    entries = id_index(_vg_entries(rel_path), f"{rel_path}: images")
+    for image_id, entry in sorted(entries.items()):
         if cfg.limit is not None and len(queries) >= cfg.limit:
             break
-        if q := _vg_query(entry.get("relationships") or [], cfg.n_relations):
-            queries[_vg_id(entry)] = q
+        if q := _vg_query(entry.get("relationships") or [], cfg.n_relations, rel_path, image_id):
+            queries[image_id] = q
     if not queries:
         raise ValueError(f"no image in {rel_path} has a usable relationship")
-    meta = {_vg_id(m): m for m in _load_json(meta_path) if _vg_id(m) in queries}
+    meta = {i: m for i, m in _vg_entries(meta_path) if i in queries}
     missing = sorted(set(queries) - set(meta))
     if missing:
         raise ValueError(f"images {missing[:5]} of relationships.json are not in {meta_path}")
-    objects: dict[int, dict[int, dict]] = {i: {} for i in queries}
-    for entry in _load_json(obj_path):
-        if (i := _vg_id(entry)) in objects:
-            for o in entry.get("objects") or []:
-                if _vg_name(o):
-                    objects[i].setdefault(o["object_id"], o)  # dedup by object_id
-    mentioned = {(i, x["object_id"]) for i, q in queries.items() for s, _, o in q for x in (s, o)}
+    sizes = {i: _image_size(m, meta_path, f"image {i}") for i, m in meta.items()}
+    objects: dict[int, dict[int, _VgObject]] = {i: {} for i in queries}
+    for i, entry in _vg_entries(obj_path):
+        if i in objects:
+            for k, raw in enumerate(entry.get("objects") or []):
+                o = _vg_object(raw, obj_path, f"image {i}, objects entry {k}")
+                if o.name:
+                    objects[i].setdefault(o.oid, o)  # dedup by object_id
+    mentioned = {(i, x.oid) for i, q in queries.items() for s, _, o in q for x in (s, o)}
     attrs: dict[tuple[int, int], list[str]] = {}
     if attr_path.is_file() and cfg.max_attributes > 0:
-        for entry in _load_json(attr_path):
-            if (i := _vg_id(entry)) not in queries:
+        for i, entry in _vg_entries(attr_path):
+            if i not in queries:
                 continue
             for o in entry.get("attributes") or []:
                 if (i, o["object_id"]) in mentioned and (i, o["object_id"]) not in attrs:
                     clean = (" ".join(str(a).lower().split()) for a in o.get("attributes") or [])
                     attrs[(i, o["object_id"])] = list(dict.fromkeys(a for a in clean if a))
 
-    rows = []
+    rows, left_out, unseen = [], [], []
     for image_id, query in queries.items():
         item = str(image_id)
-        width, height = _image_size(meta[image_id], f"VG image {image_id}")
+        width, height = sizes[image_id]
         objs = objects[image_id]
         ids: list[int] = []  # the query's objects, first mention first
         for s, _, o in query:
             for x in (s, o):
-                objs.setdefault(x["object_id"], x)  # a query object missing from objects.json
-                if x["object_id"] not in ids:
-                    ids.append(x["object_id"])
+                objs.setdefault(x.oid, x)  # a query object missing from objects.json
+                if x.oid not in ids:
+                    ids.append(x.oid)
+        boxes = {oid: _vg_box(obj) for oid, obj in objs.items()}
+        off = [oid for oid, box in boxes.items() if off_image(box, width, height)]
+        if any(oid in ids for oid in off):  # the query names an object that is not in the picture
+            unseen.append(f"image {image_id}, object {next(oid for oid in off if oid in ids)}")
+            continue
+        left_out += [f"image {image_id}, object {oid}" for oid in off]
+        for oid in off:
+            del objs[oid], boxes[oid]
 
-        def area(oid: int, objs=objs) -> tuple[float, int]:
-            _, _, w, h = _vg_box(objs[oid])
+        def area(oid: int, boxes=boxes) -> tuple[float, int]:
+            _, _, w, h = boxes[oid]
             return -w * h, oid
 
         others = sorted((oid for oid in objs if oid not in ids), key=area)
         kept = sorted([*ids, *others[: max(cfg.max_objects - len(ids), 0)]], key=area)
         phrases = [
-            " ".join([*attrs.get((image_id, oid), [])[: cfg.max_attributes], _vg_name(objs[oid])])
+            " ".join([*attrs.get((image_id, oid), [])[: cfg.max_attributes], objs[oid].name])
             for oid in ids
         ]
-        relations = [(ids.index(s["object_id"]), p, ids.index(o["object_id"])) for s, p, o in query]
+        relations = [(ids.index(s.oid), p, ids.index(o.oid)) for s, p, o in query]
         caption = " and ".join(f"{phrases[i]} {p} {phrases[j]}" for i, p, j in relations)
         coco_id = meta[image_id].get("coco_id")
         rows.append(
@@ -305,8 +362,8 @@ def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataF
                     item,
                     _vg_image_path(meta[image_id], image_id),
                     caption,
-                    [_vg_name(objs[oid]) for oid in kept],
-                    [_norm_box(*_vg_box(objs[oid]), width, height) for oid in kept],
+                    [objs[oid].name for oid in kept],
+                    [_norm_box(*boxes[oid], width, height) for oid in kept],
                     phrases,
                     relations,
                     (width, height),
@@ -316,6 +373,10 @@ def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataF
                 "coco_id": None if coco_id is None else int(coco_id),
             }
         )
+    report_off_image(obj_path, unseen, "named by their images' queries: those images are left out")
+    report_off_image(obj_path, left_out, "left out of their images' object lists")
+    if not rows:
+        raise ValueError(f"no image of {rel_path} is left: every query names an object outside its image")
     df = pd.DataFrame(rows)
     df["coco_id"] = df["coco_id"].astype("Int64")
     return df

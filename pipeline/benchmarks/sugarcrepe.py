@@ -92,8 +92,8 @@ def read_category(path: Path, category: str) -> pd.DataFrame:
         rows.append(
             {
                 "item_id": item,
-                "image": relative_image_path(text_field(v, "filename", path, item), item),
-                "captions": [text_field(v, "caption", path, item), text_field(v, "negative_caption", path, item)],
+                "image": relative_image_path(text_field(v, "filename", path, f"item {item}"), item),
+                "captions": [text_field(v, "caption", path, f"item {item}"), text_field(v, "negative_caption", path, f"item {item}")],
                 "correct": 0,
                 "category": category,
             }

@@ -58,8 +58,8 @@ def read_category(path: Path, category: str) -> pd.DataFrame:
         rows.append(
             {
                 "item_id": item,
-                "image": relative_image_path(text_field(v, "filename", path, item), item),
-                "captions": [text_field(v, k, path, item) for k in ("caption", "caption2", "negative_caption")],
+                "image": relative_image_path(text_field(v, "filename", path, f"item {item}"), item),
+                "captions": [text_field(v, k, path, f"item {item}") for k in ("caption", "caption2", "negative_caption")],
                 "correct": 0,
                 "category": category,
             }

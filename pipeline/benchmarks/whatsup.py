@@ -52,7 +52,13 @@ import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks.base import SUITES, Suite, Units, choice_correct
-from pipeline.benchmarks.intake import read_json_list, relative_image_path, require_file
+from pipeline.benchmarks.intake import (
+    read_json_list,
+    relative_image_path,
+    require_file,
+    string_list_field,
+    text_field,
+)
 
 SOURCE = "download it with gdown as listed in dataset_zoo/aro_datasets.py of github.com/amitakamath/whatsup_vlms"
 # The opposite-arrangement axes; a suite uses the horizontal axis and whichever other axis
@@ -84,24 +90,46 @@ def parse_controlled_name(image_path: str) -> tuple[str, str]:
     return f"{parts[0]}|{parts[-1][:-5]}", parts[1]
 
 
+N_CONTROLLED_OPTIONS = 4  # the official Controlled files give every image four caption options
+
+
 def read_controlled(path: Path, subset: str) -> pd.DataFrame:
-    """One Controlled file -> manifest rows; ``subset`` is ``a`` or ``b``."""
-    data = read_json_list(path)
+    """One Controlled file -> manifest rows; ``subset`` is ``a`` or ``b``.
+
+    Raises:
+        ValueError: naming ``path`` and the entry: not a JSON list or an empty one, an entry
+            whose ``image_path`` is not a non-empty string, whose ``caption_options`` is not
+            a list of :data:`N_CONTROLLED_OPTIONS` non-empty strings (a string would be split
+            into its characters), whose file name has no known arrangement, or an entry
+            naming the same image as an earlier one (it would count twice in individual
+            accuracy and overwrite the other in its pair and set).
+    """
+    data = read_json_list(path, source=SOURCE)
     rows = []
+    first_of: dict[str, int] = {}  # image path -> index of the entry that names it first
     for i, d in enumerate(data):
-        item = f"{subset}/{i}"
-        image = relative_image_path(d["image_path"], item)
+        item, where = f"{subset}/{i}", f"entry {i}"
+        image = relative_image_path(text_field(d, "image_path", path, where), item)
+        options = string_list_field(d, "caption_options", path, where, length=N_CONTROLLED_OPTIONS)
+        if image in first_of:
+            j = first_of[image]
+            same = "a copy of" if data[j] == d else "another entry for the image of"
+            raise ValueError(
+                f"{path}: entry {i} is {same} entry {j} ({image!r}); each image is one item, and a "
+                f"repeated one would count twice: remove entry {i}, or replace the file with the official one"
+            )
+        first_of[image] = i
         key, arrangement = parse_controlled_name(image)
         if arrangement not in ARRANGEMENTS:
             raise ValueError(
-                f"item {item}: arrangement {arrangement!r} of {image!r} is not one of {ARRANGEMENTS}"
+                f"{path}: {where} (item {item}): arrangement {arrangement!r} of {image!r} is not one of {ARRANGEMENTS}"
             )
         fn = image.split("/")[-1]
         rows.append(
             {
                 "item_id": item,
                 "image": image,
-                "captions": list(d["caption_options"]),
+                "captions": list(options),
                 "correct": 0,
                 # the official per-preposition label: left_of, right_of, on, under, in-front_of, behind
                 "category": fn.split("_")[1] + ("_of" if fn.split("_")[2] == "of" else ""),
@@ -204,7 +232,7 @@ def qa_label(correct_caption: str, subset: str, dataset: str) -> str:
 def read_qa(path: Path, subset: str, dataset: str) -> pd.DataFrame:
     """One QA file (``[image_id, correct, wrong]`` entries; values after the third are
     ignored, as the official loader ignores them) -> manifest rows."""
-    data = read_json_list(path, length=3)
+    data = read_json_list(path, length=3, source=SOURCE)
     rows = []
     for i, (image_id, good, bad) in enumerate(d[:3] for d in data):
         item = f"{subset}-obj/{i}"
