@@ -845,7 +845,7 @@ def test_a_narrowed_score_call_scores_only_what_it_names(good, tmp_path):
 def test_probes_without_the_shapes_suites_name_what_is_missing(good):
     _, params = good
     ok(cli("extract", "--params", params, "--quiet"))
-    refused(cli("probes", "--params", params), "shapes-train, shapes-aro", "run `pipeline extract`")
+    refused(cli("probes", "--params", params), "shapes-train, shapes-aro", "run `pipeline extract --suite shapes-train --suite shapes-aro`")
 
 
 def test_a_symlinked_image_folder_inside_the_root_is_followed(tmp_path, images):

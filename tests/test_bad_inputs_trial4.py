@@ -1,7 +1,6 @@
 """Bad inputs found by the fourth new-user trial (issue 24) outside the loaders
-(``tests/test_bad_inputs_loaders.py``): store paths and locks, the scheduler's address, the
-probes' advice and the world's and toy CLIP's sizes. Each gives one line naming the input
-and the fix."""
+(``tests/test_bad_inputs_loaders.py``): store paths and locks, the scheduler's address, and
+the world's and toy CLIP's sizes. Each gives one line naming the input and the fix."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import pytest
 
 from pipeline.cache import CacheError, FeatureStore
 from pipeline.cache.lock import StoreLockedError, lock_path, store_lock
-from tests.test_bad_inputs import cli, good, images, ok, refused  # noqa: F401  (good, images: fixtures)
+from tests.test_bad_inputs import cli, refused
 
 pytestmark = pytest.mark.bad_input
 
@@ -24,14 +23,6 @@ def test_a_relative_store_path_that_is_absent_is_shown_absolute(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CacheError, match=rf"no feature store at features/x.zarr \({tmp_path}/features/x.zarr: relative paths in the params are read from the current folder\)"):
         FeatureStore.open("features/x.zarr")
-
-
-def test_the_probes_name_the_suites_to_extract(good):  # noqa: F811 - the fixture
-    """The probes' advice was a bare `pipeline extract`, which encodes extract.suites again
-    and leaves the missing ones missing."""
-    _, params = good
-    ok(cli("extract", "--params", params, "--quiet"))
-    refused(cli("probes", "--params", params), "lacks; run `pipeline extract --suite shapes-train --suite shapes-aro`")
 
 
 @pytest.mark.parametrize(
