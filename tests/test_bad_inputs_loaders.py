@@ -268,3 +268,27 @@ def test_a_coco_families_object_wholly_outside_its_image_counts_as_absent(tmp_pa
     assert "relative-geometry/1" not in m.index and "role-swap/1" not in m.index  # each needs the car
     assert "vertical/2" in m.index and "depth/3" in m.index  # the other images' items are kept
     assert f"{path}: 1 object box(es) lie wholly outside their images and are left out: those objects count as absent" in caplog.text
+
+
+@pytest.mark.parametrize(("value", "shown_as"), [(None, "null"), (5, "5"), ("  ", '"  "')])
+def test_a_whatsup_qa_caption_that_is_not_text_is_named(tmp_path, value, shown_as):
+    """A QA entry's captions were not checked: a number reached the label parser, a blank
+    caption the encoder."""
+    from tests.test_benchmarks_whatsup import _qa
+
+    _qa(tmp_path, "coco")
+    path = tmp_path / "coco_qa_two_obj.json"
+    edit_json(path, lambda d: d[1].__setitem__(2, value))
+    refused(manifest("whatsup-coco", tmp_path, tmp_path / "q.parquet"), str(path), f"entry 1: its third (the wrong caption) value is {shown_as}; expected a non-empty string")
+
+
+def test_an_order_entry_with_no_caption_is_named(tmp_path):
+    """An entry whose caption list was empty added no item, without a word."""
+    from pipeline.benchmarks import SUITES
+    from tests.test_benchmarks_aro import _karpathy
+
+    _karpathy(tmp_path)
+    path = tmp_path / "coco_karpathy_test.json"
+    edit_json(path, lambda d: d[1].update(caption=[]))
+    with pytest.raises(ValueError, match=r"coco_karpathy_test\.json: entry 1: 'caption' is \[\]; expected a caption or a non-empty list of captions"):
+        SUITES.get("aro-coco-order").build_manifest(tmp_path)

@@ -82,6 +82,7 @@ from pipeline.benchmarks.base import (
     hash_bucket,
 )
 from pipeline.benchmarks.intake import (
+    field_error,
     number_field,
     read_json_list,
     relative_image_path,
@@ -372,6 +373,8 @@ def build_order(
             if isinstance(ann.get("caption"), str)
             else string_list_field(ann, "caption", path, where)
         )
+        if not captions:  # the image would add no item, without a word
+            raise field_error(ann, "caption", [], path, where, "a caption or a non-empty list of captions")
         image = text_field(ann, "image", path, where)
         for j, caption in enumerate(captions):
             item = f"order/{i}/{j}"

@@ -53,9 +53,11 @@ import pandas as pd
 
 from pipeline.benchmarks.base import SUITES, Suite, Units, choice_correct
 from pipeline.benchmarks.intake import (
+    OFFICIAL,
     read_json_list,
     relative_image_path,
     require_file,
+    shown,
     string_list_field,
     text_field,
 )
@@ -236,6 +238,9 @@ def read_qa(path: Path, subset: str, dataset: str) -> pd.DataFrame:
     rows = []
     for i, (image_id, good, bad) in enumerate(d[:3] for d in data):
         item = f"{subset}-obj/{i}"
+        for place, caption in (("second (the correct caption)", good), ("third (the wrong caption)", bad)):
+            if not isinstance(caption, str) or not caption.strip():
+                raise ValueError(f"{path}: entry {i}: its {place} value is {shown(caption)}; expected a non-empty string; {OFFICIAL}")
         image = (
             f"val2017/{str(image_id).zfill(12)}.jpg"
             if dataset == "coco"
