@@ -12,19 +12,22 @@ import pandas as pd
 import pytest
 
 import pipeline.benchmarks.aro as aro
+import pipeline.benchmarks.order_text as order_text
 from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.aro import (
-    HeuristicTagger,
-    TextShuffler,
     attribution_units,
     build_order,
     excluded_relations,
     order_units,
-    pre_caption,
     relation_units,
-    resolve_tagger,
 )
 from pipeline.benchmarks.base import bucket_split, hash_bucket
+from pipeline.benchmarks.order_text import (
+    HeuristicTagger,
+    TextShuffler,
+    pre_caption,
+    resolve_tagger,
+)
 from tests.conftest import require_shared
 
 
@@ -275,7 +278,7 @@ def test_order_manifest_frozen_options(tmp_path):
 
 def test_order_suite_and_flickr_string_captions(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        aro, "SpacyNltkTagger", lambda: (_ for _ in ()).throw(ImportError("no spacy"))
+        order_text, "SpacyNltkTagger", lambda: (_ for _ in ()).throw(ImportError("no spacy"))
     )
     _karpathy(tmp_path, "flickr30k_test.json")
     with pytest.warns(UserWarning, match="heuristic tagger"):
@@ -307,4 +310,4 @@ def test_resolve_tagger():
     assert (
         tags["dogs"] == "NNS" and tags["bench"] == "NN" and tags["brown"] == tags["wooden"] == "JJ"
     )
-    assert tags["sitting"] not in aro.NOUN_TAGS + aro.ADJ_TAGS and tags["on"] not in aro.NOUN_TAGS
+    assert tags["sitting"] not in order_text.NOUN_TAGS + order_text.ADJ_TAGS and tags["on"] not in order_text.NOUN_TAGS
