@@ -299,7 +299,7 @@ def extract_distributed(
     from distributed import as_completed
     from tqdm import tqdm
 
-    from pipeline.cache import store_lock, store_path, writer
+    from pipeline.cache import store_lock, writable_store_path, writer
     from pipeline.encoders import load_encoder
     from pipeline.extraction import finish, prepare, suite_sources
 
@@ -307,7 +307,7 @@ def extract_distributed(
     torch.set_num_threads(cfg.threads)
     sources = suite_sources(cfg)  # a wrong suite or path fails before the lock, the cluster and the model
     # the lock first: a store another process writes is refused before any cluster starts
-    with store_lock(store_path(cfg), break_lock, cfg.storage_options), cluster(scheduler, quiet=not progress) as client:
+    with store_lock(writable_store_path(cfg), break_lock, cfg.storage_options), cluster(scheduler, quiet=not progress) as client:
         enc = load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)  # fingerprint, dims, projections
         root, plan = prepare(cfg, enc, repair, progress, sources)
         if any(len(rows) for rows, _ in plan.todo.values()):

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.retrieval import parse_boxes
-from pipeline.cache import integrity, store_lock, store_path, writer
+from pipeline.cache import integrity, store_lock, store_path, writable_store_path, writer
 from pipeline.cache.schema import image_key, object_key, text_key
 from pipeline.config import ExtractConfig
 from pipeline.encoders import Encoder, load_encoder
@@ -98,7 +98,7 @@ def extract(
     """
     torch.set_num_threads(cfg.threads)
     sources = suite_sources(cfg)  # before the model loads: a wrong suite, path or store address fails at once
-    path = store_path(cfg)
+    path = writable_store_path(cfg)
     enc = encoder or load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
     with store_lock(path, break_lock, cfg.storage_options):
         root, plan = prepare(cfg, enc, repair, progress, sources)

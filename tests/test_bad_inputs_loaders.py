@@ -79,6 +79,18 @@ def test_aro_attributes_that_are_not_two_strings_are_refused(tmp_path, attribute
     refused(result, str(path), f"entry 1: 'attributes' is {json.dumps(attributes)}; expected a list of 2 non-empty strings")
 
 
+@pytest.mark.parametrize("name", ["mug_plate.jpeg", "mug__plate.jpeg", "mug.jpeg"])
+def test_a_whatsup_file_name_without_its_arrangement_names_the_file_and_entry(tmp_path, name):
+    path, result = whatsup_a(tmp_path, lambda d: d[3].update(image_path=f"data/controlled_images/{name}"))
+    refused(result, str(path), "entry 3 (item a/3)", f"What'sUp file name {name!r} is not <obj>_<arrangement>_<ref>.jpeg")
+
+
+def test_a_whatsup_name_keys_its_reference_without_the_suffix_whatever_its_length():
+    from pipeline.benchmarks.whatsup import parse_controlled_name
+
+    assert parse_controlled_name("x/mug_left_of_plate.png") == parse_controlled_name("x/mug_left_of_plate.jpeg") == ("mug|plate", "left")
+
+
 @pytest.mark.parametrize("data,says", [({}, "expected a JSON list of entries, got an object"), ([], "holds no entry (an empty JSON list)")], ids=["object", "empty"])
 def test_an_aro_file_that_is_an_object_or_empty_is_named_not_the_output(tmp_path, data, says):
     path, result = aro(tmp_path, "aro-relation", data)

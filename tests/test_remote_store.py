@@ -134,3 +134,51 @@ def test_a_store_address_that_cannot_mean_what_it_says_is_refused_before_the_mod
     with pytest.raises(CacheError, match=f"extract.out = .*{says}"):
         extract(_cfg(suite, out), progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # free once closed: nothing listens there
+
+
+@pytest.mark.parametrize(
+    ("out", "says"),
+    [
+        ("http://127.0.0.1:9/features", "fsspec's http:// filesystem is read-only here"),
+        ("tar://features", "fsspec's tar:// filesystem is read-only here"),
+        ("ftp://127.0.0.1:{port}/features", r"cannot be reached \(ConnectionRefusedError"),
+        ("zip://features", r"cannot be reached \(IsADirectoryError"),
+    ],
+)
+@pytest.mark.parametrize("scheduler", [None, "local:1"])
+def test_a_store_url_that_cannot_be_written_is_refused_before_the_model_loads(suite, monkeypatch, tmp_path, out, says, scheduler):
+    """A read-only protocol, a refused connection or an archive filesystem without its
+    archive used to fail at the first write, after the model (and a cluster) had started."""
+    import pipeline.distributed
+    import pipeline.encoders
+    import pipeline.extraction
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(pipeline.extraction, "load_encoder", no_model)
+    monkeypatch.setattr(pipeline.encoders, "load_encoder", no_model)
+    monkeypatch.setattr(pipeline.distributed, "cluster", lambda *a, **k: pytest.fail("a cluster was started"))
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(suite, out.format(port=_closed_port()))
+    with pytest.raises(CacheError, match=f"extract.out = .*{says}"):
+        if scheduler:
+            pipeline.distributed.extract_distributed(cfg, scheduler, progress=False)
+        else:
+            extract(cfg, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_writable_url_passes_the_check_before_its_store_exists(tmp_path):
+    StoreLocation.of(f"file://{tmp_path}/not/yet/a.zarr").check_writable()
+    StoreLocation.of(f"memory://check-{uuid.uuid4().hex}/a.zarr").check_writable()
+    StoreLocation.of(tmp_path / "local.zarr").check_writable()  # a path: checked when its folder is made
+    assert list(tmp_path.iterdir()) == []

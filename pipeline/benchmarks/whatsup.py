@@ -84,12 +84,14 @@ CONTROLLED_CATEGORIES = {
 def parse_controlled_name(image_path: str) -> tuple[str, str]:
     """``(pair_key, arrangement)`` from an official file name, as the official code does:
     ``obj = fn.split('_')[0]``, ``ref = fn.split('_')[-1][:-5]``, ``arrangement = fn.split('_')[1]``.
-    The key is ``"obj|ref"``."""
+    The key is ``"obj|ref"``; ``ref`` drops the file's suffix whatever its length (the official
+    ``[:-5]`` drops ``.jpeg``, the official files' suffix, and would cut a ``.png`` name's last
+    letter)."""
     fn = image_path.split("/")[-1]
     parts = fn.split("_")
-    if len(parts) < 3:
+    if len(parts) < 3 or not parts[1]:
         raise ValueError(f"What'sUp file name {fn!r} is not <obj>_<arrangement>_<ref>.jpeg")
-    return f"{parts[0]}|{parts[-1][:-5]}", parts[1]
+    return f"{parts[0]}|{parts[-1].rsplit('.', 1)[0]}", parts[1]
 
 
 N_CONTROLLED_OPTIONS = 4  # the official Controlled files give every image four caption options
@@ -121,7 +123,10 @@ def read_controlled(path: Path, subset: str) -> pd.DataFrame:
                 f"repeated one would count twice: remove entry {i}, or replace the file with the official one"
             )
         first_of[image] = i
-        key, arrangement = parse_controlled_name(image)
+        try:
+            key, arrangement = parse_controlled_name(image)
+        except ValueError as e:
+            raise ValueError(f"{path}: {where} (item {item}): {e}; replace the file with the official one") from None
         if arrangement not in ARRANGEMENTS:
             raise ValueError(
                 f"{path}: {where} (item {item}): arrangement {arrangement!r} of {image!r} is not one of {ARRANGEMENTS}"

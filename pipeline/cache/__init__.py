@@ -2,7 +2,7 @@
 
 from pipeline.cache.integrity import CorruptStoreError
 from pipeline.cache.lock import StoreLockedError, store_lock
-from pipeline.cache.open import expected_fingerprint, open_store, store_path
+from pipeline.cache.open import expected_fingerprint, open_store, store_path, writable_store_path
 from pipeline.cache.reader import FeatureStore, distinct_rows
 from pipeline.cache.schema import (
     SCHEMA_VERSION,
@@ -23,5 +23,6 @@ __all__ = [
     "open_store",
     "store_lock",
     "store_path",
+    "writable_store_path",
     "distinct_rows",
 ]

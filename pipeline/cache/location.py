@@ -22,6 +22,9 @@ import zarr
 
 from pipeline.cache.schema import CacheError
 
+#: fsspec protocols that read but cannot hold a store being written (no in-place rewrite)
+READ_ONLY_PROTOCOLS = frozenset({"http", "https", "github", "git", "tar", "libarchive", "reference", "data"})
+
 
 def is_url(path: str | Path) -> bool:
     """Whether ``path`` is an fsspec URL (``scheme://...``) rather than a local path."""
@@ -90,6 +93,23 @@ class StoreLocation:
         if str(self.path).startswith("file://"):
             return {"auto_mkdir": True, **self.storage_options}
         return self.storage_options
+
+    def check_writable(self, key: str = "extract.out") -> None:
+        """Refuse, before any model is loaded, a URL that cannot take a store being written: a
+        read-only protocol (:data:`READ_ONLY_PROTOCOLS`), or a filesystem that cannot be
+        reached with its storage options (a refused connection, a missing archive or
+        library). Without this such an address fails only at the first write, after the
+        model has loaded. A local path is checked when its folder is made."""
+        if not self.remote:
+            return
+        protocol = str(self.path).split("::")[0].split("://")[0].lower()
+        if protocol in READ_ONLY_PROTOCOLS:
+            raise CacheError(f"{key} = {str(self.path)!r}: fsspec's {protocol}:// filesystem is read-only here, and a store is written; extract into file://, s3://, gs:// or a local folder (score can read a copy from anywhere)")
+        try:
+            fs, root = self._fs()
+            fs.exists(root)
+        except Exception as e:  # any filesystem's failure: its message is the user's clue
+            raise CacheError(f"{key} = {str(self.path)!r} cannot be reached ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no message'}); check the address and extract.storage_options") from None
 
     def exists(self) -> bool:
         """Whether a Zarr group exists here (its ``zarr.json``)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.cache.location import check_address, is_url
+from pipeline.cache.location import StoreLocation, check_address, is_url
 from pipeline.cache.reader import FeatureStore
 from pipeline.cache.schema import ForeignCacheError
 from pipeline.config import ExtractConfig
@@ -26,6 +26,14 @@ def store_path(cfg: ExtractConfig) -> Path | str:
     if is_url(out):
         return f"{str(out).rstrip('/')}/{cfg.model}.zarr"
     return Path(out) / f"{cfg.model}.zarr"
+
+
+def writable_store_path(cfg: ExtractConfig) -> Path | str:
+    """:func:`store_path`, refused before any model loads when a URL cannot take a store
+    being written (:meth:`pipeline.cache.location.StoreLocation.check_writable`)."""
+    path = store_path(cfg)
+    StoreLocation.of(path, cfg.storage_options).check_writable("extract.out")
+    return path
 
 
 def expected_fingerprint(store: FeatureStore, extract: ExtractConfig) -> dict[str, Any]:
