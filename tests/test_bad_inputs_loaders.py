@@ -186,9 +186,17 @@ def _object(data: list, image_id: int, object_id: int) -> dict:
         ("image_data.json", lambda d: d[2].update(image_id=None), "entry 2: 'image_id' is null; expected an integer id"),
         ("image_data.json", lambda d: {"images": d}, "expected a JSON list of entries, got an object"),
         ("objects.json", lambda d: [], "holds no entry (an empty JSON list)"),
+        ("objects.json", lambda d: next(e for e in d if e["image_id"] == 10).update(objects={"0": 1}), "image 10: 'objects' is {\"0\": 1}; expected a list"),
+        ("attributes.json", lambda d: d[0]["attributes"][0].update(attributes="young"), "image 10, attributes entry 0: 'attributes' is \"young\"; expected a list of strings"),
+        ("attributes.json", lambda d: d[0]["attributes"][1].update(attributes=["red", None]), "image 10, attributes entry 1: 'attributes' is [\"red\", null]"),
+        ("attributes.json", lambda d: d[0]["attributes"][0].pop("object_id") and None, "image 10, attributes entry 0: 'object_id' is missing"),
+        ("attributes.json", lambda d: d[0].update(attributes={"a": 1}), "image 10: 'attributes' is {\"a\": 1}; expected a list"),
+        ("image_data.json", lambda d: d[1].update(coco_id="123"), "image 20: 'coco_id' is \"123\"; expected an integer COCO image id or null"),
+        ("image_data.json", lambda d: d[1].update(coco_id=12.5), "image 20: 'coco_id' is 12.5"),
     ],
     ids=["string-names", "string-subject-names", "integer-name", "negative-w", "null-w", "text-x",
-         "text-width", "missing-width", "null-id", "wrapped-list", "empty"],
+         "text-width", "missing-width", "null-id", "wrapped-list", "empty", "objects-object", "string-attributes",
+         "null-attribute", "attribute-without-object", "attributes-object", "text-coco-id", "fractional-coco-id"],
 )  # fmt: skip
 def test_a_bad_vg_field_is_refused_naming_file_image_object_and_field(tmp_path, name, edit, says):
     """A string ``names`` became the object name ``'t'`` (a caption ``'m riding horse'``), a

@@ -206,6 +206,18 @@ def _vg_id(entry: dict, path: Path, index: int) -> int:
     return integer_field(entry, "image_id" if "image_id" in entry else "id", path, f"entry {index}")
 
 
+def _listed(entry: dict, key: str, path: Path, where: str) -> list:
+    """``entry[key]`` of a VG per-image entry as a list (empty when absent or null: an
+    image without objects or attributes), or a ValueError naming the file, the image and
+    the key; a JSON object there would be iterated as its keys."""
+    value = entry.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise field_error(entry, key, value, path, where, "a list")
+    return value
+
+
 def _vg_entries(path: Path) -> list[tuple[int, dict]]:
     """``(image id, entry)`` of a VG file that lists one entry per image."""
     return [(_vg_id(e, path, k), e) for k, e in enumerate(read_json_list(path, source=VG_SOURCE))]
@@ -283,7 +295,8 @@ def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataF
     """The Visual Genome object-retrieval manifest from the files under ``root``; the
     files are read one at a time, keeping only what the selected images need. Every field
     the manifest takes is checked against the official format, naming the file, the image,
-    the object and the field: ids are integers, names strings, box coordinates numbers with
+    the object and the field: ids are integers (``coco_id`` an integer or null), names
+    strings, an object's attributes a list of strings, box coordinates numbers with
     ``w, h >= 0`` on the image, and image sizes positive numbers."""
     cfg = cfg or VgObjectsConfig()
     meta_path = require_file(root, "image_data.json", VG_SOURCE)
@@ -308,7 +321,7 @@ def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataF
     objects: dict[int, dict[int, _VgObject]] = {i: {} for i in queries}
     for i, entry in _vg_entries(obj_path):
         if i in objects:
-            for k, raw in enumerate(entry.get("objects") or []):
+            for k, raw in enumerate(_listed(entry, "objects", obj_path, f"image {i}")):
                 o = _vg_object(raw, obj_path, f"image {i}, objects entry {k}")
                 if o.name:
                     objects[i].setdefault(o.oid, o)  # dedup by object_id
@@ -318,10 +331,12 @@ def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataF
         for i, entry in _vg_entries(attr_path):
             if i not in queries:
                 continue
-            for o in entry.get("attributes") or []:
-                if (i, o["object_id"]) in mentioned and (i, o["object_id"]) not in attrs:
-                    clean = (" ".join(str(a).lower().split()) for a in o.get("attributes") or [])
-                    attrs[(i, o["object_id"])] = list(dict.fromkeys(a for a in clean if a))
+            for k, o in enumerate(_listed(entry, "attributes", attr_path, f"image {i}")):
+                where = f"image {i}, attributes entry {k}"
+                oid = integer_field(o, "object_id", attr_path, where)
+                if (i, oid) in mentioned and (i, oid) not in attrs:
+                    names = string_list_field(o, "attributes", attr_path, where, blank_ok=True) if o.get("attributes") is not None else []
+                    attrs[(i, oid)] = list(dict.fromkeys(c for a in names if (c := " ".join(a.lower().split()))))
 
     rows, left_out, unseen = [], [], []
     for image_id, query in queries.items():
@@ -356,6 +371,8 @@ def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataF
         relations = [(ids.index(s.oid), p, ids.index(o.oid)) for s, p, o in query]
         caption = " and ".join(f"{phrases[i]} {p} {phrases[j]}" for i, p, j in relations)
         coco_id = meta[image_id].get("coco_id")
+        if coco_id is not None and (not isinstance(coco_id, int) or isinstance(coco_id, bool)):
+            raise field_error(meta[image_id], "coco_id", coco_id, meta_path, f"image {image_id}", "an integer COCO image id or null")
         rows.append(
             {
                 **_row(
@@ -370,7 +387,7 @@ def build_vg_objects(root: Path, cfg: VgObjectsConfig | None = None) -> pd.DataF
                 ),
                 "phrase_objects": [kept.index(oid) for oid in ids],
                 "image_id": image_id,
-                "coco_id": None if coco_id is None else int(coco_id),
+                "coco_id": coco_id,
             }
         )
     report_off_image(obj_path, unseen, "named by their images' queries: those images are left out")
