@@ -459,4 +459,8 @@ def _restore_keys(root: zarr.Group, suite_cells: list, lost: dict[str, np.ndarra
             found = np.array(sorted(keys), dtype=np.int64)
             values = np.stack([np.frombuffer(bytes.fromhex(keys[int(r)]), dtype=np.uint8) for r in found])
             root[f"{modality}/key"].set_orthogonal_selection((found,), values)
-        log.warning("%s/key: restored %d of %d damaged keys from the suite indexes", modality, len(keys), len(wanted))
+        unused = len(wanted) - len(keys)
+        log.warning(
+            "%s/key: restored %d of %d damaged keys from the suite indexes%s", modality, len(keys), len(wanted),
+            f"; {unused} row(s) no intact index of the suites extracted names stay unused (a zero key matches no content; content they held gets a new row when extracted)" if unused else "",
+        )

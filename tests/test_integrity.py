@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import zarr
 
 from pipeline.cache import (
@@ -219,6 +220,24 @@ def test_extract_names_a_key_chunk_that_fails_its_checksum_and_repair_restores_i
     assert f"{array} rows 0-" in str(e.value) and "pipeline extract --repair" in str(e.value) and str(store) in str(e.value)
     extract(cfg, progress=False, encoder=tiny_encoder, repair=True)
     assert_same_store(store, reference)
+
+
+def test_repair_names_the_rows_whose_keys_no_intact_index_restores(damaged, reference, tiny_encoder, caplog):
+    """A key chunk and the only suite index that names its rows both lost: those rows keep a
+    zero key and stay unused, which --repair says; their captions get new rows, and the
+    suite reads the same features as the uninterrupted store."""
+    cfg, store = damaged
+    _flip(_file(store, "text/key", 0), at=30)
+    _file(store, "suites/shapes-sugarcrepe/captions", 0).unlink()
+    with caplog.at_level("WARNING"):
+        extract(cfg, progress=False, encoder=tiny_encoder, repair=True)
+    said = [r.getMessage() for r in caplog.records if "text/key: restored" in r.getMessage()]
+    assert len(said) == 1 and "restored 0 of " in said[0] and "row(s) no intact index of the suites extracted names stay unused" in said[0]
+    fixed, ref = FeatureStore.open(store), FeatureStore.open(reference)
+    rows, ref_rows = fixed.suite_index("shapes-sugarcrepe")["captions"], ref.suite_index("shapes-sugarcrepe")["captions"]
+    assert fixed.root["text/key"].shape[0] > ref.root["text/key"].shape[0]  # the captions were given new rows
+    got, want = fixed.texts(rows.ravel(), grids=False), ref.texts(ref_rows.ravel(), grids=False)
+    torch.testing.assert_close(got.embed, want.embed, rtol=0, atol=0)
 
 
 def test_clean_store_opens_with_its_indexes_and_projections(reference):
