@@ -221,7 +221,8 @@ def score(
 
 
 def _score_on(cfg, ext, scheduler: str, progress: bool) -> list[dict]:
-    """The score stage on a dask cluster: one ``pure=False`` task per (variant, suite), each
+    """The score stage on a dask cluster: one ``pure=False`` task per (variant, suite) that the
+    variant scores (:func:`stages.score.variant_suites`), each
     the stage itself narrowed to that pair (its per-seed runs and image replacements
     included), writing the same files a single process writes (relative paths made
     absolute here, so a worker started in another folder writes them where this one would)."""
@@ -240,9 +241,10 @@ def _score_on(cfg, ext, scheduler: str, progress: bool) -> list[dict]:
         stage.seeds_to_score(v, cfg, store)
 
     seed_suites = set(cfg.seed_suites or cfg.suites)
+    plan = stage.variant_suites(cfg, store)  # no task for a pair the variant does not score
     tasks = []
     for v in cfg.variants:
-        for s in cfg.suites:
+        for s in plan[v]:
             seeded = v in cfg.seed_variants and s in seed_suites
             tasks.append(replace(
                 cfg, variants=[v], suites=[s], seed_variants=[v] if seeded else [], seed_suites=[s] if seeded else [],

@@ -185,7 +185,7 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
         first = len(records)
         base = None  # a reranker's base scorer, loaded on its first retrieval suite
         for suite in suites:
-            if ckpt is not None and suite.name not in seed_suites:
+            if (ckpt is not None and suite.name not in seed_suites) or not scorable(scorer, suite):
                 continue
             source = resolve_source(suite.name, extract.world, extract.manifests, extract.image_roots)
             manifest, index = suite_inputs(store, suite.name, source.manifest)
@@ -202,13 +202,9 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
             if n_missing:
                 log.warning("%s: %d item(s) without a usable image are left out of every metric (%s)", suite.name, n_missing, skipped)
             if suite.task == "retrieval":
-                if scorer.pairwise:
-                    continue  # pairwise caption scorers do not rank images
                 if scorer.reranker and base is None:
                     base = load_scorer(scorer.base, store, cfg.checkpoints).to(cfg.device)
                 scores = score_retrieval(scorer, store, manifest, index, cfg.batch_size, base=base, suite=suite.name)
-            elif not scorer.scores_choices:
-                continue  # retrieval-only rerankers (object boxes, phrases)
             else:
                 desc = f"{name} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc, reference=suite.pairwise_reference)
@@ -223,14 +219,36 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc, images=images, reference=suite.pairwise_reference)
                 records.append(write_outputs(cfg, suite, f"{name}@{mode}", extract.model, manifest, scores, skipped, extra, truncation, store_id, sha))
         if ckpt is None and len(records) == first:  # never silent: say what it can score
-            can = "retrieval suites only" if not scorer.scores_choices else "choice suites only"
-            raise ValueError(
-                f"{variant} scores {can}, and score.suites ({', '.join(cfg.suites)}) has none; "
-                f"add one or drop {variant} from score.variants"
-            )
+            raise nothing_to_score(variant, scorer, cfg.suites)
         if ckpt is None:
             scored[variant] = records[first:]
     return records
+
+
+def scorable(scorer, suite: Suite) -> bool:
+    """Whether ``scorer`` gives ``suite`` scores: a retrieval suite needs a per-caption scorer
+    (a pairwise caption scorer ranks no images), a choice suite one that scores options (the
+    retrieval-only rerankers read object boxes and phrases that choice suites lack)."""
+    return not scorer.pairwise if suite.task == "retrieval" else scorer.scores_choices
+
+
+def nothing_to_score(variant: str, scorer, suites: list[str]) -> ValueError:
+    """The refusal of a variant none of ``suites`` (``score.suites``) gives scores to."""
+    can = "retrieval suites only" if not scorer.scores_choices else "choice suites only"
+    return ValueError(f"{variant} scores {can}, and score.suites ({', '.join(suites)}) has none; add one or drop {variant} from score.variants")
+
+
+def variant_suites(cfg: ScoreConfig, store) -> dict[str, list[str]]:
+    """Each of ``cfg.variants``' suites of ``cfg.suites`` that it scores (:func:`scorable`),
+    for a cluster's one task per (variant, suite); a variant with none is refused as
+    :func:`run` refuses it."""
+    plan = {}
+    for variant in cfg.variants:
+        scorer = build_scorer(variant, store, cfg.options.get(variant))
+        plan[variant] = [s for s in cfg.suites if scorable(scorer, SUITES.get(s))]
+        if not plan[variant]:
+            raise nothing_to_score(variant, scorer, cfg.suites)
+    return plan
 
 
 def check_image_root(store, suite: str, attrs: dict[str, Any], configured: Path) -> None:

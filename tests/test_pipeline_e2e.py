@@ -310,6 +310,33 @@ def test_the_backbone_guard_covers_names_bound_elsewhere(tiny_run, monkeypatch):
     assert len(calls) == len(bound)
 
 
+@pytest.mark.distributed
+def test_score_on_a_cluster_skips_the_pairs_a_variant_does_not_score(tiny_run, monkeypatch):
+    """A retrieval-only reranker beside a choice suite: each cluster task used to be the stage
+    narrowed to one pair, so the (fgw, shapes-aro) task refused the whole run; now no task is
+    made for it, and the cluster writes the single process's metrics files."""
+    monkeypatch.chdir(tiny_run)
+    outs = {}
+    for name, extra in (("single", []), ("cluster", ["--scheduler", "local:2"])):
+        params = {**TINY_PARAMS, "score": {**TINY_PARAMS["score"], "variants": ["clip", "fgw"], "suites": ["shapes-aro", "shapes-retrieval"],
+                                           "metrics_out": f"metrics-{name}", "scores_out": f"scores-{name}"}}  # fmt: skip
+        Path(f"score-{name}.yaml").write_text(yaml.safe_dump(params))
+        invoke("score", "--params", f"score-{name}.yaml", "--quiet", *extra)
+        outs[name] = {p.relative_to(f"metrics-{name}"): json.loads(p.read_text()) for p in Path(f"metrics-{name}").rglob("*.json")}
+    assert sorted(map(str, outs["single"])) == ["clip/shapes-aro.json", "clip/shapes-retrieval.json", "fgw/shapes-retrieval.json"]
+    assert outs["cluster"] == outs["single"]
+
+
+def test_a_variant_that_scores_none_of_the_suites_is_refused_on_a_cluster_too(tiny_run, monkeypatch):
+    monkeypatch.chdir(tiny_run)
+    import pipeline.distributed
+
+    monkeypatch.setattr(pipeline.distributed, "cluster", lambda *a, **k: pytest.fail("a cluster was started"))
+    for extra in ([], ["--scheduler", "local:2"]):
+        result = runner.invoke(app, ["score", "--params", "params.yaml", "--quiet", "--variant", "fgw", "--suite", "shapes-aro", *extra])
+        assert result.exit_code == 1 and "fgw scores retrieval suites only, and score.suites (shapes-aro) has none" in result.output, result.output
+
+
 def test_score_refuses_a_store_from_other_weights(tiny_run, monkeypatch):
     monkeypatch.chdir(tiny_run)
     ckpt = Path("cache/toyclip/model.safetensors")
