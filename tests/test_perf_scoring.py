@@ -85,7 +85,10 @@ def test_bench_scoring_command_writes_the_schema(tmp_path, tiny_encoder, monkeyp
     trained = create_scorer("bindclip", tiny_encoder.dims, _projections(tiny_encoder), **SMALL["bindclip"])
     (checkpoints / "bindclip").mkdir(parents=True)
     save_file(trained.state_dict(), checkpoints / "bindclip" / "model.safetensors")
-    (checkpoints / "bindclip" / "config.json").write_text(json.dumps({"scorer_kwargs": SMALL["bindclip"]}))
+    record = {  # as training writes it: fitted on another encoder's store and suite than the bench's
+        "scorer_kwargs": SMALL["bindclip"], "store_encoder": "f04553fb065286f2", "train_suite": "shapes-train", "manifest_sha256": "0" * 64,
+    }  # fmt: skip
+    (checkpoints / "bindclip" / "config.json").write_text(json.dumps(record))
     monkeypatch.setattr(scoring, "random_encoder", lambda name: tiny_encoder)
     monkeypatch.chdir(tmp_path)
     args = ["bench", "scoring", "--params", str(params), "--items", "4", "--vit-items", "3", "--variants", "clip", "--variants", "bindclip", "--threads", "1", "--quiet"]

@@ -78,7 +78,8 @@ def build_scorer(variant: str, store, options: dict[str, Any], checkpoints: Path
 
     folder = checkpoint_dir(variant, checkpoints) if checkpoints else None
     if folder is not None and (folder / "model.safetensors").is_file():
-        scorer, weights = load_scorer(variant, store, checkpoints).full_path(), f"trained ({folder})"
+        scorer = load_scorer(variant, store, checkpoints, check_fitted_on=False).full_path()
+        weights = f"trained ({folder}; timed on the bench's random-init features)"
     else:
         torch.manual_seed(SEED)
         scorer = create_scorer(variant, dims=store.dims, proj=store.projections(), **options).eval().full_path()

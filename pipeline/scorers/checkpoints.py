@@ -72,13 +72,16 @@ def weights_sha256_of(folder: Path) -> str:
 
 
 def load_scorer(
-    variant: str, store: FeatureStore, checkpoints: str | Path, ckpt_dir: Path | None = None, options: dict | None = None
+    variant: str, store: FeatureStore, checkpoints: str | Path, ckpt_dir: Path | None = None, options: dict | None = None,
+    check_fitted_on: bool = True,
 ) -> Scorer:
     """Build ``variant`` for this store; ``options`` are its factory's keyword options
     (``score.options``); trained scorers load their checkpoint and the options chosen at
     training time (``config.json`` ``scorer_kwargs``, e.g. q0); an option that sets one of those
     to another value is refused, since it could not apply. A checkpoint fitted on features this
-    store does not hold is refused (:func:`_check_fitted_on`)."""
+    store does not hold is refused (:func:`_check_fitted_on`), unless ``check_fitted_on`` is
+    False: ``pipeline bench`` times the trained scorers on a stand-in store of random-init
+    features, where only the time counts (the weights file is still checked)."""
     options = dict(options or {})
     scorer = build_scorer(variant, store, options)
     if not scorer.trainable:
@@ -107,7 +110,8 @@ def load_scorer(
             f"{config} ({variant}) records no scorer_kwargs (the options the scorer was selected with), so it "
             f"cannot be rebuilt as it was fitted: the record is incomplete or was replaced; rerun `{how}`"
         )
-    _check_fitted_on(record, store, ckpt, variant, how)
+    if check_fitted_on:
+        _check_fitted_on(record, store, ckpt, variant, how)
     recorded = record.get(WEIGHTS_KEY)  # a record written by hand (or by older code) has none: unchecked
     if recorded is not None and weights_sha256_of(ckpt_dir) != recorded:
         raise ValueError(
