@@ -502,13 +502,13 @@ def test_a_resume_or_finished_seed_is_kept_only_under_the_same_data_and_eval_eve
 
     cfg = _cfg(tmp_path, seeds=[0, 1])
     loop.train_variant(cfg, tiny_store, progress=False)
-    built: list[str] = []  # a scorer is built only for a seed that trains
+    built: list[str] = []  # a scorer is built once to check its options, then only for a seed that trains
     create = loop.create_scorer
     monkeypatch.setattr(loop, "create_scorer", lambda *a, **k: built.append(a[0]) or create(*a, **k))
     (tmp_path / "bindclip" / "seed1" / "config.json").unlink()  # seed 1 interrupted
     before = _weights(tmp_path / "bindclip" / "seed0" / "model.safetensors")
     loop.train_variant(cfg, tiny_store, progress=False)
-    assert built == ["bindclip"]  # seed 1 only: seed 0 kept as it was
+    assert built == ["bindclip", "bindclip"]  # the check, then seed 1 only: seed 0 kept as it was
     assert all(torch.equal(before[k], v) for k, v in _weights(tmp_path / "bindclip" / "seed0" / "model.safetensors").items())
 
     fp = json.loads((tmp_path / "bindclip" / "seed0" / "config.json").read_text())["fingerprint"]

@@ -70,7 +70,7 @@ from pipeline.cache import FeatureStore
 from pipeline.cache.schema import encoder_id
 from pipeline.config import OptionsError, TrainConfig
 from pipeline.features import to_device
-from pipeline.scorers import create_scorer
+from pipeline.scorers import Scorer, create_scorer
 from pipeline.scorers.checkpoints import WEIGHTS_KEY, checkpoint_owner, weights_sha256_of
 from pipeline.training.resume import read_resume
 from pipeline.training.schedule import warmup_cosine
@@ -158,8 +158,7 @@ def train_seed(
             log.info("%s seed %d: already trained under this configuration and data (%s); kept", cfg.variant, seed, out)
             return record
     torch.manual_seed(seed)
-    model = _named_options(cfg, "scorer", lambda: create_scorer(cfg.variant, dims=store.dims, proj=store.projections(), **cfg.scorer))
-    model = model.to(cfg.device)
+    model = build_model(cfg, store).to(cfg.device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(seed)
@@ -277,6 +276,12 @@ def train_seed(
     return record
 
 
+def build_model(cfg: TrainConfig, store: FeatureStore) -> Scorer:
+    """``cfg.variant``'s scorer at this store's dims, its ``train.<variant>.scorer`` options
+    applied (a refused one named by that key), weights from the current torch seed."""
+    return _named_options(cfg, "scorer", lambda: create_scorer(cfg.variant, dims=store.dims, proj=store.projections(), **cfg.scorer))
+
+
 def _check(cfg: TrainConfig) -> None:
     owner = checkpoint_owner(cfg.variant)
     if owner != cfg.variant:
@@ -349,12 +354,15 @@ def train_variant(
     seed's copy and the seeds' record) are removed before the first seed trains and written
     after the last: a run that stops between leaves no top-level model for `pipeline score`
     to load beside seed folders of another training, so scoring asks for the training to
-    finish instead of mixing two runs.
+    finish instead of mixing two runs. Every option (the loop's, the objective's, the
+    scorer's) is checked before they are removed, so a refused one leaves them as they were.
 
     Returns the summary written to ``<cfg.out>/<variant>/summary.json``.
     """
     _check(cfg)
     trainer = _named_options(cfg, "objective", lambda: make_trainer(cfg))  # before any data is loaded
+    with torch.random.fork_rng(devices=[]):  # its scorer options too, before the last training's files are
+        build_model(cfg, store)  # removed; the global RNG left as it was, so the run draws what it drew
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
