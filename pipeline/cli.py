@@ -183,6 +183,7 @@ def extract(
              "batch_size": batch_size, "device": device},  # fmt: skip
         )
         _check_device(cfg.device)
+        _check_encoder(cfg.model, _origin(params, "extract.model", "--model", model))
         if scheduler is not None:
             from pipeline.distributed import extract_distributed
 
@@ -209,15 +210,31 @@ def score(
 
     try:
         cfg = load_config(ScoreConfig, params, "score", {"variants": variant, "suites": suite, "encoder": model, "device": device})
-        stage.check_names(cfg, params)
+        stage.check_names(cfg, params, "--variant" if variant else None)
         cfg = _narrowed(cfg, variant, suite)
         _check_device(cfg.device)
+        _check_encoder(cfg.encoder, _origin(params, "score.encoder", "--model", model))
         ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
         records = _score_on(cfg, ext, scheduler, not quiet) if scheduler is not None else stage.run(cfg, ext, progress=not quiet)
         for rec in records:
             typer.echo(json.dumps(rec))
     except USER_ERRORS as e:
         fail(e)
+
+
+def _origin(params: Path | None, key: str, option: str, given: object) -> str:
+    """Where a value an error names came from: ``option`` when given on the command line,
+    else ``<params>: key`` (``key`` alone when no params file is read)."""
+    if given is not None:
+        return option
+    return f"{params}: {key}" if params is not None else key
+
+
+def _check_encoder(name: str, origin: str) -> None:
+    """Refuse an encoder key no encoder has, naming where it came from (:func:`_origin`)."""
+    from pipeline.encoders import ENCODERS
+
+    ENCODERS.check_known([name], origin)
 
 
 def _score_on(cfg, ext, scheduler: str, progress: bool) -> list[dict]:

@@ -10,6 +10,7 @@ keeps its traceback.
 from __future__ import annotations
 
 import errno
+import itertools
 
 import typer
 
@@ -66,4 +67,7 @@ def usage_line(e, argv: list[str]) -> str:
     if given is not None:
         message += f" (given: {given!r})"
     where = e.ctx.command_path if e.ctx is not None else "pipeline"
+    if e.ctx is None:  # an option without its value: click gives no context; the command words lead argv
+        words = list(itertools.takewhile(lambda a: not a.startswith("-"), argv))[:2]  # `bench extract`
+        where = " ".join(["pipeline", *words])
     return f"error: {message}; see `{where} --help`"

@@ -96,14 +96,14 @@ def write_metrics(cfg: ScoreConfig, record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def check_names(cfg: ScoreConfig, params: str | Path | None = None) -> None:
-    """Refuse a variant no scorer has: in ``variants`` (the registry's one line), and in
+def check_names(cfg: ScoreConfig, params: str | Path | None = None, variants_key: str | None = None) -> None:
+    """Refuse a variant no scorer has: in ``variants`` (named ``variants_key``, e.g.
+    ``--variant``, when they came from elsewhere than the params file), and in
     ``seed_variants``, ``replacement_variants`` or ``options``, where a typo would otherwise score
-    nothing, or the wrong set, in silence; those three come from the params file only, so their
-    error names ``params`` when given."""
-    for variant in cfg.variants:
-        SCORERS.get(variant)
+    nothing, or the wrong set, in silence; a key of the params file is named with ``params``
+    when given."""
     where = f"{params}: " if params is not None else ""
+    SCORERS.check_known(cfg.variants, variants_key or f"{where}score.variants")
     for key in ("seed_variants", "replacement_variants", "options"):
         SCORERS.check_known(getattr(cfg, key), f"{where}score.{key}")
 

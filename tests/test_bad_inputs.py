@@ -254,8 +254,10 @@ def test_negative_batch_size_on_the_command_line(good):
         (["extract", "--batch-size=abc"], ["'--batch-size'", "given: 'abc'"]),
         (["extract", "--bogus"], ["No such option: --bogus", "`pipeline extract --help`"]),
         (["extarct"], ["No such command 'extarct'", "`pipeline --help`"]),
+        (["extract", "--out"], ["Option '--out' requires an argument", "`pipeline extract --help`"]),
+        (["bench", "extract", "--toy-images"], ["Option '--toy-images' requires an argument", "`pipeline bench extract --help`"]),
     ],
-    ids=["batch-size-word", "batch-size-equals-word", "unknown-option", "unknown-command"],
+    ids=["batch-size-word", "batch-size-equals-word", "unknown-option", "unknown-command", "no-value", "bench-no-value"],
 )
 def test_command_line_mistakes_are_one_line(args, names, capsys):
     """The installed ``pipeline`` entry point (``cli.run``): a usage mistake is one
@@ -314,7 +316,9 @@ def test_params_file_not_utf8_through_the_installed_command(tmp_path):
 
 def test_unknown_variant_lists_the_valid_ones(good):
     _, params = good
-    refused(cli("score", "--params", params, "--variant", "clipp", "--quiet"), "unknown scorer 'clipp'", "valid scorers", "clip")
+    refused(cli("score", "--params", params, "--variant", "clipp", "--quiet"), "--variant names unknown scorer(s) clipp", "valid scorers", "clip")
+    edited(params, "score", variants=["clip", "clipp"])
+    refused(cli("score", "--params", params, "--quiet"), f"{params}: score.variants names unknown scorer(s) clipp", "valid scorers")
 
 
 def test_unknown_suite_lists_the_valid_ones(good):
@@ -324,7 +328,9 @@ def test_unknown_suite_lists_the_valid_ones(good):
 
 def test_unknown_model_lists_the_valid_ones(good):
     _, params = good
-    refused(cli("extract", "--params", params, "--model", "ViT-Q-99", "--quiet"), "unknown encoder 'ViT-Q-99'", "valid encoders", "tiny-vit")
+    refused(cli("extract", "--params", params, "--model", "ViT-Q-99", "--quiet"), "--model names unknown encoder(s) ViT-Q-99", "valid encoders", "tiny-vit")
+    edited(params, "extract", model="ViT-Q-99")
+    refused(cli("extract", "--params", params, "--quiet"), f"{params}: extract.model names unknown encoder(s) ViT-Q-99", "valid encoders")
 
 
 def test_options_of_an_unknown_variant_are_refused(good):
@@ -337,7 +343,7 @@ def test_options_of_an_unknown_variant_are_refused(good):
 def test_unknown_score_encoder_lists_the_valid_ones(good):
     _, params = good
     edited(params, "score", encoder="tiny-vitt")
-    refused(cli("score", "--params", params, "--quiet"), "unknown encoder 'tiny-vitt'", "valid encoders", "tiny-vit")
+    refused(cli("score", "--params", params, "--quiet"), f"{params}: score.encoder names unknown encoder(s) tiny-vitt", "valid encoders", "tiny-vit")
 
 
 def test_empty_extract_suites_is_refused(good):

@@ -97,7 +97,7 @@ def test_a_toyclip_resume_snapshot_that_is_unreadable_is_not_resumed(tmp_path):
 def test_warmup_under_a_constant_schedule_is_refused(tmp_path, tiny_store):
     from pipeline.training.loop import train_variant
 
-    with pytest.raises(ValueError, match="train.warmup = 10 applies to lr_schedule cosine only"):
+    with pytest.raises(ValueError, match="train.bindclip.warmup = 10 applies to lr_schedule cosine only"):
         train_variant(_cfg(tmp_path, warmup=10, steps=3), tiny_store, progress=False)
 
 

@@ -283,25 +283,27 @@ def build_model(cfg: TrainConfig, store: FeatureStore) -> Scorer:
 
 
 def _check(cfg: TrainConfig) -> None:
+    """Refuse what the loop cannot run, named by its key ``train.<variant>.<key>``."""
+    key = f"train.{cfg.variant}"
     owner = checkpoint_owner(cfg.variant)
     if owner != cfg.variant:
         raise ValueError(f"{cfg.variant} reuses the parameters of {owner!r}; train `pipeline train --variant {owner}`")
     if not cfg.seeds:
-        raise ValueError("train.seeds is empty; give at least one seed")
+        raise ValueError(f"{key}.seeds is empty; give at least one seed")
     learning_rate(0, cfg)  # an unknown schedule fails here
     train, dev = SuiteSelection.parse(cfg.train_suite), SuiteSelection.parse(cfg.dev_suite)
     if train.suite == dev.suite and (train.column is None or train.column != dev.column or train.value == dev.value):
         raise ValueError(
-            f"train.train_suite {cfg.train_suite!r} and train.dev_suite {cfg.dev_suite!r} select "
+            f"{key}.train_suite {cfg.train_suite!r} and {key}.dev_suite {cfg.dev_suite!r} select "
             f"overlapping rows of {train.suite}; name two values of one column, e.g. "
             f"{train.suite}[train] and {train.suite}[validation]"
         )
     if cfg.lr_schedule == "cosine" and cfg.steps == 0:
-        raise ValueError("train.steps is 0 under lr_schedule cosine, which needs steps > warmup; lr_schedule: constant keeps the initial weights")
+        raise ValueError(f"{key}.steps is 0 under lr_schedule cosine, which needs steps > warmup; lr_schedule: constant keeps the initial weights")
     if cfg.lr_schedule == "constant" and cfg.warmup:
-        raise ValueError(f"train.warmup = {cfg.warmup} applies to lr_schedule cosine only; set lr_schedule: cosine, or drop warmup")
+        raise ValueError(f"{key}.warmup = {cfg.warmup} applies to lr_schedule cosine only; set lr_schedule: cosine, or drop warmup")
     if cfg.lr_schedule == "cosine" and not 0 <= cfg.warmup < cfg.steps:
-        raise ValueError(f"train.warmup must be in [0, steps) = [0, {cfg.steps}), got {cfg.warmup}")
+        raise ValueError(f"{key}.warmup must be in [0, steps) = [0, {cfg.steps}), got {cfg.warmup}")
 
 
 def _selections(cfg: TrainConfig) -> tuple[SuiteSelection, SuiteSelection]:
