@@ -80,6 +80,15 @@ def test_missing_files_raise_with_source(tmp_path):
         build_manifest(tmp_path)
 
 
+def test_a_root_holding_the_data_folder_names_that_folder(tmp_path):
+    """`pipeline suites` names the repository's data/ folder; a root one level above it used
+    to get only the download advice."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "swap_obj.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=f"they are under {tmp_path / 'data'}: give that folder as the root"):
+        build_manifest(tmp_path)
+
+
 def test_escaping_image_path_is_refused(tmp_path):
     data = {"0": {"filename": "../../etc/x.jpg", "caption": "a", "negative_caption": "b"}}
     (tmp_path / "swap_obj.json").write_text(json.dumps(data))

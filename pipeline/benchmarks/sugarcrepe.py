@@ -115,9 +115,9 @@ def read_present_categories(
     present = [c for c in categories if (root / file_name(c)).is_file()]
     missing = [file_name(c) for c in categories if c not in present]
     if not present:
-        raise FileNotFoundError(
-            f"no {benchmark} file found under {root} (expected {', '.join(missing)}); {source}"
-        )
+        inside = any((root / "data" / file_name(c)).is_file() for c in categories)
+        hint = f"; they are under {root / 'data'}: give that folder as the root" if inside else f"; {source}"
+        raise FileNotFoundError(f"no {benchmark} file found directly in {root} (expected {', '.join(missing)}){hint}")
     if missing:
         warnings.warn(
             f"{benchmark}: {root} lacks {', '.join(missing)}; those categories are skipped, and every aggregate "
@@ -169,8 +169,8 @@ SUITES.register(
         headline="total",
         categories=CATEGORIES,
         description=(
-            "SugarCrepe: root holds the official data/{add_att,add_obj,replace_att,replace_obj,"
-            "replace_rel,swap_att,swap_obj}.json; images = COCO val2017 folder"
+            "SugarCrepe: root is the repository's data/ folder, holding {add_att,add_obj,replace_att,"
+            "replace_obj,replace_rel,swap_att,swap_obj}.json; images = COCO val2017 folder"
         ),
     ),
 )

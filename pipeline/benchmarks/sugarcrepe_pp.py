@@ -143,8 +143,8 @@ SUITES.register(
         headline="total",
         categories=CATEGORIES,
         description=(
-            "SugarCrepe++ (ITT): root holds the official data/{replace_att,replace_obj,"
-            "replace_rel,swap_att,swap_obj}.json; images = COCO val2017 folder"
+            "SugarCrepe++ (ITT): root is the repository's data/ folder, holding {replace_att,"
+            "replace_obj,replace_rel,swap_att,swap_obj}.json; images = COCO val2017 folder"
         ),
     ),
 )
