@@ -149,6 +149,7 @@ def _closed_port() -> int:
     [
         ("http://127.0.0.1:9/features", "fsspec's http:// filesystem is read-only here"),
         ("tar://features", "fsspec's tar:// filesystem is read-only here"),
+        ("simplecache::http://127.0.0.1:9/features", "fsspec's http:// filesystem is read-only here"),
         ("ftp://127.0.0.1:{port}/features", r"cannot be reached \(ConnectionRefusedError"),
         ("zip://features", r"cannot be reached \(IsADirectoryError"),
     ],

@@ -102,9 +102,9 @@ class StoreLocation:
         model has loaded. A local path is checked when its folder is made."""
         if not self.remote:
             return
-        protocol = str(self.path).split("::")[0].split("://")[0].lower()
-        if protocol in READ_ONLY_PROTOCOLS:
-            raise CacheError(f"{key} = {str(self.path)!r}: fsspec's {protocol}:// filesystem is read-only here, and a store is written; extract into file://, s3://, gs:// or a local folder (score can read a copy from anywhere)")
+        protocols = [part.split("://")[0].lower() for part in str(self.path).split("::")]  # every link of a chain
+        if read_only := [p for p in protocols if p in READ_ONLY_PROTOCOLS]:
+            raise CacheError(f"{key} = {str(self.path)!r}: fsspec's {read_only[0]}:// filesystem is read-only here, and a store is written; extract into file://, s3://, gs:// or a local folder (score can read a copy from anywhere)")
         try:
             fs, root = self._fs()
             fs.exists(root)
