@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperGroup
 
+from pipeline.cli_checks import check_device, narrowed, origin
 from pipeline.cli_errors import RESUME, USER_ERRORS, fail, one_line_warning, usage_line
 
 
@@ -61,45 +62,6 @@ Params = Annotated[
 ]
 Quiet = Annotated[bool, typer.Option("--quiet", help="no progress bars")]
 Device = Annotated[str | None, typer.Option(help="torch device: cpu, cuda, cuda:1, ... (default: the params file's)")]
-
-
-def _check_device(device: str) -> None:
-    """Refuse a torch device this machine does not have before any store is opened or
-    model built (``--device cuda`` on a host without a CUDA driver), naming what torch says,
-    and the ``meta`` device, which computes no values."""
-    import torch
-
-    try:
-        if torch.device(device).type == "meta":  # it allocates, but holds shapes only: every feature would be garbage
-            raise RuntimeError("the meta device holds tensors' shapes, not their values")
-        torch.empty(0, device=torch.device(device))
-    except (RuntimeError, AssertionError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"device {device!r} is not usable here ({reason}); pass --device cpu or set the params file's device") from None
-
-
-def _narrowed(cfg, variants: list[str] | None, suites: list[str] | None):
-    """``cfg`` with its per-seed and replacement lists cut down to the ``--variant`` /
-    ``--suite`` given on the command line: those lists name the params file's whole set, and
-    a narrowed call scores (and refuses) only what it was asked for."""
-    from dataclasses import replace
-
-    changes: dict = {}
-    seed_variants = list(cfg.seed_variants)
-    if variants:
-        seed_variants = [v for v in seed_variants if v in cfg.variants]
-        if cfg.replacement_variants:
-            kept = [v for v in cfg.replacement_variants if v in cfg.variants]
-            changes["replacement_variants"] = kept
-            if not kept:
-                changes["replacements"] = []  # [] would mean every variant
-    if suites and cfg.seed_suites:
-        kept = [s for s in cfg.seed_suites if s in cfg.suites]
-        changes["seed_suites"] = kept
-        if not kept:
-            seed_variants = []  # [] would mean every suite
-    changes["seed_variants"] = seed_variants
-    return replace(cfg, **changes)
 
 
 def _echo_json(obj) -> None:
@@ -172,6 +134,7 @@ def extract(
 ) -> None:
     """Run the frozen encoder once over every image and caption into a Zarr store."""
     from pipeline.config import ExtractConfig, load_config
+    from pipeline.encoders import ENCODERS
     from stages import extract as stage
 
     try:
@@ -182,8 +145,8 @@ def extract(
             {"model": model, "pretrained": pretrained, "init_seed": init_seed, "suites": suite, "out": out,
              "batch_size": batch_size, "device": device},  # fmt: skip
         )
-        _check_device(cfg.device)
-        _check_encoder(cfg.model, _origin(params, "extract.model", "--model", model))
+        check_device(cfg.device)
+        ENCODERS.check_known([cfg.model], origin(params, "extract.model", "--model", model))
         if scheduler is not None:
             from pipeline.distributed import extract_distributed
 
@@ -206,35 +169,21 @@ def score(
 ) -> None:
     """Score suites from the feature cache (never runs the backbone)."""
     from pipeline.config import ExtractConfig, ScoreConfig, load_config
+    from pipeline.encoders import ENCODERS
     from stages import score as stage
 
     try:
         cfg = load_config(ScoreConfig, params, "score", {"variants": variant, "suites": suite, "encoder": model, "device": device})
         stage.check_names(cfg, params, "--variant" if variant else None)
-        cfg = _narrowed(cfg, variant, suite)
-        _check_device(cfg.device)
-        _check_encoder(cfg.encoder, _origin(params, "score.encoder", "--model", model))
+        cfg = narrowed(cfg, variant, suite)
+        check_device(cfg.device)
+        ENCODERS.check_known([cfg.encoder], origin(params, "score.encoder", "--model", model))
         ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
         records = _score_on(cfg, ext, scheduler, not quiet) if scheduler is not None else stage.run(cfg, ext, progress=not quiet)
         for rec in records:
             typer.echo(json.dumps(rec))
     except USER_ERRORS as e:
         fail(e)
-
-
-def _origin(params: Path | None, key: str, option: str, given: object) -> str:
-    """Where a value an error names came from: ``option`` when given on the command line,
-    else ``<params>: key`` (``key`` alone when no params file is read)."""
-    if given is not None:
-        return option
-    return f"{params}: {key}" if params is not None else key
-
-
-def _check_encoder(name: str, origin: str) -> None:
-    """Refuse an encoder key no encoder has, naming where it came from (:func:`_origin`)."""
-    from pipeline.encoders import ENCODERS
-
-    ENCODERS.check_known([name], origin)
 
 
 def _score_on(cfg, ext, scheduler: str, progress: bool) -> list[dict]:
@@ -306,7 +255,7 @@ def train(
         overrides = {"steps": steps, "seeds": seed, "device": device}
         configs = [load_train_config(params, name, overrides) for name in variants]  # every section checked first
         for cfg in configs:
-            _check_device(cfg.device)
+            check_device(cfg.device)
             ext = load_config(ExtractConfig, params, "extract", {"model": cfg.encoder})
             try:
                 _echo_json(stage.run(cfg, ext, progress=not quiet))
