@@ -293,8 +293,8 @@ def compare_encoders(
     variant: Annotated[list[str] | None, typer.Option(help="variant(s) (repeatable; default: compare.variants)")] = None,
     quiet: Quiet = False,
 ) -> None:
-    """The same variants on several encoders: train, extract, train, score each, then
-    summarise (reports/encoders/summary.json; the report shows it when present)."""
+    """The same variants on several encoders: for each, train it (the toy), extract, train
+    the variants and score; then summarise (reports/encoders/summary.json; the report shows it)."""
     from pipeline.config import (
         CompareConfig,
         ExtractConfig,

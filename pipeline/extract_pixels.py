@@ -9,8 +9,9 @@ flags, so decoding, encoding and writing overlap and a crash never leaves a ``do
 ahead of its data. With ``overlap=False`` the loader and the writer run in the calling thread
 instead, one after the other, in the same order and with the same results: a dask worker on
 the CPU has one core (its one thread), and helper threads would take the cores the machine's
-other workers encode on. An image that cannot be decoded is encoded as a blank image and its row
-left unflagged, so it is reported and never read as data. An object crop is cut out of its
+other workers encode on. An image that cannot be decoded is encoded as a blank image (the batch
+keeps its shape) and its row written as zeros and left unflagged, so it is reported, never read
+as data, and written with the same bytes by every run that tries it again. An object crop is cut out of its
 row's image (decoded once per micro-batch), and only its pooled embedding is kept.
 
 Functions:
@@ -144,7 +145,7 @@ def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, ke
     ``load(micro, bad)`` gives their [b, 3, H, W] pixels (a blank image for each row it
     records in ``bad`` with the reason), ``keep(out, micro)`` the arrays to store from the
     encoder's outputs; each shard batch is written once all its micro-batches ran, with the
-    ``bad`` rows left unflagged; ``overlap`` as the module says. Returns
+    ``bad`` rows zeroed and left unflagged; ``overlap`` as the module says. Returns
     ``{(modality, row): reason}`` of the bad rows."""
     bar = tqdm(total=len(rows), desc=desc, unit="img", disable=not progress)
     batches = list(writer.shard_batches(rows, cfg.batch_size))
@@ -169,7 +170,10 @@ def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, ke
             bar.update(len(micro))
             if j + 1 == len(micro_batches) or micro_batches[j + 1][0] != i:
                 done = np.array([int(r) not in bad for r in batches[i]])
-                sink.put(batches[i], {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, done)
+                arrays = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+                for a in arrays.values():  # a bad row holds zeros, not the blank image's features: the
+                    a[~done] = 0  # same bytes whatever batch it was encoded in, so a rerun changes nothing
+                sink.put(batches[i], arrays, done)
                 parts = []
     bar.close()
     return {(modality, r): why for r, why in bad.items()}

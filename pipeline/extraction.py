@@ -47,6 +47,7 @@ from pipeline.manifests import (
     read_image_bytes,
     read_manifest,
     resolve_source,
+    without_skip_hint,
 )
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,8 @@ def extract(
     torch.set_num_threads(cfg.threads)
     sources = suite_sources(cfg)  # before the model loads: a wrong suite, path or store address fails at once
     path = writable_store_path(cfg)
-    enc = encoder or load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
-    with store_lock(path, break_lock, cfg.storage_options):
+    with store_lock(path, break_lock, cfg.storage_options):  # a second writer is refused before its model loads
+        enc = encoder or load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
         root, plan = prepare(cfg, enc, repair, progress, sources)
         return encode_plan(enc, root, plan, cfg, progress, overlap)
 
@@ -266,7 +267,8 @@ def encode_rows(enc: Encoder, root: zarr.Group, modality: str, rows: np.ndarray,
 
     Returns:
         ``{(modality, row): reason}`` of the rows whose image could not be decoded (written
-        with a blank image's features and left unflagged, so they are never read as data).
+        as zeros and left unflagged, so they are never read as data, and a rerun that tries
+        them again writes the same bytes).
     """
     encode = {"text": _encode_texts, "image": _encode_images, "object": _encode_objects}[modality]
     return encode(enc, root, rows, sources, cfg, progress, overlap) or {}
@@ -294,17 +296,29 @@ def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: flo
             row = plan.row_of["image"][key]
             if row in bad_rows["image"]:
                 bad_images.setdefault(suite, {}).update(dict.fromkeys(paths, plan.bad["image", row]))
+    n_bad = len({p for v in bad_images.values() for p in v})
     if bad_images and not cfg.skip_bad_images:
+        for suite, paths in bad_images.items():
+            for p, why in paths.items():
+                log.error("%s: %s", suite, why if p in why else f"{p}: {why}")
         listing = "; ".join(
             f"{suite}: {len(paths)} ({', '.join(why if p in why else f'{p}: {why}' for p, why in list(paths.items())[:3])}"
             f"{' ...' if len(paths) > 3 else ''})"
             for suite, paths in bad_images.items()
         )
         raise BadImageError(
-            f"{len({p for v in bad_images.values() for p in v})} image(s) cannot be decoded — {listing}. "
+            f"{n_bad} image(s) cannot be decoded — {listing}{' (every one is logged above)' if n_bad > 3 else ''}. "
             f"Replace those files, or set extract.skip_bad_images: true to score without their items "
             f"(counted and reported in every metrics file); everything else is encoded and kept"
         )
+    bad_images = {suite: {p: without_skip_hint(why) for p, why in paths.items()} for suite, paths in bad_images.items()}
+    if n_bad:
+        log.warning(
+            "skipping %d undecodable image(s) (extract.skip_bad_images); each suite's record lists them with the "
+            "reason, and every metrics file counts their items: %s",
+            n_bad, "; ".join(f"{suite}: {', '.join(list(paths)[:3])}{' ...' if len(paths) > 3 else ''}"
+                             for suite, paths in bad_images.items()),
+        )  # fmt: skip
     for src, columns, sha in plan.suite_cells:
         index = {}
         for col, (modality, keyed) in columns.items():
@@ -329,11 +343,14 @@ def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: flo
                 **plan.truncation.get(src.suite, {}),
             },
         )
-    if any(len(rows) for rows, _ in plan.todo.values()) or "updated" not in root.attrs:
+    # rows of undecodable images are tried again on every run but never flagged done: only
+    # rows that now hold data change the store
+    encoded = {m: int(len(rows)) - len(bad_rows.get(m, ())) for m, (rows, _) in plan.todo.items()}
+    if any(encoded.values()) or "updated" not in root.attrs:
         writer.finalize(root)
     names = {"image": "images", "text": "captions", "object": "objects"}
     counts = {
-        names[m]: {"total": plan.totals[m], "encoded": int(len(plan.todo[m][0]))}
+        names[m]: {"total": plan.totals[m], "encoded": encoded[m]}
         for m in ("image", "text", "object") if m in plan.todo
     }
     skipped = {"missing": sum(map(len, plan.missing.values())), "bad": len(bad_rows["image"])}  # images, not their crops

@@ -20,10 +20,18 @@ import numpy as np
 import pandas as pd
 from PIL import Image, UnidentifiedImageError
 
+SKIP_BAD = "skip it (extract.skip_bad_images: true)"  # the fix every skippable refusal ends with
+
 
 class BadImageError(ValueError):
     """An image file that cannot be decoded: corrupt, truncated, not an image, or over PIL's
     decompression-bomb limit. The message names the file."""
+
+
+def without_skip_hint(reason: str) -> str:
+    """A :class:`BadImageError` message less its closing "or skip it (...)": the reason a
+    store records for an image it skipped, where that advice is already taken."""
+    return re.sub(r",? or " + re.escape(SKIP_BAD), "", reason)
 
 
 @dataclass(frozen=True)
@@ -254,8 +262,7 @@ def decode_image(data: bytes, name: str, crop_box: Any = None) -> Image.Image:
             img.load()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise BadImageError(
-            f"{name}: refused as a decompression bomb ({e}); shrink the image or skip it "
-            f"(extract.skip_bad_images: true)"
+            f"{name}: refused as a decompression bomb ({e}); shrink the image or {SKIP_BAD}"
         ) from None
     except UnidentifiedImageError:
         # PIL's own message names the in-memory buffer (``<_io.BytesIO object at 0x...>``)
@@ -265,13 +272,13 @@ def decode_image(data: bytes, name: str, crop_box: Any = None) -> Image.Image:
     if img.mode == "F":
         raise BadImageError(
             f"{name}: a floating-point image (mode F) has no defined 8-bit range; convert it "
-            f"to 8 or 16 bits, or skip it (extract.skip_bad_images: true)"
+            f"to 8 or 16 bits, or {SKIP_BAD}"
         )
     w, h = img.size
     if max(w, h) > MAX_ASPECT * min(w, h):  # resized to the model's side, it would hold ~aspect x side^2 pixels
         raise BadImageError(
             f"{name}: {w}x{h} pixels, an aspect ratio over {MAX_ASPECT}:1, which resizing to the "
-            f"model's input would blow up; crop it or skip it (extract.skip_bad_images: true)"
+            f"model's input would blow up; crop it or {SKIP_BAD}"
         )
     if img.mode.startswith("I;16") or img.mode == "I":
         grey = np.asarray(img, dtype=np.float64)
@@ -298,7 +305,7 @@ def checked_crop(crop_box: Any, size: tuple[int, int], name: str) -> tuple[float
             item's fault, skippable with ``extract.skip_bad_images`` as an undecodable image).
     """
     w, h = size
-    fix = "fix the item's crop_box or skip it (extract.skip_bad_images: true)"
+    fix = f"fix the item's crop_box or {SKIP_BAD}"
     try:
         box = tuple(float(v) for v in crop_box)
     except (TypeError, ValueError):

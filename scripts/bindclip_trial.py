@@ -32,7 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.trials import write_trial_params  # noqa: E402
+from scripts.trials import run_main, write_trial_params  # noqa: E402
 
 SUITES = ["shapes-whatsup", "shapes-aro", "shapes-sugarcrepe", "shapes-dev"]
 GOAL_SLICES = [
@@ -137,7 +137,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="section.key=YAML, e.g. train.steps=900")
     ap.add_argument("--out", type=Path, default=Path("/tmp/bindclip-trials"))
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
 
     from pipeline.config import ExtractConfig, ScoreConfig, load_config, load_train_config
     from stages import score as score_stage
@@ -158,4 +158,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

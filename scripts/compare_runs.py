@@ -10,7 +10,10 @@ listed as such. Weights that differ are also compared tensor by tensor (largest 
 difference), and metrics files key by key, so a difference can be sized. With ``--store``
 the two feature stores are matched by their content keys (rows are numbered by each store's
 history, so a fresh store and a grown one number the same features otherwise) and every
-array's rows are compared (each array read whole, a few GB for the toy's); rows one store holds and the other does not are counted.
+array's rows are compared, the ``done`` flags too (each array read whole, a few GB for the toy's); rows one store
+holds and the other does not are counted. The projections (``params/*``) are compared as
+they are, and every suite index through the keys (each item must name the same features;
+a suite extracted from other manifest bytes counts as one difference).
 Exits 1 when anything differs.
 """
 
@@ -90,18 +93,80 @@ def compare_stores(a: Path, b: Path) -> int:
             differ += 1
             continue
         ga, gb = zarr.open_group(str(sa), mode="r"), zarr.open_group(str(sb), mode="r")
-        for modality in ("image", "text"):
+        keys = {}  # modality -> (a's keys, b's keys), each [rows, key bytes]
+        for modality in sorted(set(ga.group_keys()) & set(gb.group_keys()) & {"image", "text", "object"}):
             ka, kb = np.asarray(ga[f"{modality}/key"][:]), np.asarray(gb[f"{modality}/key"][:])
+            keys[modality] = ka, kb
             row_b = {k.tobytes(): i for i, k in enumerate(kb)}
-            pairs = np.array([(i, row_b[k.tobytes()]) for i, k in enumerate(ka) if k.tobytes() in row_b], dtype=np.int64)
+            pairs = np.array([(i, row_b[k.tobytes()]) for i, k in enumerate(ka) if k.tobytes() in row_b], dtype=np.int64).reshape(-1, 2)
             print(f"{sa.name} {modality}: {len(pairs)} rows in both, {len(ka) - len(pairs)} only in {a}, {len(kb) - len(pairs)} only in {b}")
             for name in sorted(ga[modality].array_keys()):
-                if name in ("key", "done"):
+                if name == "key":
                     continue
                 x, y = np.asarray(ga[f"{modality}/{name}"][:]), np.asarray(gb[f"{modality}/{name}"][:])  # whole arrays: slices are zarr's fast path
                 bad = int((x[pairs[:, 0]] != y[pairs[:, 1]]).reshape(len(pairs), -1).any(1).sum())
                 print(f"  {modality}/{name}: {bad} of {len(pairs)} shared rows differ")
                 differ += bad
+        for group in ("image", "text", "object"):
+            if (group in ga) != (group in gb):
+                print(f"  {group}: only in {a if group in ga else b}")
+                differ += 1
+        differ += _compare_params(ga, gb, a, b) + _compare_suites(ga, gb, keys, a, b)
+    return differ
+
+
+def _shared(ga, gb, group: str, listing: str, a: Path, b: Path) -> tuple[list[str], int]:
+    """The members (``array_keys`` or ``group_keys``) of ``group`` both stores hold, sorted,
+    and how many one store holds alone (each printed)."""
+    in_a = set(getattr(ga[group], listing)()) if group in ga else set()
+    in_b = set(getattr(gb[group], listing)()) if group in gb else set()
+    for name in sorted(in_a ^ in_b):
+        print(f"  {group}/{name}: only in {a if name in in_a else b}")
+    return sorted(in_a & in_b), len(in_a ^ in_b)
+
+
+def _compare_params(ga, gb, a: Path, b: Path) -> int:
+    """The stored projections (``params/*``), array by array."""
+    import numpy as np
+
+    names, differ = _shared(ga, gb, "params", "array_keys", a, b)
+    for name in names:
+        same = np.array_equal(np.asarray(ga[f"params/{name}"][...]), np.asarray(gb[f"params/{name}"][...]))
+        print(f"  params/{name}: {'same' if same else 'differs'}")
+        differ += not same
+    return differ
+
+
+def _compare_suites(ga, gb, keys: dict, a: Path, b: Path) -> int:
+    """Every suite index, through the keys: each item's cell must name the same features
+    (or -1, no image) in both stores, whatever their row numbers."""
+    import numpy as np
+
+    names, differ = _shared(ga, gb, "suites", "group_keys", a, b)
+    for suite in names:
+        sa, sb = ga[f"suites/{suite}"], gb[f"suites/{suite}"]
+        if sa.attrs.get("manifest_sha256") != sb.attrs.get("manifest_sha256"):
+            print(f"  suites/{suite}: extracted from other manifests (other bytes); its index not compared")
+            differ += 1
+            continue
+        kinds = sa.attrs.get("kinds", {})
+        for column in sorted(set(sa.array_keys()) | set(sb.array_keys())):
+            if column not in sa or column not in sb or kinds.get(column) not in keys:
+                print(f"  suites/{suite}/{column}: only in {a if column in sa else b}")
+                differ += 1
+                continue
+            ka, kb = keys[kinds[column]]
+            ra, rb = np.asarray(sa[column][:]), np.asarray(sb[column][:])
+            if ra.shape != rb.shape:
+                print(f"  suites/{suite}/{column}: shapes {ra.shape} and {rb.shape}")
+                differ += 1
+                continue
+            width = ka.shape[1]
+            xa = np.where((ra >= 0)[..., None], ka[np.maximum(ra, 0)], np.zeros(width, ka.dtype))
+            xb = np.where((rb >= 0)[..., None], kb[np.maximum(rb, 0)], np.zeros(width, kb.dtype))
+            bad = int(((xa != xb).any(-1) | ((ra < 0) != (rb < 0))).reshape(len(ra), -1).any(1).sum())
+            print(f"  suites/{suite}/{column}: {bad} of {len(ra)} items differ")
+            differ += bad
     return differ
 
 

@@ -33,6 +33,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts.trials import run_main  # noqa: E402
+
 
 def parse_system(spec: str) -> list[tuple[str, int | None]]:
     """``"a:0,b:1,c"`` -> ``[("a", 0), ("b", 1), ("c", None)]``."""
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--resamples", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--row", action="store_true", help="also print each NEW's docs/trials.md table row")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
 
     from pipeline.cache import open_store
     from pipeline.config import ExtractConfig, load_config
@@ -135,4 +137,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

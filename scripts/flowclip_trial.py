@@ -29,7 +29,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.trials import write_trial_params  # noqa: E402
+from scripts.trials import run_main, write_trial_params  # noqa: E402
 
 VARIANTS = ["global-m", "flowclip", "flowclip-cimr"]
 SUITES = ["shapes-whatsup", "shapes-aro", "shapes-sugarcrepe", "shapes-retrieval", "shapes-dev"]
@@ -102,7 +102,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     ap.add_argument("--out", type=Path, default=Path("/tmp/flowclip-trials"))
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
 
     from pipeline.config import ExtractConfig, ScoreConfig, load_config, load_train_config
     from stages import score as score_stage
@@ -128,4 +128,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -33,6 +33,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts.trials import run_main  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -48,7 +50,7 @@ def main() -> None:
     ap.add_argument("--inverse", action="store_true", help="with --lam: fit the map from objects to phrases and compare in the phrase space")
     ap.add_argument("--plain", action="store_true", help="with --lam: the spec's plain map (phrases mapped by W, b; cosine with the raw objects; no centring, whitening or rank cut)")
     ap.add_argument("--fuse", type=float, default=None, help="rank shortlists by the standardised reranker score + FUSE x the standardised CLIP cosine")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
 
     import torch
 
@@ -167,4 +169,4 @@ def misses(manifest, scores) -> dict[str, int]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -1,11 +1,34 @@
 """What the trial scripts share: a trial's folder and its ``params.yaml``, away from the
-pipeline's outputs (``scripts/bindclip_trial.py``, ``scripts/flowclip_trial.py``)."""
+pipeline's outputs (``scripts/bindclip_trial.py``, ``scripts/flowclip_trial.py``), and
+their entry point (:func:`run_main`)."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
+
+NEEDS_CACHE = (
+    "the trial scripts read the cache `dvc repro` fills (docs/trials.md's rows assume it); "
+    "a row run with --params P reads P's store: `pipeline extract --params P` first"
+)
+
+
+def run_main(main: Callable[[], object]) -> None:
+    """Run a trial script's ``main``; a missing or refused cache, a missing file or a bad
+    parameter ends it with one ``error:`` line (as the ``pipeline`` command does), not a
+    traceback."""
+    from pipeline.cache.schema import CacheError
+    from pipeline.config import ParamsError
+
+    try:
+        main()
+    except CacheError as e:
+        sys.exit(f"error: {e} ({NEEDS_CACHE})")
+    except (FileNotFoundError, ParamsError) as e:
+        sys.exit(f"error: {e}")
 
 
 def write_trial_params(params: dict, out: Path, name: str) -> tuple[Path, Path]:

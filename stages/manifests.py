@@ -51,11 +51,19 @@ def run(cfg: ManifestsConfig) -> dict[str, int]:
         stray = sorted({name, *others} - set(cfg.roots))
         if stray:
             raise ValueError(f"manifests.disjoint_from.{name} needs {', '.join(stray)} built in the same run; add to manifests.roots")
+    absent = [name for name, root in cfg.roots.items() if not Path(root).is_dir()]
+    if len(absent) == 1:
+        name = absent[0]
+        raise FileNotFoundError(f"manifests.roots.{name}: folder {cfg.roots[name]} does not exist ({suites[name].description})")
+    if absent:  # every one at once: a first real run lacks several
+        raise FileNotFoundError(
+            f"{len(absent)} folders of manifests.roots do not exist: "
+            + ", ".join(f"{name} ({cfg.roots[name]})" for name in absent)
+            + "; `pipeline suites` says what each suite's folder holds"
+        )
     built: dict[str, pd.DataFrame] = {}
     for name, suite in suites.items():
         root = Path(cfg.roots[name])
-        if not root.is_dir():
-            raise FileNotFoundError(f"manifests.roots.{name}: folder {root} does not exist ({suite.description})")
         df = suite.build_manifest(root)
         if df.empty:
             raise ValueError(f"manifests.roots.{name}: the annotation files under {root} hold no item ({suite.description})")

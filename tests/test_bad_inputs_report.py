@@ -79,7 +79,7 @@ def test_rows_deleted_from_a_scores_table_are_refused_not_reported_as_missing_im
     ok(cli("extract", "--params", params, "--quiet"))
     ok(cli("score", "--params", params, "--quiet"))
     assert "8 items. " in (text := report_text(params))
-    assert "1 item(s) left out, their image missing at extract: it8." in text
+    assert "1 item(s) left out, their image missing or undecodable at extract (each metrics file's `skipped` counts the two reasons): it8." in text
     table = tmp_path / "scores" / "clip" / f"{SUITE}.parquet"
     pq.write_table(pq.read_table(table).slice(0, 5), table)  # the origin metadata stays
     refused(

@@ -187,7 +187,7 @@ def test_report_pools_the_real_suites_and_needs_both(tmp_path):
 
 def test_incomplete_sets_warn_and_missing_arrangement_is_wrong(tmp_path):
     m = _controlled(tmp_path).iloc[:7].reset_index(drop=True)  # beer-bottle lacks "under"
-    with pytest.warns(UserWarning, match="complete sets"):
+    with pytest.warns(UserWarning, match="7 items over 2 keys, 1 of them not a complete set of 4;"):
         units = whatsup_units(m, _scores(np.ones(7, bool)))
     assert units["pair"].values.tolist() == [1, 1, 1, 0] and units["set"].values.tolist() == [1, 0]
 
@@ -199,7 +199,7 @@ def test_sets_without_their_second_axis_are_wrong_not_left_right_only(tmp_path, 
     the left/right pairs keep their own accuracy."""
     m = _controlled(tmp_path, subset)
     lr = m[m["arrangement"].isin(["left", "right"])].reset_index(drop=True)
-    with pytest.warns(UserWarning, match="complete sets of 4"):
+    with pytest.warns(UserWarning, match="not a complete set of 4"):
         units = whatsup_units(lr, _scores(np.ones(len(lr), bool)))
     assert units["individual"].statistic() == 1.0 and units["pair"].values.tolist() == [1, 1]
     assert units["set"].values.tolist() == [0, 0]

@@ -211,8 +211,10 @@ def test_a_failed_write_stops_extract_with_no_later_batch_flagged(tmp_path, tiny
 
 def test_rows_left_between_others_are_written_on_a_later_extract(tmp_path, tiny_encoder, tiny_suite):
     """Two images that cannot be decoded, not neighbours, leave two rows undone; every next
-    extract encodes exactly those rows again (a write of non-contiguous rows into the
-    sharded grids), and once the images are whole the store equals a clean extraction."""
+    extract tries exactly those rows again (a write of non-contiguous rows into the sharded
+    grids) and, while they stay undecodable, leaves every byte of the store as it was (so
+    DVC reruns nothing after extract); once the images are whole the store equals a clean
+    extraction."""
     path, _ = tiny_suite
     cfg = _cfg(tmp_path, {"shapes-sugarcrepe": path})
     cfg.skip_bad_images = True
@@ -220,9 +222,13 @@ def test_rows_left_between_others_are_written_on_a_later_extract(tmp_path, tiny_
     whole = {n: (images / n).read_bytes() for n in ("img002.png", "img005.png")}
     for n in whole:
         (images / n).write_bytes(f"not an image: {n}".encode())  # two rows (content-addressed)
-    assert extract_stage.run(cfg, progress=False, encoder=tiny_encoder)["images"]["encoded"] == 10
+    first = extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+    assert first["images"]["encoded"] == 8 and first["skipped_images"]["bad"] == 2
     assert (~FeatureStore.open(store_path(cfg)).root["image/done"][:]).sum() == 2  # blank, unflagged
-    assert extract_stage.run(cfg, progress=False, encoder=tiny_encoder)["images"]["encoded"] == 2  # tried again
+    files = {p: p.read_bytes() for p in sorted(store_path(cfg).rglob("*")) if p.is_file()}
+    again = extract_stage.run(cfg, progress=False, encoder=tiny_encoder)  # tried again, still bad
+    assert again["images"]["encoded"] == 0 and again["skipped_images"]["bad"] == 2
+    assert {p: p.read_bytes() for p in sorted(store_path(cfg).rglob("*")) if p.is_file()} == files
     for n, data in whole.items():
         (images / n).write_bytes(data)
     assert extract_stage.run(cfg, progress=False, encoder=tiny_encoder)["images"]["encoded"] == 2

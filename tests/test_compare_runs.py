@@ -47,6 +47,37 @@ def test_two_stores_numbering_the_same_features_otherwise_compare_equal(tmp_path
     compare = _module()
     build_pair_store(tmp_path / "a" / "cache", tiny_encoder)
     build_pair_store(tmp_path / "b" / "cache", tiny_encoder, suites=("shapes-dev", "shapes-train"), dev_reversed=True)
-    assert compare.compare_stores(tmp_path / "a", tmp_path / "b") == 0
+    assert compare.compare_stores(tmp_path / "a", tmp_path / "b") == 1  # shapes-dev's manifest: its items reversed
     out = capsys.readouterr().out
     assert "image: 12 rows in both, 0 only in" in out and "image/final: 0 of 12 shared rows differ" in out
+    assert "suites/shapes-dev: extracted from other manifests" in out and "suites/shapes-train/image: 0 of 16 items differ" in out
+
+
+def test_stores_differing_in_a_suite_index_a_done_flag_or_a_projection_are_named(tmp_path, tiny_encoder, capsys):
+    """The comparison read only the image and text rows: a suite index pointing two items at
+    each other's features, a lost done flag or another projection passed as equal."""
+    import numpy as np
+    import zarr
+
+    from tests.conftest import build_pair_store
+
+    compare = _module()
+    build_pair_store(tmp_path / "a" / "cache", tiny_encoder)
+    build_pair_store(tmp_path / "b" / "cache", tiny_encoder, suites=("shapes-dev", "shapes-train"), dev_reversed=True)
+    (store,) = (tmp_path / "b" / "cache" / "features").glob("*.zarr")
+    root = zarr.open_group(str(store), mode="r+")
+    column = root["suites/shapes-train/image"]
+    rows = np.asarray(column[:])
+    rows[[0, 1]] = rows[[1, 0]]
+    column[:] = rows
+    assert compare.compare_stores(tmp_path / "a", tmp_path / "b") == 1 + 2  # shapes-dev's manifest, two items
+    assert "suites/shapes-train/image: 2 of 16 items differ" in capsys.readouterr().out
+    column[:] = np.asarray(column[:])[[1, 0, *range(2, 16)]]  # restored
+    done = np.asarray(root["text/done"][:])
+    done[3] = False
+    root["text/done"][:] = done
+    name = sorted(root["params"].array_keys())[0]
+    root[f"params/{name}"][...] = np.asarray(root[f"params/{name}"][...]) + 1
+    assert compare.compare_stores(tmp_path / "a", tmp_path / "b") == 1 + 2
+    out = capsys.readouterr().out
+    assert "text/done: 1 of" in out and f"params/{name}: differs" in out

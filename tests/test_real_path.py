@@ -192,7 +192,7 @@ def test_the_report_renders_the_real_suites(real_run):
     for suite in EXPECTED:
         assert f"## {suite}" in report, suite
     assert "## Published figures beside ours" in report and "| whatsup-pooled | pooled-pair | bindclip |" in report
-    assert "item(s) left out, their image missing at extract" in report  # the missing image is named
+    assert "item(s) left out, their image missing or undecodable at extract" in report  # the missing image is named
     assert report.startswith("# Compositionality report (real benchmarks)")
     assert "failure profile" not in report and "\n| |  |\n" not in report  # no shapes-only or empty tables
     assert "| | bindclip@seed0 | bindclip@seed1 | spread (max−min) |" in report  # training seeds only

@@ -657,7 +657,7 @@ def test_a_suite_with_items_left_out_names_them_in_a_sentence_of_its_own(world, 
     ctx = make_context(world, tmp_path, {"clip": "right"})
     ctx.results["shapes-dev"]["missing"] = ["a.png", "b.png"]
     text = render(ctx)
-    assert "images under root/val2017/. 2 item(s) left out, their image missing at extract: a.png, b.png." in text
+    assert "images under root/val2017/. 2 item(s) left out, their image missing or undecodable at extract (each metrics file's `skipped` counts the two reasons): a.png, b.png." in text
     assert "No real benchmark suite was scored in this run (ARO, SugarCrepe, SugarCrepe++, What'sUp)" in text
     assert "the failure profile above sets the shapes-world stand-ins beside them" in text
 

@@ -537,3 +537,27 @@ def test_every_interval_is_the_percentile_interval_at_its_level():
         np.testing.assert_allclose((diff.lo, diff.hi), np.quantile(dist, q))
     narrow, wide = (bootstrap_ci(a, n_resamples=400, seed=2, ci=c) for c in (0.5, 0.95))
     assert wide.lo < narrow.lo < narrow.hi < wide.hi
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_resamples_whose_exact_difference_is_zero_count_as_ties(grouped):
+    """The p-value counts the resamples whose difference is exactly 0 as ties. With weights
+    1/n the float statistic of a zero-sum resample comes out as +-1e-17 (410 pairs: about
+    half of the zero resamples), and the p-value dropped below its definition. The expected
+    p is counted here in integers: each resample's difference times G * lcm(group sizes)."""
+    rng = np.random.default_rng(3)
+    n = 410
+    a = (rng.random(n) < 0.6).astype(float)
+    b = (rng.random(n) < 0.58).astype(float)
+    groups = np.arange(n) % 2 if grouped else None  # two strata of 205
+    got = stats.paired_bootstrap(a, b, groups=groups, n_resamples=10_000, seed=0)
+    idx = stats.resample_indices(n, groups, 10_000, 0)
+    d = (a - b).astype(np.int64)
+    codes = np.zeros(n, dtype=np.int64) if groups is None else groups
+    sizes = np.bincount(codes)
+    scale = np.lcm.reduce(sizes) // sizes[codes]  # [n] integer weight of each unit
+    sums = (d[idx] * scale).sum(axis=1)  # [R] the statistic times G * lcm, exactly
+    observed = int((d * scale).sum())
+    assert observed != 0 and (sums == 0).sum() > 100  # a case with many exact ties
+    want = min(1.0, 2 * np.mean(sums <= 0) if observed > 0 else 2 * np.mean(sums >= 0))
+    assert got.p == want

@@ -128,3 +128,22 @@ def test_trial_params_pass_the_score_stages_checks(tmp_path, monkeypatch, script
     monkeypatch.setattr(stage, "open_store", stop)
     with pytest.raises(Checked):
         stage.run(load_config(ScoreConfig, path, "score"), load_config(ExtractConfig, path, "extract"), progress=False)
+
+
+def test_a_trial_script_without_its_cache_ends_with_one_line_naming_the_fix(tmp_path):
+    """Without the `dvc repro` cache the trial scripts ended in a traceback; a row run with
+    --params was told to run `pipeline extract` without them. An override after an option
+    (``--suite S k=5``) is read as an override, not refused."""
+    import subprocess
+    import sys
+
+    params = tmp_path / "params.yaml"
+    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    doc["extract"]["out"] = str(tmp_path / "features")
+    params.write_text(yaml.safe_dump(doc))
+    cmd = [sys.executable, str(ROOT / "scripts" / "geometry_trial.py"), "fgw", "--suite", "shapes-retrieval", "k=5", "--params", str(params)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: no feature store at {tmp_path / 'features'}")
+    assert line.endswith("a row run with --params P reads P's store: `pipeline extract --params P` first)")

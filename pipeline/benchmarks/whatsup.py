@@ -173,8 +173,9 @@ def whatsup_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units
     sets = [bool(others) and all(table[k].get(a, False) for ax in axes for a in ax) for k in table]
     set_size = 2 * max(len(axes), 2)
     if len(manifest) != set_size * len(table):
+        incomplete = sum(len(v) != set_size for v in table.values())
         warnings.warn(
-            f"What'sUp: {len(manifest)} items over {len(table)} keys are not complete sets of "
+            f"What'sUp: {len(manifest)} items over {len(table)} keys, {incomplete} of them not a complete set of "
             f"{set_size}; pair/set are over the {len(pairs)} pairs / {len(sets)} sets present "
             "(the official N/2, N/4 denominators apply to complete data only)",
             stacklevel=2,

@@ -141,14 +141,29 @@ def create_model(config_name: str, pretrained: str | None = None) -> Any:
     """``open_clip.create_model`` plus the toy config's convolutional stem (``stem.py``).
 
     Every place that builds a model from a config name goes through here, so training,
-    extract and the benches build the same architecture.
+    extract and the benches build the same architecture. Without ``pretrained`` open_clip
+    warns that the model is initialised randomly; that warning is dropped here, since the
+    caller loads its weights next (a toy checkpoint) or chose a seeded random init and says so.
     """
     import open_clip
 
     from pipeline.encoders.stem import install_stem
 
     register_toy_configs()
-    return install_stem(open_clip.create_model(config_name, pretrained=pretrained), config_name)
+    quiet = _DropRandomInitWarning()
+    logging.getLogger().addFilter(quiet)
+    try:
+        model = open_clip.create_model(config_name, pretrained=pretrained)
+    finally:
+        logging.getLogger().removeFilter(quiet)
+    return install_stem(model, config_name)
+
+
+class _DropRandomInitWarning(logging.Filter):
+    """Drops open_clip's "No pretrained weights loaded ... initialized randomly" record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No pretrained weights loaded")
 
 
 @dataclass
@@ -398,6 +413,7 @@ def load_encoder(
         with torch.random.fork_rng(devices=[]):  # built on the CPU; the caller's RNG untouched
             torch.manual_seed(init_seed)
             model = create_model(config)
+        logging.getLogger(__name__).warning("%s: random weights (--pretrained none, seed %d)", spec.name, init_seed)
     else:
         if identity.startswith("sha256:"):
             _check_provenance(spec, config, tag)

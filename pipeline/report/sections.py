@@ -213,7 +213,8 @@ def suites(ctx: ReportContext) -> list[str]:
         description += "" if description.endswith((".", "!", "?")) else "."
         missing = entry.get("missing") or []
         left_out = (
-            f" {len(missing)} item(s) left out, their image missing at extract: "
+            f" {len(missing)} item(s) left out, their image missing or undecodable at extract (each "
+            "metrics file's `skipped` counts the two reasons): "
             + ", ".join(missing[:10]) + (" …" if len(missing) > 10 else "") + "."
         ) if missing else ""  # fmt: skip
         parts += [f"## {suite_name}", f"{len(entry['manifest'])} items. {description}{left_out}", table]

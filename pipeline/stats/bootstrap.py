@@ -14,8 +14,8 @@ Resampling (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13
 * the paired bootstrap uses one index set for both systems, i.e. it resamples the
   per-unit differences ``d = a - b`` and ``stat(a*) - stat(b*) = stat(d*)``;
 * intervals are percentile intervals; the two-sided p-value is twice the fraction of
-  resampled differences on the other side of 0 from the observed one (ties count),
-  capped at 1. Its resolution is ``1 / n_resamples``: ``p = 0`` means ``p < 1/n_resamples``.
+  resampled differences on the other side of 0 from the observed one (ties count: a
+  resampled statistic within the dot product's rounding bound of 0 is 0), capped at 1. Its resolution is ``1 / n_resamples``: ``p = 0`` means ``p < 1/n_resamples``.
 
 A mean of several task metrics (e.g. Flow-CLIP's all-task mean over suites) is bootstrapped
 task by task: each task's units are resampled independently (stratified by its own groups),
@@ -232,7 +232,12 @@ def _distribution(
     codes, n_groups = _group_codes(groups, len(v))
     w = _weights(codes, n_groups)  # [n], fixed across resamples (group sizes are fixed)
     chunks = [v[idx] @ w for idx in _index_chunks(codes, n_groups, n_resamples, rng)]
-    return np.concatenate(chunks)  # [R]
+    dist = np.concatenate(chunks)  # [R]
+    # v @ w rounds: a resample whose exact statistic is 0 (a paired difference of accuracies
+    # summing to 0 over weights 1/n) comes out as +-1e-17 and would leave the p-value's
+    # ties. Within the dot product's rounding bound (n * eps * max|v|) it is 0.
+    dist[np.abs(dist) <= len(v) * np.finfo(np.float64).eps * np.abs(v).max()] = 0.0
+    return dist
 
 
 def _tasks_distribution(
