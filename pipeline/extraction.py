@@ -275,8 +275,8 @@ def encode_rows(enc: Encoder, root: zarr.Group, modality: str, rows: np.ndarray,
 
 
 def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: float) -> dict[str, Any]:
-    """Write every suite's item -> row index and, when rows were encoded (or the store was
-    never marked), mark the store updated; the summary. An extract that finds every row
+    """Write every suite's item -> row index and, when rows that now hold data were written
+    (or the store was never marked), mark the store updated; the summary. An extract that finds every row
     already encoded leaves the store's bytes as they were, so a DVC stage hashing the store
     sees no change and does not rerun what reads it.
 
@@ -297,7 +297,13 @@ def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: flo
             if row in bad_rows["image"]:
                 bad_images.setdefault(suite, {}).update(dict.fromkeys(paths, plan.bad["image", row]))
     n_bad = len({p for v in bad_images.values() for p in v})
+    # rows of undecodable images are tried again on every run but never flagged done: only
+    # rows that now hold data change the store
+    encoded = {m: int(len(rows)) - len(bad_rows.get(m, ())) for m, (rows, _) in plan.todo.items()}
+    stamp = any(encoded.values()) or "updated" not in root.attrs
     if bad_images and not cfg.skip_bad_images:
+        if stamp:  # the good rows this refused run wrote are kept: stamped, as after any write
+            writer.finalize(root)
         for suite, paths in bad_images.items():
             for p, why in paths.items():
                 log.error("%s: %s", suite, why if p in why else f"{p}: {why}")
@@ -343,10 +349,7 @@ def finish(root: zarr.Group, plan: ExtractPlan, cfg: ExtractConfig, seconds: flo
                 **plan.truncation.get(src.suite, {}),
             },
         )
-    # rows of undecodable images are tried again on every run but never flagged done: only
-    # rows that now hold data change the store
-    encoded = {m: int(len(rows)) - len(bad_rows.get(m, ())) for m, (rows, _) in plan.todo.items()}
-    if any(encoded.values()) or "updated" not in root.attrs:
+    if stamp:
         writer.finalize(root)
     names = {"image": "images", "text": "captions", "object": "objects"}
     counts = {

@@ -151,8 +151,12 @@ def _compare_suites(ga, gb, keys: dict, a: Path, b: Path) -> int:
             continue
         kinds = sa.attrs.get("kinds", {})
         for column in sorted(set(sa.array_keys()) | set(sb.array_keys())):
-            if column not in sa or column not in sb or kinds.get(column) not in keys:
+            if column not in sa or column not in sb:
                 print(f"  suites/{suite}/{column}: only in {a if column in sa else b}")
+                differ += 1
+                continue
+            if kinds.get(column) not in keys or sb.attrs.get("kinds", {}).get(column) != kinds[column]:
+                print(f"  suites/{suite}/{column}: its modality ({kinds.get(column)}) is not in both stores")
                 differ += 1
                 continue
             ka, kb = keys[kinds[column]]

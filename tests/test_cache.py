@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.cache import FeatureStore, ForeignCacheError, StaleCacheError, store_path
+from pipeline.cache import FeatureStore, ForeignCacheError, StaleCacheError, store_path, writer
 from pipeline.cache.schema import SCHEMA_VERSION
 from pipeline.config import ExtractConfig
 from pipeline.manifests import decode_image
@@ -209,7 +209,7 @@ def test_a_failed_write_stops_extract_with_no_later_batch_flagged(tmp_path, tiny
         assert calls.count("image") == 2 and done.sum() == 64  # nothing written after the failure
 
 
-def test_rows_left_between_others_are_written_on_a_later_extract(tmp_path, tiny_encoder, tiny_suite):
+def test_rows_left_between_others_are_written_on_a_later_extract(tmp_path, tiny_encoder, tiny_suite, monkeypatch):
     """Two images that cannot be decoded, not neighbours, leave two rows undone; every next
     extract tries exactly those rows again (a write of non-contiguous rows into the sharded
     grids) and, while they stay undecodable, leaves every byte of the store as it was (so
@@ -224,11 +224,18 @@ def test_rows_left_between_others_are_written_on_a_later_extract(tmp_path, tiny_
         (images / n).write_bytes(f"not an image: {n}".encode())  # two rows (content-addressed)
     first = extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
     assert first["images"]["encoded"] == 8 and first["skipped_images"]["bad"] == 2
-    assert (~FeatureStore.open(store_path(cfg)).root["image/done"][:]).sum() == 2  # blank, unflagged
+    root = FeatureStore.open(store_path(cfg)).root
+    undone = np.flatnonzero(~root["image/done"][:])
+    assert len(undone) == 2  # zeros, unflagged: the same bytes whatever batch they were encoded in
+    for name in ("final", "early", "embed"):
+        assert not np.asarray(root[f"image/{name}"][:])[undone].any()
     files = {p: p.read_bytes() for p in sorted(store_path(cfg).rglob("*")) if p.is_file()}
+    stamps = []
+    monkeypatch.setattr(writer, "finalize", stamps.append)
     again = extract_stage.run(cfg, progress=False, encoder=tiny_encoder)  # tried again, still bad
-    assert again["images"]["encoded"] == 0 and again["skipped_images"]["bad"] == 2
+    assert again["images"]["encoded"] == 0 and again["skipped_images"]["bad"] == 2 and not stamps
     assert {p: p.read_bytes() for p in sorted(store_path(cfg).rglob("*")) if p.is_file()} == files
+    monkeypatch.undo()
     for n, data in whole.items():
         (images / n).write_bytes(data)
     assert extract_stage.run(cfg, progress=False, encoder=tiny_encoder)["images"]["encoded"] == 2

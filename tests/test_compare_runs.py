@@ -41,7 +41,7 @@ def test_identical_runs_pass_and_differences_are_named_and_sized(tmp_path, capsy
     assert compare.compare_files(a, c) == 3 and f"only in {a}: reports/report.md" in capsys.readouterr().out
 
 
-def test_two_stores_numbering_the_same_features_otherwise_compare_equal(tmp_path, tiny_encoder, capsys):
+def test_two_stores_numbering_the_same_features_otherwise_differ_only_in_the_reordered_manifest(tmp_path, tiny_encoder, capsys):
     from tests.conftest import build_pair_store
 
     compare = _module()

@@ -561,3 +561,28 @@ def test_resamples_whose_exact_difference_is_zero_count_as_ties(grouped):
     assert observed != 0 and (sums == 0).sum() > 100  # a case with many exact ties
     want = min(1.0, 2 * np.mean(sums <= 0) if observed > 0 else 2 * np.mean(sums >= 0))
     assert got.p == want
+
+
+def test_tasks_whose_differences_cancel_exactly_count_as_ties():
+    """A mean over tasks: two tasks of 300 pairs whose resampled differences cancel (+k/300
+    and -k/300) summed to +-1e-17 and left the ties; the expected p is counted in integers."""
+    rng = np.random.default_rng(5)
+    n, tasks_a, tasks_b = 300, [], []
+    for _ in range(2):  # the systems disagree on 20 items a task, so many resamples tie
+        a = (rng.random(n) < 0.6).astype(float)
+        b = a.copy()
+        flips = rng.choice(n, 20, replace=False)
+        b[flips[:12]], a[flips[:12]] = 0.0, 1.0
+        b[flips[12:]], a[flips[12:]] = 1.0, 0.0
+        tasks_a.append(Units(a))
+        tasks_b.append(Units(b))
+    got = units_mean_bootstrap(tasks_a, tasks_b, n_resamples=10_000, seed=0)
+    rng_draw = np.random.default_rng(0)  # the tasks draw from one generator in turn
+    sums = np.zeros(10_000, dtype=np.int64)
+    for ua, ub in zip(tasks_a, tasks_b, strict=True):
+        idx = np.concatenate(list(stats._index_chunks(np.zeros(n, dtype=np.int64), 1, 10_000, rng_draw)))
+        sums += (ua.values - ub.values).astype(np.int64)[idx].sum(axis=1)
+    observed = sum(int((ua.values - ub.values).sum()) for ua, ub in zip(tasks_a, tasks_b, strict=True))
+    assert observed != 0 and (sums == 0).sum() > 100
+    want = min(1.0, 2 * np.mean(sums <= 0) if observed > 0 else 2 * np.mean(sums >= 0))
+    assert got.p == want

@@ -331,6 +331,7 @@ def write_suite_index(
 
 def finalize(root: zarr.Group) -> None:
     """Stamp the root with the time rows were last written (``updated``). Extraction calls it
-    only when it encoded rows or the stamp is absent, so a run with nothing new leaves the
+    only when rows that now hold data were written (an undecodable image's row, retried by
+    every run, is not one) or the stamp is absent, so a run with nothing new leaves the
     store's bytes as they were. Consolidated metadata is avoided: it goes stale on append."""
     root.attrs["updated"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")

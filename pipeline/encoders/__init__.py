@@ -413,7 +413,7 @@ def load_encoder(
         with torch.random.fork_rng(devices=[]):  # built on the CPU; the caller's RNG untouched
             torch.manual_seed(init_seed)
             model = create_model(config)
-        logging.getLogger(__name__).warning("%s: random weights (--pretrained none, seed %d)", spec.name, init_seed)
+        logging.getLogger(__name__).warning("%s: random weights, seed %d (pretrained: none)", spec.name, init_seed)
     else:
         if identity.startswith("sha256:"):
             _check_provenance(spec, config, tag)

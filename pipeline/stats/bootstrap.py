@@ -232,11 +232,19 @@ def _distribution(
     codes, n_groups = _group_codes(groups, len(v))
     w = _weights(codes, n_groups)  # [n], fixed across resamples (group sizes are fixed)
     chunks = [v[idx] @ w for idx in _index_chunks(codes, n_groups, n_resamples, rng)]
-    dist = np.concatenate(chunks)  # [R]
-    # v @ w rounds: a resample whose exact statistic is 0 (a paired difference of accuracies
-    # summing to 0 over weights 1/n) comes out as +-1e-17 and would leave the p-value's
-    # ties. Within the dot product's rounding bound (n * eps * max|v|) it is 0.
-    dist[np.abs(dist) <= len(v) * np.finfo(np.float64).eps * np.abs(v).max()] = 0.0
+    return _snapped(np.concatenate(chunks), _rounding_bound(v))  # [R]
+
+
+def _rounding_bound(v: np.ndarray) -> float:
+    """Bound on the float error of ``v[idx] @ w`` (weights summing to 1): n * eps * max|v|."""
+    return len(v) * np.finfo(np.float64).eps * float(np.abs(v).max())
+
+
+def _snapped(dist: np.ndarray, bound: float) -> np.ndarray:
+    """``dist`` with every value within ``bound`` of 0 set to 0. The resampled statistics
+    round: one whose exact value is 0 (a paired difference of accuracies summing to 0 over
+    weights 1/n) comes out as +-1e-17 and would leave the p-value's ties."""
+    dist[np.abs(dist) <= bound] = 0.0
     return dist
 
 
@@ -253,7 +261,12 @@ def _tasks_distribution(
     total = np.zeros(n_resamples)  # [R]
     for v, groups in tasks:
         total += _distribution(v, groups, n_resamples, rng)
-    return total / len(tasks)
+    if len(tasks) == 1:
+        return total
+    # each task's rounding and the sum's: tasks whose statistics cancel exactly are a tie
+    eps = np.finfo(np.float64).eps
+    bound = sum(_rounding_bound(v) + len(tasks) * eps * float(np.abs(v).max()) for v, _ in tasks)
+    return _snapped(total, bound) / len(tasks)
 
 
 def _percentile_ci(dist: np.ndarray, ci: float) -> tuple[float, float]:
