@@ -1,4 +1,5 @@
-"""Comparing two feature stores array by array (crash, repair and distributed tests)."""
+"""Comparing two feature stores array by array (crash, repair and distributed tests), or one
+store's files byte by byte before and after a run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import numpy as np
 import zarr
 
 VOLATILE = {"created", "updated"}  # timestamps
+
+
+def file_bytes(path: Path) -> dict[Path, bytes]:
+    """Every file under ``path`` and its bytes: what "changes no byte of the store" compares."""
+    return {p: p.read_bytes() for p in sorted(Path(path).rglob("*")) if p.is_file()}
 
 
 def store_contents(path: Path) -> dict:

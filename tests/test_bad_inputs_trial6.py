@@ -12,6 +12,7 @@ import pytest
 from pipeline.cache import FeatureStore, store_lock, store_path
 from pipeline.config import ExtractConfig, ManifestsConfig, load_config
 from tests import test_bad_inputs
+from tests.stores import file_bytes
 from tests.test_bad_inputs import (
     SUITE,
     bomb_png,
@@ -78,12 +79,12 @@ def test_a_rerun_over_a_skipped_image_changes_no_byte_of_the_store(tmp_path, ima
     params = with_image(tmp_path, images, "cut.png", b"\x89PNG\r\n\x1a\n cut", skip_bad_images=True)
     ok(cli("extract", "--params", params, "--quiet"))
     store = store_path(load_config(ExtractConfig, params, "extract"))
-    before = {p: p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
+    before = file_bytes(store)
     stamps = []
     monkeypatch.setattr(writer, "finalize", stamps.append)  # the stamp has one-second resolution
     ok(cli("extract", "--params", params, "--quiet"))
     assert not stamps
-    assert {p: p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()} == before
+    assert file_bytes(store) == before
 
 
 def test_toy_and_seeded_random_models_do_not_repeat_open_clip_s_random_init_warning(caplog):

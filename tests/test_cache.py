@@ -12,6 +12,7 @@ from pipeline.config import ExtractConfig
 from pipeline.manifests import decode_image
 from stages import extract as extract_stage
 from tests.conftest import make_choice_manifest, make_images
+from tests.stores import file_bytes
 
 
 def _cfg(tmp_path, suites_manifests, batch_size=4):
@@ -229,12 +230,12 @@ def test_rows_left_between_others_are_written_on_a_later_extract(tmp_path, tiny_
     assert len(undone) == 2  # zeros, unflagged: the same bytes whatever batch they were encoded in
     for name in ("final", "early", "embed"):
         assert not np.asarray(root[f"image/{name}"][:])[undone].any()
-    files = {p: p.read_bytes() for p in sorted(store_path(cfg).rglob("*")) if p.is_file()}
+    files = file_bytes(store_path(cfg))
     stamps = []
     monkeypatch.setattr(writer, "finalize", stamps.append)
     again = extract_stage.run(cfg, progress=False, encoder=tiny_encoder)  # tried again, still bad
     assert again["images"]["encoded"] == 0 and again["skipped_images"]["bad"] == 2 and not stamps
-    assert {p: p.read_bytes() for p in sorted(store_path(cfg).rglob("*")) if p.is_file()} == files
+    assert file_bytes(store_path(cfg)) == files
     monkeypatch.undo()
     for n, data in whole.items():
         (images / n).write_bytes(data)
