@@ -39,7 +39,7 @@ from pipeline.cache import integrity, store_lock, store_path, writable_store_pat
 from pipeline.cache.schema import image_key, object_key, text_key
 from pipeline.config import ExtractConfig
 from pipeline.encoders import Encoder, load_encoder
-from pipeline.extract_pixels import _encode_images, _encode_objects, _Writer
+from pipeline.extract_pixels import _encode_images, _encode_objects, _Writer, as_stored
 from pipeline.manifests import (
     BadImageError,
     cells,
@@ -402,12 +402,7 @@ def _encode_texts(enc: Encoder, root, rows: np.ndarray, bpe: list[list[int]], cf
             out = enc.encode_texts(ids)
             sink.put(
                 batch,
-                {
-                    "ids": ids.cpu().numpy(),
-                    "mask": out["mask"].cpu().numpy(),
-                    "tokens": out["tokens"].float().cpu().numpy(),
-                    "embed": out["embed"].float().cpu().numpy(),
-                },
+                as_stored("text", {"ids": ids, "mask": out["mask"], "tokens": out["tokens"], "embed": out["embed"]}),
             )
             bar.update(len(batch))
     bar.close()

@@ -60,7 +60,7 @@ def arm(point: str, n: int) -> None:
     elif point in ("between_writes", "during_write"):
         original = writer.write_rows
 
-        def write_rows(root, modality, rows, arrays, done=None):
+        def write_rows(root, modality, rows, arrays, done=None, handles=None):
             if point == "between_writes" and calls["k"] >= n:
                 die()
             calls["k"] += 1
@@ -68,7 +68,7 @@ def arm(point: str, n: int) -> None:
                 name, value = next(iter(arrays.items()))
                 root[f"{modality}/{name}"].set_orthogonal_selection((rows,), value.astype(root[f"{modality}/{name}"].dtype))
                 die()
-            return original(root, modality, rows, arrays, done)
+            return original(root, modality, rows, arrays, done, handles)
 
         writer.write_rows = write_rows
     elif point == "index":

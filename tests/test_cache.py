@@ -195,11 +195,11 @@ def test_a_failed_write_stops_extract_with_no_later_batch_flagged(tmp_path, tiny
     cfg = _cfg(tmp_path, {"shapes-aro": tmp_path / "m" / "big.parquet"}, batch_size=16)
     real, calls = writer.write_rows, []
 
-    def failing(root, modality, rows, arrays, done=None):
+    def failing(root, modality, rows, arrays, done=None, handles=None):
         calls.append(modality)
         if modality == "image" and calls.count("image") == 2:
             raise OSError(28, "No space left on device")
-        return real(root, modality, rows, arrays, done)
+        return real(root, modality, rows, arrays, done, handles)
 
     monkeypatch.setattr(writer, "write_rows", failing)
     with pytest.raises(OSError, match="No space left"):
@@ -380,3 +380,51 @@ def test_truncation_counts_at_the_context_boundary():
     assert _truncation(enc, same, tokens)["s"]["n_identical_options"] == 1  # one caption twice; a query is one
     shared = [(SimpleNamespace(suite="s"), {"captions": ("text", [["k9", "k8"], ["k9", "k8"]]), "other": ("text", [["k9"], ["k9"]])}, None)]
     assert _truncation(enc, shared, tokens)["s"]["n_truncated"] == 1  # a caption, however many items name it
+
+
+def test_encoder_outputs_are_cast_to_their_stored_dtypes_as_numpy_casts_them():
+    """``as_stored`` casts with torch; the store's bytes are the ones numpy's cast gives
+    (round to nearest even, overflow to inf, float16 subnormals), so moving the cast did not
+    change a stored byte."""
+    from pipeline.extract_pixels import as_stored
+
+    rng = np.random.default_rng(0)
+    values = np.concatenate([
+        rng.standard_normal(4000).astype(np.float32) * 10.0 ** rng.integers(-9, 6, 4000),
+        np.float32([65504.0, 65519.0, 65520.0, -7e4, 2.0**-24, 2.0**-25, 3 * 2.0**-26, 1 + 2.0**-11]),
+    ]).reshape(1, -1, 2)  # fmt: skip
+    ids = torch.tensor([[49406, 320, 49407, 0]])
+    with np.errstate(over="ignore"):
+        want = values.astype(np.float16)
+    got = as_stored("text", {"tokens": torch.from_numpy(values), "ids": ids, "mask": ids > 0, "embed": torch.ones(1, 3, dtype=torch.float64)})
+    assert got["tokens"].dtype == np.float16 and np.array_equal(got["tokens"].view(np.uint16), want.view(np.uint16))
+    assert got["ids"].dtype == np.int32 and got["ids"].tolist() == ids.tolist()
+    assert got["mask"].dtype == np.bool_ and got["embed"].dtype == np.float32
+
+
+def test_finite_rows_reads_float16_bits_as_isfinite_does():
+    grid = np.ones((6, 3, 4), dtype=np.float16)
+    grid[1, 2, 3], grid[2, 0, 0], grid[3, 1, 1], grid[4] = np.inf, -np.inf, np.nan, 65504
+    want = [True, False, False, False, True, True]
+    assert writer.finite_rows(grid).tolist() == want
+    assert writer.finite_rows(grid.astype(np.float32)).tolist() == want
+
+
+def test_a_batch_of_zeros_still_writes_every_chunk_file(tmp_path):
+    """Rows written as zeros (undecodable images) get their chunk files like any others: the
+    handles :func:`writer.row_arrays` opens write empty chunks, which zarr's defaults (what an
+    array opened by name writes with) skip, leaving no file."""
+    from pipeline.cache.integrity import file_rows, row_file_key
+    from pipeline.cache.schema import IMAGE_ARRAYS
+
+    dims = {"grid": [2, 2], "d_v": 8, "d_t": 8, "embed_dim": 4, "context_length": 8}
+    root = writer.open_for_writing(tmp_path / "s.zarr", {"model": "zeros"}, dims)
+    keys = np.arange(16 * 300, dtype=np.int64).astype(np.uint8).reshape(300, 16)
+    keys[:, 0], keys[:, 1] = np.arange(300) % 256, np.arange(300) // 256  # distinct keys
+    _, todo = writer.plan_rows(root, "image", keys)
+    arrays = {"early": np.zeros((300, 5, 8), np.float32), "final": np.zeros((300, 5, 8), np.float32), "embed": np.zeros((300, 4), np.float32)}
+    writer.write_rows(root, "image", todo, arrays, done=np.zeros(300, dtype=bool))
+    for spec in IMAGE_ARRAYS:
+        arr = root[spec.name]
+        for i in range(-(-300 // file_rows(arr))):
+            assert (tmp_path / "s.zarr" / row_file_key(arr, i)).is_file(), (spec.name, i)

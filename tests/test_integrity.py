@@ -388,6 +388,21 @@ def test_nan_features_are_refused_at_write(world, tiny_encoder, tmp_path, monkey
         extract(_cfg(world, tmp_path / "nan"), progress=False, encoder=tiny_encoder)
 
 
+def test_features_beyond_float16_are_refused_at_write(world, tiny_encoder, tmp_path, monkeypatch):
+    """A float32 value beyond float16's range is finite where the encoder made it and inf in
+    the float16 grid: the check runs on the stored values."""
+    original = tiny_encoder.encode_images
+
+    def too_large(pixels):
+        out = {k: v.clone() for k, v in original(pixels).items()}
+        out["early"][1, 0, 0] = 7e4
+        return out
+
+    monkeypatch.setattr(tiny_encoder, "encode_images", too_large)
+    with pytest.raises(ValueError, match=r"NaN/inf image/early features for store rows \[1, 33\] \(as stored, in float16: finite up to 65504\)"):
+        extract(_cfg(world, tmp_path / "big"), progress=False, encoder=tiny_encoder)
+
+
 # ---------------------------------------------------------------- one writer at a time
 
 
