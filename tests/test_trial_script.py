@@ -147,3 +147,20 @@ def test_a_trial_script_without_its_cache_ends_with_one_line_naming_the_fix(tmp_
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"error: no feature store at {tmp_path / 'features'}")
     assert line.endswith("a row run with --params P reads P's store: `pipeline extract --params P` first)")
+
+
+def test_extract_cpu_writes_alone_fill_every_row_it_times(tmp_path):
+    """scripts/extract_cpu.py times the writes through extract's writer: every planned row
+    ends written and flagged, with the toy's shapes."""
+    import zarr
+
+    from pipeline.perf.common import random_encoder
+
+    mod = _module("extract_cpu")
+    enc = random_encoder("toy")
+    assert mod.writes_alone(tmp_path / "w.zarr", enc, 70) > 0
+    root = zarr.open_group(tmp_path / "w.zarr", mode="r")
+    assert root["image/done"][:].all() and root["image/done"].shape == (70,)
+    assert root["text/done"][:].all() and root["text/done"].shape == (140,)
+    assert root["image/final"].shape[1:] == (enc.dims.grid[0] * enc.dims.grid[1] + 1, enc.dims.d_v)
+    assert float(abs(root["image/final"][69].astype("float32")).sum()) > 0
