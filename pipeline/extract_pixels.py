@@ -81,9 +81,9 @@ class _InCaller(Executor):
 def as_stored(modality: str, out: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     """``out`` (``{"final": tensor, ...}``) as host arrays of the dtypes the store keeps them
     in (grids and token states float16, embeddings float32, ids int32), cast by torch where
-    the encoder ran: from a GPU half the bytes cross to the host, and on the CPU torch's
-    vectorised float16 cast costs the writer a third of numpy's."""
-    dtypes = {spec.name.split("/", 1)[1]: getattr(torch, spec.dtype) for spec in ARRAYS[modality]}
+    the encoder ran: from a GPU half the bytes cross to the host, and on the CPU the cast
+    runs in the encoding thread rather than the writer's."""
+    dtypes = {spec.field: getattr(torch, spec.dtype) for spec in ARRAYS[modality]}
     return {k: v.to(dtypes[k]).cpu().numpy() for k, v in out.items()}
 
 

@@ -599,6 +599,39 @@ def test_steering(geo):
     np.testing.assert_array_equal(np.argsort(-one, 1, kind="stable"), np.argsort(-hand, 1, kind="stable"))
 
 
+def test_steering_strength_rescores_both_variants_at_every_beta_and_scope(geo, tmp_path):
+    """The report's strength table re-scores ``steer`` and ``steer-multi`` from the store:
+    each row's values are those of the variant scored at that β and K by hand, ``clip``'s
+    are CLIP's, and "sum - one" is the paired difference of the two."""
+    from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
+    from pipeline.report import ReportContext
+    from pipeline.scorers.geometry.diagnostics import STRENGTHS, SUM_VS_ONE
+    from pipeline.scorers.geometry.report import strength_rows
+    from pipeline.scorers.geometry.steering import WHOLE_GALLERY
+
+    store, manifest, index = geo
+    attrs = store.suite_attrs(SUITE)
+    extract = ExtractConfig(model="tiny-test", suites=[SUITE], manifests={SUITE: attrs["manifest"]}, image_roots={SUITE: attrs["image_root"]})
+    score = ScoreConfig(variants=["clip", "steer", "steer-multi"], suites=[SUITE], options={"steer": {"beta": 0.5, "k": 3}})
+    ctx = ReportContext({}, ReportConfig(bootstrap=200), score, extract, None, tmp_path, store_=store)
+    rows = strength_rows(ctx, SUITE)
+    assert [(r["scope"], r["k"], r["beta"]) for r in rows] == [
+        (scope, k, b) for scope, k in (("local (K = 3)", 3), ("whole gallery", WHOLE_GALLERY)) for b in STRENGTHS
+    ]
+    clip = retrieval_units(manifest, score_retrieval(_scorer("clip", store), store, manifest, index, 256))["R@1"].statistic()
+    for r in rows:
+        by_hand = {
+            v: retrieval_units(manifest, score_retrieval(_scorer(v, store, beta=r["beta"], k=r["k"]), store, manifest, index, 256))
+            for v in ("steer", "steer-multi")
+        }
+        assert r["clip R@1"] == clip
+        for v, units in by_hand.items():
+            assert r[f"{v} R@1"]["value"] == units["R@1"].statistic()
+            assert r[f"{v} R@10"]["diff"] == pytest.approx(units["R@10"].statistic() - r["clip R@10"])
+        assert r[f"{SUM_VS_ONE} R@1"]["diff"] == pytest.approx(r["steer-multi R@1"]["value"] - r["steer R@1"]["value"])
+    assert strength_rows(ctx, "shapes-retrieval") is None  # not in this store: nothing to show
+
+
 def test_geometry_variants_are_registered_for_retrieval_only():
     for name in ("fgw", "hungarian", "fgw-hungarian", "ridge-fgw", "steer", "steer-multi"):
         assert name in SCORERS.names()

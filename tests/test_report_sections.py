@@ -395,7 +395,7 @@ def test_stage_writes_what_the_sections_left(full_context, monkeypatch):
     payload = json.loads((out / "flowclip.json").read_text())
     assert list(payload) == ["tasks", "ladder", "corrections", "seeds", "selected_steps", "goals"]
     geometry = json.loads((out / "geometry.json").read_text())
-    assert list(geometry) == ["metrics", "hard_vs_soft", "ridge_map", "steering", "goals"]
+    assert list(geometry) == ["metrics", "hard_vs_soft", "ridge_map", "steering", "steering_strength", "goals"]
     assert geometry["ridge_map"] is None  # no `pipeline ridge` record under the checkpoints
     assert set(geometry["metrics"]["shapes-retrieval"]) == set(GEOMETRY_RUNS)
     assert {"R@1", "mean-rank"} <= set(geometry["hard_vs_soft"]["shapes-retrieval"])
@@ -1110,3 +1110,47 @@ def test_steering_slices_split_by_edit_and_directions_and_say_where_it_helps_and
     assert "(`steer`) helps in no slice and hurts in no slice" in verdict
     assert "shapes-multi, edit: swap: R@1 +100.0" in verdict and "edit: move" not in verdict
     assert "(`steer-multi`) helps in shapes-multi, every query: R@1 +50.0" in verdict and "hurts in no slice" in verdict
+
+
+def test_steering_strength_pairs_each_variant_with_clip_and_the_sum_with_one_direction():
+    """Each (scope, β) re-scores both variants once; Δ sum − one is steer-multi minus steer,
+    paired; the verdict lists exactly the settings whose CI excludes 0, grouped by scope."""
+    from pipeline.benchmarks.base import Units
+    from pipeline.scorers.geometry.diagnostics import SUM_VS_ONE, steering_strength
+    from pipeline.scorers.geometry.report import strength_part
+
+    n = 50
+    hits = lambda k: Units(np.r_[np.ones(k), np.zeros(n - k)])  # noqa: E731
+    clip = {"R@1": hits(10), "R@10": hits(25)}
+    calls = []
+
+    def rescore(beta, multi, k):  # one direction falls with β; the sum falls half as fast
+        calls.append((beta, multi, k))
+        lost = int(beta * (4 if multi else 8))
+        return {"R@1": hits(10), "R@10": hits(25 - lost)}
+
+    rows = steering_strength(rescore, clip, {"local (K = 20)": 20, "whole gallery": 10**9}, (0.0, 1.0, 2.0), 500, 0)
+    assert calls == [(b, m, k) for k in (20, 10**9) for b in (0.0, 1.0, 2.0) for m in (False, True)]
+    last = rows[-1]
+    assert (last["scope"], last["beta"], last["clip R@10"]) == ("whole gallery", 2.0, 0.5)
+    assert last["steer R@10"]["value"] == pytest.approx(9 / 50) and last["steer R@10"]["diff"] == pytest.approx(-16 / 50)
+    assert last["steer-multi R@10"]["diff"] == pytest.approx(-8 / 50)
+    assert last[f"{SUM_VS_ONE} R@10"]["diff"] == pytest.approx(8 / 50) and last[f"{SUM_VS_ONE} R@10"]["value"] is None
+    assert rows[0]["steer R@1"] == {"value": 0.2, "diff": 0.0, "lo": 0.0, "hi": 0.0, "p": 1.0}
+
+    class Ctx:
+        figures = {}
+
+        def figure(self, name, fig):
+            self.figures[name] = fig
+            return f"figures/{name}"
+
+    ctx = Ctx()
+    parts = strength_part(ctx, {"shapes-multi": rows})
+    assert parts[0] == "### Steering strength" and "steering-strength.png" in ctx.figures
+    assert "| shapes-multi | whole gallery | 2 | R@10 | 50.0 | -32.0 [" in parts[2]
+    verdict = parts[3]
+    assert "Single-concept steering helps in no setting, and falls below `clip` in shapes-multi, local (K = 20) at β 1, 2; shapes-multi, whole gallery at β 1, 2." in verdict
+    assert "below one direction (interference) in no setting" in verdict
+    assert "above one direction in shapes-multi, local (K = 20) at β 1, 2; shapes-multi, whole gallery at β 1, 2." in verdict
+    assert strength_part(ctx, {}) == []

@@ -83,6 +83,12 @@ class ArraySpec:
     sharded: bool  # chunk_rows-row chunks inside SHARD_ROWS-row shards
     doc: str
 
+    @property
+    def field(self) -> str:
+        """The array's name within its modality ("final" of "image/final"): the key of a
+        batch's outputs and of the writer's handles."""
+        return self.name.split("/", 1)[1]
+
 
 IMAGE_ARRAYS = (
     ArraySpec("image/key", "uint8", ("key",), False, "sha256[:16] of image bytes (+crop box)"),

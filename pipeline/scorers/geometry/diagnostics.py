@@ -1,7 +1,9 @@
 """Where steering helps and where it hurts: each steering variant's difference from its
-baseline over slices of a retrieval suite's queries (the report's steering table).
+baseline over slices of a retrieval suite's queries (the report's steering table), and over
+steering strengths (the report's strength table).
 
     slices = steering_slices(entry, suite.units, ("steer", "steer-multi"), "clip", 2000, 0)
+    rows = steering_strength(rescore, clip_units, {"local (K = 20)": 20}, STRENGTHS, 2000, 0)
 
 A slice is every query, the queries of one edit kind (the suite's ``variant`` column:
 shapes-multi's near-duplicates differ from each query's image in one binding or one
@@ -17,9 +19,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pipeline.benchmarks.base import Units
 from pipeline.stats import paired_bootstrap
 
 SLICE_METRICS = ("R@1", "R@10")
+STRENGTHS = (0.25, 0.5, 1.0, 2.0, 4.0)  # the β the strength table re-scores steering at
+SUM_VS_ONE = "sum - one"  # steer-multi minus steer: below 0, the sum hurts more than one direction
 
 
 def query_slices(manifest: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
@@ -60,3 +65,42 @@ def steering_slices(
                 row[f"{v} {m}"] = {"diff": r.diff, "lo": r.lo, "hi": r.hi, "p": r.p}
         out.append(row)
     return out
+
+
+def steering_strength(
+    rescore: Callable[[float, bool, int], dict[str, Units]],
+    clip: dict[str, Units],
+    scopes: dict[str, int],
+    betas: tuple[float, ...],
+    n_resamples: int,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """Per scope and β: ``steer`` and ``steer-multi`` minus ``clip``, and ``steer-multi`` minus
+    ``steer`` (:data:`SUM_VS_ONE`), on :data:`SLICE_METRICS`, each paired over the queries.
+
+    Naive multi-object steering interferes, as the seed reports, where the sum of a query's
+    directions ranks worse than its first direction alone at the same strength; a sum that
+    ranks worse than ``clip`` but better than one direction is over-steering, not interference.
+    Both variants are re-scored at every (scope, β), so the table does not depend on the β and
+    K the pipeline scores them at.
+
+    Args:
+        rescore: ``(beta, multi, k) -> {metric: Units}`` of the suite's queries steered with
+            strength ``beta`` (``multi``: every direction summed), CLIP's top ``k`` re-ranked.
+        clip: ``{metric: Units}`` of frozen CLIP on the same queries, in the same order.
+        scopes: label -> shortlist length, e.g. ``{"local (K = 20)": 20, "whole gallery": 10**9}``.
+    """
+    rows = []
+    for scope, k in scopes.items():
+        for beta in betas:
+            units = {"steer": rescore(beta, False, k), "steer-multi": rescore(beta, True, k)}
+            row: dict[str, Any] = {"scope": scope, "k": int(k), "beta": float(beta)}
+            for m in SLICE_METRICS:
+                row[f"clip {m}"] = clip[m].statistic()
+                pairs = {v: (u[m], clip[m]) for v, u in units.items()} | {SUM_VS_ONE: (units["steer-multi"][m], units["steer"][m])}
+                for name, (a, b) in pairs.items():
+                    r = paired_bootstrap(a.values, b.values, n_resamples=n_resamples, seed=seed)
+                    value = a.statistic() if name != SUM_VS_ONE else None
+                    row[f"{name} {m}"] = {"value": value, "diff": r.diff, "lo": r.lo, "hi": r.hi, "p": r.p}
+            rows.append(row)
+    return rows
