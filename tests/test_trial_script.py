@@ -164,3 +164,22 @@ def test_extract_cpu_writes_alone_fill_every_row_it_times(tmp_path):
     assert root["text/done"][:].all() and root["text/done"].shape == (140,)
     assert root["image/final"].shape[1:] == (enc.dims.grid[0] * enc.dims.grid[1] + 1, enc.dims.d_v)
     assert float(abs(root["image/final"][69].astype("float32")).sum()) > 0
+
+
+def test_steering_directions_cosine_and_length_of_the_sum_by_hand():
+    """scripts/steering_directions.py: two opposite directions have cosine −1 and a sum half
+    the first's length here; three orthogonal ones cosine 0 and a sum √3 long; padding is
+    ignored and a query with one direction is left out."""
+    import torch
+
+    mod = _module("steering_directions")
+    e = torch.eye(3)
+    directions = torch.stack([
+        torch.stack([2 * e[0], -e[0], 9 * e[2]]),  # the third is padding
+        torch.stack([e[0], e[1], e[2]]),
+        torch.stack([e[1], 5 * e[0], 5 * e[2]]),  # one real direction: left out
+    ])  # fmt: skip
+    valid = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
+    found = mod.direction_geometry(directions, valid)
+    assert found["mean_cosine"] == pytest.approx([-1.0, 0.0], abs=1e-6)
+    assert found["sum_over_first"] == pytest.approx([0.5, 3**0.5], abs=1e-6)
