@@ -264,7 +264,7 @@ def geometry_section(ctx: ReportContext) -> list[str]:
             for suite in suites
         }
         parts += steering_part(steering)
-        strength = {s: rows for s in suites if (rows := strength_rows(ctx, s))}
+        strength = {s: table for s in suites if (table := strength_rows(ctx, s))}
         parts += strength_part(ctx, strength)
     bench = read_bench(ctx.out / RERANK_BENCH)
     parts += ["### Reranking cost", *cost_part(bench, ctx.out / RERANK_BENCH, ctx.bench_command("rerank"))]
@@ -350,6 +350,13 @@ def strength_rows(ctx: ReportContext, suite: str) -> list[dict[str, Any]] | None
     return steering_strength(rescore, units(ctx.scorer(BASELINE)), scopes, STRENGTHS, ctx.cfg.bootstrap, ctx.cfg.seed)
 
 
+def strength_metric(suite: str) -> str:
+    """The metric the strength table and figure show for ``suite``: its headline where the
+    rows hold it (R@1 on shapes-retrieval, R@10 on shapes-multi), else R@10."""
+    headline = SUITES.get(suite).headline
+    return headline if headline in SLICE_METRICS else SLICE_METRICS[-1]
+
+
 def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The steering-strength table (each suite's headline metric), its figure and a sentence
     on where single-concept steering helps, where each variant falls below ``clip`` and where
@@ -359,8 +366,7 @@ def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]])
         return []
     rows, found = [], {key: {} for key in ("helps", "below_one", "below_sum", "interferes", "sum_better")}
     for suite, table in by_suite.items():
-        m = SUITES.get(suite).headline
-        m = m if m in SLICE_METRICS else SLICE_METRICS[-1]
+        m = strength_metric(suite)
         for r in table:
             one, multi, both = r[f"steer {m}"], r[f"steer-multi {m}"], r[f"{SUM_VS_ONE} {m}"]
             rows.append([
@@ -394,8 +400,7 @@ def strength_figure(by_suite: dict[str, list[dict[str, Any]]]):
 
     fig, axes = plt.subplots(1, len(by_suite), figsize=(4.2 * len(by_suite), 3.2), squeeze=False)
     for ax, (suite, table) in zip(axes[0], by_suite.items(), strict=True):
-        m = SUITES.get(suite).headline
-        m = m if m in SLICE_METRICS else SLICE_METRICS[-1]
+        m = strength_metric(suite)
         for scope in dict.fromkeys(r["scope"] for r in table):
             part = [r for r in table if r["scope"] == scope]
             style = "-" if scope.startswith("local") else "--"
