@@ -430,30 +430,31 @@ def test_template_unknown_block_lists_the_blocks():
 
 
 @pytest.mark.parametrize(
-    "module",
+    "modules",
     [
-        "pipeline.report.sections",
-        "pipeline.scorers.bindclip.report",
-        "pipeline.scorers.flowclip.report",
-        "pipeline.scorers.geometry.report",
-        "pipeline.report.published",
+        ["pipeline.report.sections"],
+        ["pipeline.scorers.bindclip.report"],
+        ["pipeline.scorers.flowclip.report"],
+        ["pipeline.scorers.geometry.report", "pipeline.scorers.geometry.steering_report"],
+        ["pipeline.report.published"],
     ],
     ids=["generic", "bindclip", "flowclip", "geometry", "published"],
 )
-def test_every_template_block_is_used_and_exists(module):
-    """The blocks a section asks for are the blocks its template file defines."""
+def test_every_template_block_is_used_and_exists(modules):
+    """The blocks a section's modules ask for are the blocks its template file defines."""
     import importlib
 
-    mod = importlib.import_module(module)
-    source = Path(mod.__file__).read_text()
-    used = set(re.findall(r'TEXT\(\s*"([a-z0-9-]+)"', source))
-    assert used == set(mod.TEXT.blocks)
+    mods = [importlib.import_module(m) for m in modules]
+    assert len({(m.TEXT.package, m.TEXT.resource) for m in mods}) == 1  # one template file
+    used = {b for m in mods for b in re.findall(r'TEXT\(\s*"([a-z0-9-]+)"', Path(m.__file__).read_text())}
+    assert used == set(mods[0].TEXT.blocks)
 
 
 def test_report_code_keeps_markdown_out_of_python():
     """The issue's goal: no line of the report's Python over 120 characters."""
     files = [ROOT / "stages/report.py"]
     files += [ROOT / f"pipeline/scorers/{family}/report.py" for family in ("bindclip", "flowclip", "geometry")]
+    files.append(ROOT / "pipeline/scorers/geometry/steering_report.py")
     files += sorted((ROOT / "pipeline/report").glob("*.py"))
     long = [
         (f.name, i)
@@ -1084,7 +1085,7 @@ def test_steering_slices_split_by_edit_and_directions_and_say_where_it_helps_and
 
     from pipeline.benchmarks import SUITES
     from pipeline.scorers.geometry.diagnostics import query_slices, steering_slices
-    from pipeline.scorers.geometry.report import steering_part
+    from pipeline.scorers.geometry.steering_report import steering_part
 
     n = 40
     manifest = pd.DataFrame({
@@ -1117,7 +1118,7 @@ def test_steering_strength_pairs_each_variant_with_clip_and_the_sum_with_one_dir
     paired; the verdict lists exactly the settings whose CI excludes 0, grouped by scope."""
     from pipeline.benchmarks.base import Units
     from pipeline.scorers.geometry.diagnostics import SUM_VS_ONE, steering_strength
-    from pipeline.scorers.geometry.report import strength_part
+    from pipeline.scorers.geometry.steering_report import strength_part
 
     n = 50
     hits = lambda k: Units(np.r_[np.ones(k), np.zeros(n - k)])  # noqa: E731
@@ -1146,11 +1147,11 @@ def test_steering_strength_pairs_each_variant_with_clip_and_the_sum_with_one_dir
             return f"figures/{name}"
 
     ctx = Ctx()
-    parts = strength_part(ctx, {"shapes-multi": rows})
+    parts = strength_part(ctx, {"shapes-multi": rows}, "clip")
     assert parts[0] == "### Steering strength" and "steering-strength.png" in ctx.figures
     assert "| shapes-multi | whole gallery | 2 | R@10 | 50.0 | -32.0 [" in parts[2]
     verdict = parts[3]
     assert "Single-concept steering helps in no setting, and falls below `clip` in shapes-multi, local (K = 20) at β 1, 2; shapes-multi, whole gallery at β 1, 2." in verdict
     assert "below one direction (interference) in no setting" in verdict
     assert "above one direction in shapes-multi, local (K = 20) at β 1, 2; shapes-multi, whole gallery at β 1, 2." in verdict
-    assert strength_part(ctx, {}) == []
+    assert strength_part(ctx, {}, "clip") == []

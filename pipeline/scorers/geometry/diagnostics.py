@@ -22,6 +22,7 @@ import pandas as pd
 from pipeline.benchmarks.base import Units
 from pipeline.stats import paired_bootstrap
 
+STEERING = ("steer", "steer-multi")  # the steering variants, single-concept and summed
 SLICE_METRICS = ("R@1", "R@10")
 STRENGTHS = (0.25, 0.5, 1.0, 2.0, 4.0)  # the β the strength table re-scores steering at
 SUM_VS_ONE = "sum - one"  # steer-multi minus steer: below 0, the sum hurts more than one direction

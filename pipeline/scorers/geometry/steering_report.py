@@ -1,0 +1,160 @@
+"""The steering parts of the geometry-aware retrieval section
+(:mod:`pipeline.scorers.geometry.report`): where steering helps and hurts by slice of the
+queries, and by strength — ``steer`` and ``steer-multi`` re-scored from the store at several
+β, with the pipeline's shortlist and over the whole gallery, each against the baseline and
+the sum against one direction, where the seed's interference would show. The prose is
+``report.md`` beside this file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.benchmarks import SUITES
+from pipeline.report import ReportContext
+from pipeline.report.markdown import md_table, metric_diff, metric_value
+from pipeline.report.templates import Templates
+from pipeline.scorers.geometry.diagnostics import (
+    SLICE_METRICS,
+    STEERING,
+    STRENGTHS,
+    SUM_VS_ONE,
+    steering_strength,
+)
+from pipeline.scorers.geometry.steering import WHOLE_GALLERY
+
+TEXT = Templates("pipeline.scorers.geometry", "report.md")
+
+
+def steering_part(by_suite: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The steering-by-slice table and a sentence on where each steering variant helps
+    (the slice's 95% CI above 0) and where it hurts (below 0)."""
+    columns = [f"{v} {m}" for v in STEERING for m in SLICE_METRICS]
+    rows, helps, hurts = [], {v: [] for v in STEERING}, {v: [] for v in STEERING}
+    for suite, slices in by_suite.items():
+        for row in slices:
+            cells = []
+            for c in columns:
+                variant, metric = c.split()
+                d = row.get(c)
+                cells.append(metric_diff(metric, d["diff"], d["lo"], d["hi"]) if d else "–")
+                where = f"{suite}, {row['slice']}: {metric} {100 * d['diff']:+.1f}" if d else ""
+                if d and d["lo"] > 0:
+                    helps[variant].append(where)
+                elif d and d["hi"] < 0:
+                    hurts[variant].append(where)
+            rows.append([suite, row["slice"], str(row["queries"]), *cells])
+    if not rows:
+        return []
+
+    def listed(found: list[str]) -> str:
+        return "; ".join(found) if found else "no slice"
+
+    fields = {
+        f"{kind}_{v.replace('-', '_')}": listed(found[v])
+        for kind, found in (("helps", helps), ("hurts", hurts))
+        for v in STEERING
+    }
+    verdict = TEXT("steering-verdict", **fields)
+    header = ["suite", "slice", "queries", *[f"Δ `{c.split()[0]}` {c.split()[1]}" for c in columns]]
+    return [TEXT("steering-slices"), md_table(header, rows), verdict]
+
+
+def strength_rows(ctx: ReportContext, suite: str, baseline: str) -> list[dict[str, Any]] | None:
+    """``suite``'s steering-strength rows (:func:`~pipeline.scorers.geometry.diagnostics.steering_strength`):
+    ``steer`` and ``steer-multi`` re-scored from the store at each of :data:`STRENGTHS`, with
+    the pipeline's shortlist (``score.options``) and over the whole gallery, against
+    ``baseline`` scored alike, on the items the score stage scores (those with their images);
+    None where the store lacks the suite or the suite has no steering prompts."""
+    from pipeline.manifests import resolve_source
+    from pipeline.scorers.checkpoints import build_scorer
+    from pipeline.scoring import drop_missing, score_retrieval, suite_inputs
+
+    if suite not in ctx.store.suites():
+        return None
+    source = resolve_source(suite, ctx.extract.world, ctx.extract.manifests, ctx.extract.image_roots)
+    manifest, index = suite_inputs(ctx.store, suite, source.manifest)
+    manifest, index, _ = drop_missing(manifest, index)
+    if "steer_pos" not in manifest or manifest.empty:
+        return None
+    options = dict(ctx.score.options.get("steer-multi") or ctx.score.options.get("steer") or {})
+    shortlists = ctx.scorer(build_scorer("steer", ctx.store, options).base)
+
+    def units(scorer) -> dict[str, Any]:
+        scores = score_retrieval(scorer, ctx.store, manifest, index, ctx.score.batch_size, base=shortlists, suite=suite)
+        return SUITES.get(suite).units(manifest, scores)
+
+    def rescore(beta: float, multi: bool, k: int) -> dict[str, Any]:
+        return units(build_scorer("steer-multi" if multi else "steer", ctx.store, {**options, "beta": beta, "k": k}))
+
+    k = int(options.get("k", WHOLE_GALLERY))
+    scopes = ({f"local (K = {k})": k} if k < WHOLE_GALLERY else {}) | {"whole gallery": WHOLE_GALLERY}
+    return steering_strength(rescore, units(ctx.scorer(baseline)), scopes, STRENGTHS, ctx.cfg.bootstrap, ctx.cfg.seed)
+
+
+def strength_metric(suite: str) -> str:
+    """The metric the strength table and figure show for ``suite``: its headline where the
+    rows hold it (R@1 on shapes-retrieval, R@10 on shapes-multi), else R@10."""
+    headline = SUITES.get(suite).headline
+    return headline if headline in SLICE_METRICS else SLICE_METRICS[-1]
+
+
+def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]], baseline: str) -> list[str]:
+    """The steering-strength table (each suite's headline metric), its figure and a sentence
+    on where single-concept steering helps, where each variant falls below ``baseline`` and where
+    the sum falls below one direction (the seed's interference), each where the 95% CI
+    excludes 0."""
+    if not by_suite:
+        return []
+    rows, found = [], {key: {} for key in ("helps", "below_one", "below_sum", "interferes", "sum_better")}
+    for suite, table in by_suite.items():
+        m = strength_metric(suite)
+        for r in table:
+            one, multi, both = r[f"steer {m}"], r[f"steer-multi {m}"], r[f"{SUM_VS_ONE} {m}"]
+            rows.append([
+                suite, r["scope"], f"{r['beta']:g}", m, metric_value(m, r[f"clip {m}"]),
+                *(metric_diff(m, d["diff"], d["lo"], d["hi"]) for d in (one, multi, both)),
+            ])  # fmt: skip
+            where = f"{suite}, {r['scope']}"
+            for key, hit in (("helps", one["lo"] > 0), ("below_one", one["hi"] < 0), ("below_sum", multi["hi"] < 0),
+                             ("interferes", both["hi"] < 0), ("sum_better", both["lo"] > 0)):  # fmt: skip
+                if hit:
+                    found[key].setdefault(where, []).append(f"{r['beta']:g}")
+
+    def listed(at: dict[str, list[str]]) -> str:
+        return "; ".join(f"{where} at β {', '.join(betas)}" for where, betas in at.items()) if at else "no setting"
+
+    header = ["suite", "scope", "β", "metric", f"`{baseline}`", "Δ `steer`", "Δ `steer-multi`", "Δ sum − one"]
+    fig = strength_figure(by_suite)
+    return [
+        "### Steering strength",
+        TEXT("steering-strength", betas=", ".join(f"{b:g}" for b in STRENGTHS)),
+        md_table(header, rows),
+        TEXT("steering-strength-verdict", **{k: listed(v) for k, v in found.items()}),
+        f"![steering strength]({ctx.figure('steering-strength.png', fig)})",
+    ]
+
+
+def strength_figure(by_suite: dict[str, list[dict[str, Any]]]):
+    """One panel per suite: its headline metric against β for each steering variant and scope,
+    frozen CLIP's as a horizontal line."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(by_suite), figsize=(4.2 * len(by_suite), 3.2), squeeze=False)
+    for ax, (suite, table) in zip(axes[0], by_suite.items(), strict=True):
+        m = strength_metric(suite)
+        for scope in dict.fromkeys(r["scope"] for r in table):
+            part = [r for r in table if r["scope"] == scope]
+            style = "-" if scope.startswith("local") else "--"
+            for v, colour, marker in (("steer", "C0", "o"), ("steer-multi", "C3", "s")):
+                y = [100 * r[f"{v} {m}"]["value"] for r in part]
+                ax.plot([r["beta"] for r in part], y, style, color=colour, marker=marker, label=f"{v}, {scope}")
+        ax.axhline(100 * table[0][f"clip {m}"], color="grey", lw=1, label="clip")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(STRENGTHS, [f"{b:g}" for b in STRENGTHS])
+        ax.set_xlabel("β")
+        ax.set_ylabel(f"{m} (%)")
+        ax.set_title(suite, fontsize=9)
+    axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    return fig
