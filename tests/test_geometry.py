@@ -614,7 +614,7 @@ def test_steering_strength_rescores_both_variants_at_every_beta_and_scope(geo, t
     extract = ExtractConfig(model="tiny-test", suites=[SUITE], manifests={SUITE: attrs["manifest"]}, image_roots={SUITE: attrs["image_root"]})
     score = ScoreConfig(variants=["clip", "steer", "steer-multi"], suites=[SUITE], options={"steer": {"beta": 0.5, "k": 3}})
     ctx = ReportContext({}, ReportConfig(bootstrap=200), score, extract, None, tmp_path, store_=store)
-    rows = strength_rows(ctx, SUITE, "clip")
+    rows = strength_rows(ctx, SUITE)
     assert [(r["scope"], r["k"], r["beta"]) for r in rows] == [
         (scope, k, b) for scope, k in (("local (K = 3)", 3), ("whole gallery", WHOLE_GALLERY)) for b in STRENGTHS
     ]
@@ -629,7 +629,7 @@ def test_steering_strength_rescores_both_variants_at_every_beta_and_scope(geo, t
             assert r[f"{v} R@1"]["value"] == units["R@1"].statistic()
             assert r[f"{v} R@10"]["diff"] == pytest.approx(units["R@10"].statistic() - r["clip R@10"])
         assert r[f"{SUM_VS_ONE} R@1"]["diff"] == pytest.approx(r["steer-multi R@1"]["value"] - r["steer R@1"]["value"])
-    assert strength_rows(ctx, "shapes-retrieval", "clip") is None  # not in this store: nothing to show
+    assert strength_rows(ctx, "shapes-retrieval") is None  # not in this store: nothing to show
 
 
 def test_geometry_variants_are_registered_for_retrieval_only():

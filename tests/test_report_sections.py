@@ -1147,11 +1147,11 @@ def test_steering_strength_pairs_each_variant_with_clip_and_the_sum_with_one_dir
             return f"figures/{name}"
 
     ctx = Ctx()
-    parts = strength_part(ctx, {"shapes-multi": rows}, "clip")
+    parts = strength_part(ctx, {"shapes-multi": rows})
     assert parts[0] == "### Steering strength" and "steering-strength.png" in ctx.figures
     assert "| shapes-multi | whole gallery | 2 | R@10 | 50.0 | -32.0 [" in parts[2]
     verdict = parts[3]
     assert "Single-concept steering helps in no setting, and falls below `clip` in shapes-multi, local (K = 20) at β 1, 2; shapes-multi, whole gallery at β 1, 2." in verdict
     assert "below one direction (interference) in no setting" in verdict
     assert "above one direction in shapes-multi, local (K = 20) at β 1, 2; shapes-multi, whole gallery at β 1, 2." in verdict
-    assert strength_part(ctx, {}, "clip") == []
+    assert strength_part(ctx, {}) == []

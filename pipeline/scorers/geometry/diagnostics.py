@@ -22,6 +22,7 @@ import pandas as pd
 from pipeline.benchmarks.base import Units
 from pipeline.stats import paired_bootstrap
 
+BASELINE = "clip"  # frozen CLIP: every geometry variant's Δ in the report is against it
 STEERING = ("steer", "steer-multi")  # the steering variants, single-concept and summed
 SLICE_METRICS = ("R@1", "R@10")
 STRENGTHS = (0.25, 0.5, 1.0, 2.0, 4.0)  # the β the strength table re-scores steering at
@@ -70,25 +71,25 @@ def steering_slices(
 
 def steering_strength(
     rescore: Callable[[float, bool, int], dict[str, Units]],
-    clip: dict[str, Units],
+    reference: dict[str, Units],
     scopes: dict[str, int],
     betas: tuple[float, ...],
     n_resamples: int,
     seed: int,
 ) -> list[dict[str, Any]]:
-    """Per scope and β: ``steer`` and ``steer-multi`` minus ``clip``, and ``steer-multi`` minus
+    """Per scope and β: ``steer`` and ``steer-multi`` minus :data:`BASELINE`, and ``steer-multi`` minus
     ``steer`` (:data:`SUM_VS_ONE`), on :data:`SLICE_METRICS`, each paired over the queries.
 
     Naive multi-object steering interferes, as the seed reports, where the sum of a query's
     directions ranks worse than its first direction alone at the same strength; a sum that
-    ranks worse than ``clip`` but better than one direction is over-steering, not interference.
+    ranks worse than the baseline but better than one direction is over-steering, not interference.
     Both variants are re-scored at every (scope, β), so the table does not depend on the β and
     K the pipeline scores them at.
 
     Args:
         rescore: ``(beta, multi, k) -> {metric: Units}`` of the suite's queries steered with
             strength ``beta`` (``multi``: every direction summed), CLIP's top ``k`` re-ranked.
-        clip: ``{metric: Units}`` of frozen CLIP on the same queries, in the same order.
+        reference: ``{metric: Units}`` of :data:`BASELINE` on the same queries, in the same order.
         scopes: label -> shortlist length, e.g. ``{"local (K = 20)": 20, "whole gallery": 10**9}``.
     """
     rows = []
@@ -97,8 +98,8 @@ def steering_strength(
             units = {"steer": rescore(beta, False, k), "steer-multi": rescore(beta, True, k)}
             row: dict[str, Any] = {"scope": scope, "k": int(k), "beta": float(beta)}
             for m in SLICE_METRICS:
-                row[f"clip {m}"] = clip[m].statistic()
-                pairs = {v: (u[m], clip[m]) for v, u in units.items()} | {SUM_VS_ONE: (units["steer-multi"][m], units["steer"][m])}
+                row[f"{BASELINE} {m}"] = reference[m].statistic()
+                pairs = {v: (u[m], reference[m]) for v, u in units.items()} | {SUM_VS_ONE: (units["steer-multi"][m], units["steer"][m])}
                 for name, (a, b) in pairs.items():
                     r = paired_bootstrap(a.values, b.values, n_resamples=n_resamples, seed=seed)
                     value = a.statistic() if name != SUM_VS_ONE else None

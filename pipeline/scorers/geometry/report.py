@@ -27,14 +27,13 @@ from pipeline.report.compare import task_units
 from pipeline.report.markdown import md_table, metric_ci, metric_diff, metric_value, p_value
 from pipeline.report.sections import read_bench
 from pipeline.report.templates import Templates
-from pipeline.scorers.geometry.diagnostics import STEERING, steering_slices
+from pipeline.scorers.geometry.diagnostics import BASELINE, STEERING, steering_slices
 from pipeline.scorers.geometry.figure import matching_figure
 from pipeline.scorers.geometry.rerankers import GeometryReranker
 from pipeline.scorers.geometry.steering_report import steering_part, strength_part, strength_rows
 from pipeline.stats import bootstrap_ci, units_bootstrap
 
 TEXT = Templates("pipeline.scorers.geometry", "report.md")
-BASELINE = "clip"  # every geometry variant's Δ is against frozen CLIP
 RERANKERS = ("fgw", "hungarian", "fgw-hungarian", "ridge-fgw")
 VARIANTS = (*RERANKERS, *STEERING)
 RERANK_BENCH = "bench/rerank.json"  # `pipeline bench rerank`
@@ -257,8 +256,8 @@ def geometry_section(ctx: ReportContext) -> list[str]:
             for suite in suites
         }
         parts += steering_part(steering)
-        strength = {s: table for s in suites if (table := strength_rows(ctx, s, BASELINE))}
-        parts += strength_part(ctx, strength, BASELINE)
+        strength = {s: table for s in suites if (table := strength_rows(ctx, s))}
+        parts += strength_part(ctx, strength)
     bench = read_bench(ctx.out / RERANK_BENCH)
     parts += ["### Reranking cost", *cost_part(bench, ctx.out / RERANK_BENCH, ctx.bench_command("rerank"))]
     parts += matching_part(ctx)

@@ -15,6 +15,7 @@ from pipeline.report import ReportContext
 from pipeline.report.markdown import md_table, metric_diff, metric_value
 from pipeline.report.templates import Templates
 from pipeline.scorers.geometry.diagnostics import (
+    BASELINE,
     SLICE_METRICS,
     STEERING,
     STRENGTHS,
@@ -60,11 +61,11 @@ def steering_part(by_suite: dict[str, list[dict[str, Any]]]) -> list[str]:
     return [TEXT("steering-slices"), md_table(header, rows), verdict]
 
 
-def strength_rows(ctx: ReportContext, suite: str, baseline: str) -> list[dict[str, Any]] | None:
+def strength_rows(ctx: ReportContext, suite: str) -> list[dict[str, Any]] | None:
     """``suite``'s steering-strength rows (:func:`~pipeline.scorers.geometry.diagnostics.steering_strength`):
     ``steer`` and ``steer-multi`` re-scored from the store at each of :data:`STRENGTHS`, with
     the pipeline's shortlist (``score.options``) and over the whole gallery, against
-    ``baseline`` scored alike, on the items the score stage scores (those with their images);
+    :data:`BASELINE` scored alike, on the items the score stage scores (those with their images);
     None where the store lacks the suite or the suite has no steering prompts."""
     from pipeline.manifests import resolve_source
     from pipeline.scorers.checkpoints import build_scorer
@@ -89,7 +90,7 @@ def strength_rows(ctx: ReportContext, suite: str, baseline: str) -> list[dict[st
 
     k = int(options.get("k", WHOLE_GALLERY))
     scopes = ({f"local (K = {k})": k} if k < WHOLE_GALLERY else {}) | {"whole gallery": WHOLE_GALLERY}
-    return steering_strength(rescore, units(ctx.scorer(baseline)), scopes, STRENGTHS, ctx.cfg.bootstrap, ctx.cfg.seed)
+    return steering_strength(rescore, units(ctx.scorer(BASELINE)), scopes, STRENGTHS, ctx.cfg.bootstrap, ctx.cfg.seed)
 
 
 def strength_metric(suite: str) -> str:
@@ -99,9 +100,9 @@ def strength_metric(suite: str) -> str:
     return headline if headline in SLICE_METRICS else SLICE_METRICS[-1]
 
 
-def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]], baseline: str) -> list[str]:
+def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The steering-strength table (each suite's headline metric), its figure and a sentence
-    on where single-concept steering helps, where each variant falls below ``baseline`` and where
+    on where single-concept steering helps, where each variant falls below :data:`BASELINE` and where
     the sum falls below one direction (the seed's interference), each where the 95% CI
     excludes 0."""
     if not by_suite:
@@ -112,7 +113,7 @@ def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]],
         for r in table:
             one, multi, both = r[f"steer {m}"], r[f"steer-multi {m}"], r[f"{SUM_VS_ONE} {m}"]
             rows.append([
-                suite, r["scope"], f"{r['beta']:g}", m, metric_value(m, r[f"clip {m}"]),
+                suite, r["scope"], f"{r['beta']:g}", m, metric_value(m, r[f"{BASELINE} {m}"]),
                 *(metric_diff(m, d["diff"], d["lo"], d["hi"]) for d in (one, multi, both)),
             ])  # fmt: skip
             where = f"{suite}, {r['scope']}"
@@ -124,7 +125,7 @@ def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]],
     def listed(at: dict[str, list[str]]) -> str:
         return "; ".join(f"{where} at β {', '.join(betas)}" for where, betas in at.items()) if at else "no setting"
 
-    header = ["suite", "scope", "β", "metric", f"`{baseline}`", "Δ `steer`", "Δ `steer-multi`", "Δ sum − one"]
+    header = ["suite", "scope", "β", "metric", f"`{BASELINE}`", "Δ `steer`", "Δ `steer-multi`", "Δ sum − one"]
     fig = strength_figure(by_suite)
     return [
         "### Steering strength",
@@ -137,7 +138,7 @@ def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]],
 
 def strength_figure(by_suite: dict[str, list[dict[str, Any]]]):
     """One panel per suite: its headline metric against β for each steering variant and scope,
-    frozen CLIP's as a horizontal line."""
+    :data:`BASELINE`'s as a horizontal line."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(by_suite), figsize=(4.2 * len(by_suite), 3.2), squeeze=False)
@@ -149,7 +150,7 @@ def strength_figure(by_suite: dict[str, list[dict[str, Any]]]):
             for v, colour, marker in (("steer", "C0", "o"), ("steer-multi", "C3", "s")):
                 y = [100 * r[f"{v} {m}"]["value"] for r in part]
                 ax.plot([r["beta"] for r in part], y, style, color=colour, marker=marker, label=f"{v}, {scope}")
-        ax.axhline(100 * table[0][f"clip {m}"], color="grey", lw=1, label="clip")
+        ax.axhline(100 * table[0][f"{BASELINE} {m}"], color="grey", lw=1, label=BASELINE)
         ax.set_xscale("log", base=2)
         ax.set_xticks(STRENGTHS, [f"{b:g}" for b in STRENGTHS])
         ax.set_xlabel("β")
