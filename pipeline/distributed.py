@@ -218,7 +218,8 @@ def worker_watch(client: Any, scheduler: str) -> Iterator[None]:
 
 
 def worker_encoder(cfg: ExtractConfig):
-    """The encoder of ``cfg``, loaded once per worker process and reused by its tasks."""
+    """The encoder of ``cfg``, loaded once per worker process and reused by its tasks (its
+    random-weights warning left to the client, which loads it too)."""
     import torch
 
     from pipeline.encoders import load_encoder
@@ -226,7 +227,7 @@ def worker_encoder(cfg: ExtractConfig):
     key = encoder_key(cfg)
     if key not in _ENCODERS:
         torch.set_num_threads(1)  # single-threaded workers: one core each
-        _ENCODERS[key] = load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed)
+        _ENCODERS[key] = load_encoder(cfg.model, cfg.pretrained, cfg.checkpoint, cfg.device, cfg.init_seed, warn_random=False)
         _LOADS[key] = _LOADS.get(key, 0) + 1
     return _ENCODERS[key]
 

@@ -112,6 +112,20 @@ def test_random_init_is_seeded_and_the_seed_is_fingerprinted(tiny_pair):
     assert _activation(a) is torch.nn.GELU  # none runs the activation the key names
 
 
+def test_random_weights_are_announced_unless_a_worker_loads_them(tiny_pair, caplog):
+    """The client of a distributed extract says the weights are random; its workers, which
+    load the same encoder again, pass ``warn_random=False`` and stay quiet."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="pipeline.encoders"):
+        a = load_encoder("tinyenc", pretrained="none", init_seed=3)
+        said = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        b = load_encoder("tinyenc", pretrained="none", init_seed=3, warn_random=False)
+    assert said == ["tinyenc: random weights, seed 3 (pretrained: none)"] and not caplog.records
+    assert a.fingerprint() == b.fingerprint()
+
+
 def test_reader_expects_the_fingerprint_the_writer_records(tiny_pair, tmp_path):
     """``expected_fingerprint`` (every reader) equals ``Encoder.fingerprint`` (extract) for
     the same configuration, and tells seeds and activations apart."""

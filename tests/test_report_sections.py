@@ -534,6 +534,30 @@ def test_geometry_goals_read_the_measured_numbers():
     assert not offset["met"] and _goal_value(offset) == "3×"
 
 
+def test_the_steer_multi_goal_says_from_which_strength_the_sum_falls_below_clip():
+    """The smallest β whose steer-multi CI lies below clip, the shortlist's scope first at
+    equal β, with one direction's value there; nothing where the sum never falls below."""
+    from pipeline.scorers.geometry.report import _goal_value, goals
+
+    def row(scope, beta, multi, hi, one):
+        return {"scope": scope, "beta": beta, "steer R@10": {"value": one}, "steer-multi R@10": {"value": multi, "hi": hi}}
+
+    numbers = {"shapes-multi": {"clip": {"R@10": {"value": 0.3}}, "steer-multi": {"R@10": {"value": 0.31}}}}
+    rows = [row("local (K = 20)", 1.0, 0.29, 0.01, 0.28), row("local (K = 20)", 2.0, 0.2, -0.02, 0.15),
+            row("whole gallery", 1.0, 0.25, -0.01, 0.2), row("whole gallery", 2.0, 0.1, -0.1, 0.05)]  # fmt: skip
+    (goal,) = goals(numbers, {}, {}, strength={"shapes-multi": rows})
+    assert goal["below_from"] == {"beta": 1.0, "scope": "whole gallery", "value": 0.25, "one_direction": 0.2}
+    assert _goal_value(goal) == (
+        "31.0% (clip 30.0%), short by 1.0 points; below clip from β 1 (whole gallery): 25.0%, one direction 20.0% "
+        "(the steering-strength table)"
+    )
+    rows[2]["steer-multi R@10"]["hi"] = 0.0  # touches 0: not below; the local β 2 comes first of the β 2s
+    (goal,) = goals(numbers, {}, {}, strength={"shapes-multi": rows})
+    assert goal["below_from"]["beta"] == 2.0 and goal["below_from"]["scope"] == "local (K = 20)"
+    assert "below_from" not in goals(numbers, {}, {}, strength={"shapes-multi": rows[:1]})[0]
+    assert "below_from" not in goals(numbers, {}, {})[0]
+
+
 def test_the_shortlist_ceiling_is_clips_recall_at_the_rerankers_k():
     """Three queries over three images; CLIP ranks their own images 1, 3 and 2. With the
     default K (20) every target is in the shortlist; with ``k: 1`` only the first."""

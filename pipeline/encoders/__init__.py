@@ -380,6 +380,7 @@ def load_encoder(
     checkpoint: str | None = None,
     device: str = "cpu",
     init_seed: int = 0,
+    warn_random: bool = True,
 ) -> Encoder:
     """Build a frozen encoder.
 
@@ -390,6 +391,8 @@ def load_encoder(
         device: torch device.
         init_seed: seed of the random init (``pretrained: none``), drawn in a forked RNG so
             the caller's random state is untouched; ignored when weights are loaded.
+        warn_random: log a warning that the weights are random; a distributed extract's
+            workers pass False, since the client has said it once for the run.
 
     Raises:
         WeightsUnavailableError: weights missing; the message says what to download and where.
@@ -413,7 +416,8 @@ def load_encoder(
         with torch.random.fork_rng(devices=[]):  # built on the CPU; the caller's RNG untouched
             torch.manual_seed(init_seed)
             model = create_model(config)
-        logging.getLogger(__name__).warning("%s: random weights, seed %d (pretrained: none)", spec.name, init_seed)
+        if warn_random:
+            logging.getLogger(__name__).warning("%s: random weights, seed %d (pretrained: none)", spec.name, init_seed)
     else:
         if identity.startswith("sha256:"):
             _check_provenance(spec, config, tag)

@@ -112,11 +112,16 @@ def hard_vs_soft(ctx: ReportContext, suite: str) -> dict[str, Any] | None:
 
 
 def goals(
-    numbers: dict[str, dict], soft: dict[str, Any], bench: dict[str, Any], ceilings: dict[str, Any] | None = None
+    numbers: dict[str, dict],
+    soft: dict[str, Any],
+    bench: dict[str, Any],
+    ceilings: dict[str, Any] | None = None,
+    strength: dict[str, list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """The issue's goals on the shapes world, each with its measured values and verdict;
     ``ceilings`` (reranker -> :func:`shortlist_ceiling` on shapes-multi) give what the best
-    reranker's shortlist lets R@10 reach."""
+    reranker's shortlist lets R@10 reach, and ``strength`` (suite -> its steering-strength
+    rows) the weakest steering at which ``steer-multi`` falls below ``clip`` on shapes-multi."""
     checks = []
 
     def value(suite, v, m):
@@ -162,6 +167,7 @@ def goals(
                     "clip": clip10,
                     "met": sm < clip10,
                     "by": clip10 - sm,
+                    **below_from((strength or {}).get("shapes-multi", []), "R@10"),
                 }
             )
     for suite, s in soft.items():
@@ -204,6 +210,18 @@ def goals(
         if isinstance(found, dict) and "speedup" in found:
             checks.append({"goal": goal, "unit": "x", "value": found["speedup"], "met": found["speedup"] >= 10})
     return checks
+
+
+def below_from(rows: list[dict[str, Any]], metric: str) -> dict[str, Any]:
+    """``{"below_from": ...}``: the smallest β (the pipeline's shortlist before the whole
+    gallery at equal β) at which ``steer-multi``'s ``metric`` falls below the baseline with its
+    95% CI, with its value and one direction's there; {} where it never does."""
+    below = [r for r in rows if r[f"steer-multi {metric}"]["hi"] < 0]
+    if not below:
+        return {}
+    r = min(below, key=lambda r: r["beta"])  # min keeps the first of equal β: the shortlist's scope
+    one, multi = r[f"steer {metric}"]["value"], r[f"steer-multi {metric}"]["value"]
+    return {"below_from": {"beta": r["beta"], "scope": r["scope"], "value": multi, "one_direction": one}}
 
 
 @section("geometry", order=60)
@@ -262,7 +280,7 @@ def geometry_section(ctx: ReportContext) -> list[str]:
     parts += ["### Reranking cost", *cost_part(bench, ctx.out / RERANK_BENCH, ctx.bench_command("rerank"))]
     parts += matching_part(ctx)
     ceilings = {v: shortlist_ceiling(ctx, "shapes-multi", v) for v in RERANKERS}
-    checks = goals(numbers, soft, bench, ceilings)
+    checks = goals(numbers, soft, bench, ceilings, strength)
     ctx.json_files["geometry.json"] = {
         "metrics": numbers,
         "hard_vs_soft": soft,
@@ -340,6 +358,10 @@ def _goal_value(c: dict[str, Any]) -> str:
             text += f", short by {100 * abs(c['by']):.1f} points"
         if "ceiling" in c:
             text += f"; the shortlist's ceiling, CLIP's R@{c['ceiling']['k']}, is {100 * c['ceiling']['value']:.1f}%"
+        if "below_from" in c:
+            b = c["below_from"]
+            text += (f"; below clip from β {b['beta']:g} ({b['scope']}): {100 * b['value']:.1f}%, "
+                     f"one direction {100 * b['one_direction']:.1f}% (the steering-strength table)")  # fmt: skip
         return text
     return f"{c['value']:.3g}" + {"ms": " ms", "x": "×"}.get(unit, "")
 
