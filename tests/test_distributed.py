@@ -252,7 +252,7 @@ def test_a_rewritten_checkpoint_or_another_seed_is_loaded_anew(tmp_path, monkeyp
     import pipeline.encoders
 
     loads = []
-    monkeypatch.setattr(pipeline.encoders, "load_encoder", lambda *a: loads.append(a) or object())
+    monkeypatch.setattr(pipeline.encoders, "load_encoder", lambda *a, **kw: loads.append((a, kw)) or object())
     monkeypatch.setattr(dist, "_ENCODERS", {})
     monkeypatch.setattr(dist, "_LOADS", {})
     weights = tmp_path / "model.safetensors"
@@ -260,8 +260,9 @@ def test_a_rewritten_checkpoint_or_another_seed_is_loaded_anew(tmp_path, monkeyp
     cfg = ExtractConfig(model="tiny-test", pretrained=str(weights), checkpoint=str(weights))  # a real model's weights file
     a = dist.worker_encoder(cfg)
     assert dist.worker_encoder(cfg) is a and len(loads) == 1
+    assert loads[0][1] == {"warn_random": False}  # the client has said the weights are random, if they are
     seeded = dist.worker_encoder(dataclasses.replace(cfg, init_seed=1))
-    assert seeded is not a and loads[-1][-1] == 1
+    assert seeded is not a and loads[-1][0][-1] == 1
     weights.write_bytes(b"second")
     os.utime(weights, ns=(time.time_ns() + 10**9,) * 2)
     assert dist.worker_encoder(cfg) is not a and len(loads) == 3
