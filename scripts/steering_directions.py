@@ -52,6 +52,7 @@ def main() -> None:
     from pipeline.cache import open_store
     from pipeline.config import ExtractConfig, load_config
     from pipeline.manifests import resolve_source
+    from pipeline.scorers.geometry.steering import concept_directions
     from pipeline.scoring import suite_inputs
 
     extract = load_config(ExtractConfig, args.params, "extract")
@@ -60,12 +61,7 @@ def main() -> None:
     for suite in args.suite or ["shapes-retrieval", "shapes-multi"]:
         source = resolve_source(suite, extract.world, extract.manifests, extract.image_roots)
         manifest, index = suite_inputs(store, suite, source.manifest)
-        pos, neg = (index[c].reshape(len(manifest), -1) for c in ("steer_pos", "steer_neg"))
-        valid = torch.from_numpy(pos >= 0)
-        d = torch.zeros(*pos.shape, store.dims.embed_dim)
-        for rows, sign in ((pos, 1.0), (neg, -1.0)):
-            d[valid] += sign * torch.nn.functional.normalize(store.texts(rows[pos >= 0], grids=False).embed, dim=-1)
-        found = direction_geometry(d, valid)
+        found = direction_geometry(*concept_directions(store, manifest, index, suite))
         out[suite] = {"queries": int(len(found["mean_cosine"]))}
         for name, x in found.items():
             q10, med, q90 = np.quantile(x, [0.1, 0.5, 0.9])

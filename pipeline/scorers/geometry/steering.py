@@ -54,20 +54,10 @@ class Steer(Reranker):
         self._directions: torch.Tensor | None = None
 
     def prepare(self, store, manifest, index, suite: str = "") -> None:
-        require_columns(manifest, ("steer_pos", "steer_neg"), suite, STEERING_NEEDED)
-        if "steer_pos" not in index or "steer_neg" not in index:
-            raise ValueError(f"the store has no steer_pos/steer_neg rows for {suite}: rerun `pipeline extract`")
-        pos, neg = (index[c].reshape(len(manifest), -1) for c in ("steer_pos", "steer_neg"))
-        if not np.array_equal(pos >= 0, neg >= 0):
-            raise ValueError(f"{suite}: steer_pos and steer_neg must pair up prompt by prompt")
-        valid = pos >= 0  # [n, n_dir]
+        v, valid = concept_directions(store, manifest, index, suite)
         if not self.multi:
-            valid &= np.cumsum(valid, axis=1) == 1  # the first direction only
-        v = torch.zeros(*pos.shape, store.dims.embed_dim)
-        for rows, sign in ((pos, 1.0), (neg, -1.0)):
-            emb = F.normalize(store.texts(rows[valid], grids=False).embed, dim=-1)
-            v[torch.from_numpy(valid)] += sign * emb
-        self._directions = v.sum(1)  # [n, D]
+            valid &= torch.cumsum(valid, dim=1) == 1  # the first direction only
+        self._directions = (v * valid[..., None]).sum(1)  # [n, D]
 
     def rerank(self, query: TextFeatures, candidates: ImageFeatures, shortlist: torch.Tensor, gallery=None, queries=None) -> torch.Tensor:
         if self._directions is None or queries is None:
@@ -75,6 +65,23 @@ class Steer(Reranker):
         q = F.normalize(F.normalize(query.embed, dim=-1) + self.beta * self._directions[queries], dim=-1)  # [Q, D]
         img = F.normalize(candidates.embed, dim=-1)[shortlist]  # [Q, K, D]
         return torch.einsum("qd,qkd->qk", q, img)
+
+
+def concept_directions(store, manifest, index, suite: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's directions :math:`t(c^+) - t(c^-)` ([n, n_dir, D], zero where padded)
+    and which are real ([n, n_dir] bool), from the ``steer_pos`` / ``steer_neg`` rows extract
+    encoded; a suite without the prompts, or with unpaired ones, is refused."""
+    require_columns(manifest, ("steer_pos", "steer_neg"), suite, STEERING_NEEDED)
+    if "steer_pos" not in index or "steer_neg" not in index:
+        raise ValueError(f"the store has no steer_pos/steer_neg rows for {suite}: rerun `pipeline extract`")
+    pos, neg = (index[c].reshape(len(manifest), -1) for c in ("steer_pos", "steer_neg"))
+    if not np.array_equal(pos >= 0, neg >= 0):
+        raise ValueError(f"{suite}: steer_pos and steer_neg must pair up prompt by prompt")
+    valid = torch.from_numpy(pos >= 0)  # [n, n_dir]
+    v = torch.zeros(*pos.shape, store.dims.embed_dim)
+    for rows, sign in ((pos, 1.0), (neg, -1.0)):
+        v[valid] += sign * F.normalize(store.texts(rows[pos >= 0], grids=False).embed, dim=-1)
+    return v, valid
 
 
 def _steer_options(kwargs: dict) -> dict:
