@@ -1,12 +1,14 @@
 """How each query's steering directions relate to each other, on the pipeline's cache.
 
-    .venv/bin/python scripts/steering_directions.py [--suite S ...] [--params params.yaml]
+    .venv/bin/python scripts/steering_directions.py [--suite S ...] [--contrast swap|absent] [--params params.yaml]
 
 ``steer`` moves a query along its first direction v₁ = t(c⁺) − t(c⁻); ``steer-multi`` along
 the sum of all of them. For every query with at least two directions this prints the mean
 cosine between its directions (pairs of distinct directions) and the length of their sum
 against the length of v₁: a sum shorter than v₁ steers less far than ``steer`` at the same β.
-Medians and the 10th / 90th percentiles over queries. Reads ``cache/features``, writes nothing.
+Medians and the 10th / 90th percentiles over queries, for the c- prompts of ``--contrast``
+(``swap``, the default: the colour of the query's next object; ``absent``: a colour none of its
+objects has). Reads ``cache/features``, writes nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", action="append", default=None)
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
+    ap.add_argument("--contrast", choices=("swap", "absent"), default="swap")
     args = ap.parse_args()
 
     from pipeline.cache import open_store
@@ -57,11 +60,11 @@ def main() -> None:
 
     extract = load_config(ExtractConfig, args.params, "extract")
     store = open_store(extract)
-    out = {}
+    out = {"contrast": args.contrast}
     for suite in args.suite or ["shapes-retrieval", "shapes-multi"]:
         source = resolve_source(suite, extract.world, extract.manifests, extract.image_roots)
         manifest, index = suite_inputs(store, suite, source.manifest)
-        found = direction_geometry(*concept_directions(store, manifest, index, suite))
+        found = direction_geometry(*concept_directions(store, manifest, index, suite, args.contrast))
         out[suite] = {"queries": int(len(found["mean_cosine"]))}
         for name, x in found.items():
             q10, med, q90 = np.quantile(x, [0.1, 0.5, 0.9])

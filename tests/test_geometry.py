@@ -45,7 +45,7 @@ N = 10  # gallery images = queries
 
 
 def _manifest(names: list[str]) -> pd.DataFrame:
-    rng = np.random.default_rng(0)
+    rng, spare = np.random.default_rng(0), np.random.default_rng(1)  # spare: the absent colours, after the rest
     rows = []
     for i, img in enumerate(names):
         c1, c2 = rng.choice(COLOURS, 2, replace=False)
@@ -65,6 +65,7 @@ def _manifest(names: list[str]) -> pd.DataFrame:
                 "relations": json.dumps([[0, "left", 1]]),
                 "steer_pos": [a, b],
                 "steer_neg": [f"{c2} {s1}", f"{c1} {s2}"],
+                "steer_neg_absent": [f"{c} {s}" for c, s in zip(spare.choice(sorted(set(COLOURS) - {c1, c2}), 2), (s1, s2), strict=True)],
             }
         )
     return pd.DataFrame(rows)
@@ -85,7 +86,7 @@ def geo(tmp_path_factory, tiny_encoder):
     SUITES.register(SUITE, Suite(
         name=SUITE, task="retrieval", build_manifest=lambda root: pd.read_parquet(root),
         units=retrieval_units, metric_names=RETRIEVAL_METRICS, headline="R@1",
-        caption_columns=("captions", "object_names", "phrases", "steer_pos", "steer_neg"),
+        caption_columns=("captions", "object_names", "phrases", "steer_pos", "steer_neg", "steer_neg_absent"),
     ))  # fmt: skip
     try:
         cfg = ExtractConfig(model="tiny-test", suites=[SUITE], manifests={SUITE: str(tmp / "geo.parquet")},
@@ -592,6 +593,11 @@ def test_steering(geo):
     first = _scorer("steer", store, beta=0.7)
     first.prepare(store, manifest, index, SUITE)
     torch.testing.assert_close(first._directions[0], e("steer_pos")[0] - e("steer_neg")[0])
+    absent = _scorer("steer-multi", store, beta=0.7, contrast="absent")  # the other c- column
+    absent.prepare(store, manifest, index, SUITE)
+    torch.testing.assert_close(absent._directions[0], (e("steer_pos") - e("steer_neg_absent")).sum(0))
+    with pytest.raises(ValueError, match=r"contrast must be one of \['absent', 'swap'\], got 'opposite'"):
+        _scorer("steer", store, contrast="opposite")
     gallery_rows, query_rows = retrieval_rows(manifest, index)
     unit = lambda x: torch.nn.functional.normalize(x, dim=-1)  # noqa: E731
     q = unit(unit(store.texts(query_rows, grids=False).embed) + 0.7 * first._directions)  # [Q, D]
@@ -615,13 +621,15 @@ def test_steering_strength_rescores_both_variants_at_every_beta_and_scope(geo, t
     score = ScoreConfig(variants=["clip", "steer", "steer-multi"], suites=[SUITE], options={"steer": {"beta": 0.5, "k": 3}})
     ctx = ReportContext({}, ReportConfig(bootstrap=200), score, extract, None, tmp_path, store_=store)
     rows = strength_rows(ctx, SUITE)
-    assert [(r["scope"], r["k"], r["beta"]) for r in rows] == [
-        (scope, k, b) for scope, k in (("local (K = 3)", 3), ("whole gallery", WHOLE_GALLERY)) for b in STRENGTHS
+    assert [(r["contrast"], r["scope"], r["k"], r["beta"]) for r in rows] == [
+        (c, scope, k, b) for c in ("swap", "absent") for scope, k in (("local (K = 3)", 3), ("whole gallery", WHOLE_GALLERY))
+        for b in STRENGTHS
     ]
     clip = retrieval_units(manifest, score_retrieval(_scorer("clip", store), store, manifest, index, 256))["R@1"].statistic()
     for r in rows:
         by_hand = {
-            v: retrieval_units(manifest, score_retrieval(_scorer(v, store, beta=r["beta"], k=r["k"]), store, manifest, index, 256))
+            v: retrieval_units(manifest, score_retrieval(_scorer(v, store, beta=r["beta"], k=r["k"], contrast=r["contrast"]),
+                                                         store, manifest, index, 256))
             for v in ("steer", "steer-multi")
         }
         assert r["clip R@1"] == clip

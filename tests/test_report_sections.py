@@ -535,25 +535,32 @@ def test_geometry_goals_read_the_measured_numbers():
 
 
 def test_the_steer_multi_goal_says_from_which_strength_the_sum_falls_below_clip():
-    """The smallest β whose steer-multi CI lies below clip, the shortlist's scope first at
-    equal β, with one direction's value there; nothing where the sum never falls below."""
+    """Per contrast, the smallest β whose steer-multi CI lies below clip, the shortlist's scope
+    first at equal β, with one direction's value there; a contrast where the sum never falls
+    below is left out, and the goal says nothing where no contrast's does."""
     from pipeline.scorers.geometry.report import _goal_value, goals
 
-    def row(scope, beta, multi, hi, one):
-        return {"scope": scope, "beta": beta, "steer R@10": {"value": one}, "steer-multi R@10": {"value": multi, "hi": hi}}
+    def row(contrast, scope, beta, multi, hi, one):
+        return {"contrast": contrast, "scope": scope, "beta": beta, "steer R@10": {"value": one},
+                "steer-multi R@10": {"value": multi, "hi": hi}}  # fmt: skip
 
     numbers = {"shapes-multi": {"clip": {"R@10": {"value": 0.3}}, "steer-multi": {"R@10": {"value": 0.31}}}}
-    rows = [row("local (K = 20)", 1.0, 0.29, 0.01, 0.28), row("local (K = 20)", 2.0, 0.2, -0.02, 0.15),
-            row("whole gallery", 1.0, 0.25, -0.01, 0.2), row("whole gallery", 2.0, 0.1, -0.1, 0.05)]  # fmt: skip
+    rows = [row("swap", "local (K = 20)", 1.0, 0.29, 0.01, 0.28), row("swap", "local (K = 20)", 2.0, 0.2, -0.02, 0.15),
+            row("swap", "whole gallery", 1.0, 0.25, -0.01, 0.2), row("swap", "whole gallery", 2.0, 0.1, -0.1, 0.05),
+            row("absent", "whole gallery", 0.5, 0.15, -0.05, 0.32), row("absent", "whole gallery", 1.0, 0.1, -0.1, 0.3)]  # fmt: skip
     (goal,) = goals(numbers, {}, {}, strength={"shapes-multi": rows})
-    assert goal["below_from"] == {"beta": 1.0, "scope": "whole gallery", "value": 0.25, "one_direction": 0.2}
+    assert goal["below_from"] == {
+        "swap": {"beta": 1.0, "scope": "whole gallery", "value": 0.25, "one_direction": 0.2},
+        "absent": {"beta": 0.5, "scope": "whole gallery", "value": 0.15, "one_direction": 0.32},
+    }
     assert _goal_value(goal) == (
-        "31.0% (clip 30.0%), short by 1.0 points; below clip from β 1 (whole gallery): 25.0%, one direction 20.0% "
+        "31.0% (clip 30.0%), short by 1.0 points; below clip from β 1 (swap contrast, whole gallery): 25.0%, "
+        "one direction 20.0%; from β 0.5 (absent contrast, whole gallery): 15.0%, one direction 32.0% "
         "(the steering-strength table)"
     )
     rows[2]["steer-multi R@10"]["hi"] = 0.0  # touches 0: not below; the local β 2 comes first of the β 2s
-    (goal,) = goals(numbers, {}, {}, strength={"shapes-multi": rows})
-    assert goal["below_from"]["beta"] == 2.0 and goal["below_from"]["scope"] == "local (K = 20)"
+    (goal,) = goals(numbers, {}, {}, strength={"shapes-multi": rows[:4]})
+    assert goal["below_from"] == {"swap": {"beta": 2.0, "scope": "local (K = 20)", "value": 0.2, "one_direction": 0.15}}
     assert "below_from" not in goals(numbers, {}, {}, strength={"shapes-multi": rows[:1]})[0]
     assert "below_from" not in goals(numbers, {}, {})[0]
 
@@ -1154,7 +1161,10 @@ def test_steering_strength_pairs_each_variant_with_clip_and_the_sum_with_one_dir
         lost = int(beta * (4 if multi else 8))
         return {"R@1": hits(10), "R@10": hits(25 - lost)}
 
-    rows = steering_strength(rescore, clip, {"local (K = 20)": 20, "whole gallery": 10**9}, (0.0, 1.0, 2.0), 500, 0)
+    def rescored(fn):
+        return steering_strength(fn, clip, {"local (K = 20)": 20, "whole gallery": 10**9}, (0.0, 1.0, 2.0), 500, 0)
+
+    rows = rescored(rescore)
     assert calls == [(b, m, k) for k in (20, 10**9) for b in (0.0, 1.0, 2.0) for m in (False, True)]
     last = rows[-1]
     assert (last["scope"], last["beta"], last["clip R@10"]) == ("whole gallery", 2.0, 0.5)
@@ -1171,11 +1181,18 @@ def test_steering_strength_pairs_each_variant_with_clip_and_the_sum_with_one_dir
             return f"figures/{name}"
 
     ctx = Ctx()
-    parts = strength_part(ctx, {"shapes-multi": rows})
+    swap = [{"contrast": "swap", **r} for r in rows]
+    absent = [{"contrast": "absent", **r} for r in rescored(lambda b, m, k: rescore(b, not m, k))]  # the sum falls faster
+    parts = strength_part(ctx, {"shapes-multi": swap + absent})
     assert parts[0] == "### Steering strength" and "steering-strength.png" in ctx.figures
-    assert "| shapes-multi | whole gallery | 2 | R@10 | 50.0 | -32.0 [" in parts[2]
+    assert len(ctx.figures["steering-strength.png"].axes) == 2  # one panel per contrast
+    assert "| shapes-multi | swap | whole gallery | 2 | R@10 | 50.0 | -32.0 [" in parts[2]
+    assert "| shapes-multi | absent | whole gallery | 2 | R@10 | 50.0 | -16.0 [" in parts[2]
     verdict = parts[3]
-    assert "Single-concept steering helps in no setting, and falls below `clip` in shapes-multi, local (K = 20) at β 1, 2; shapes-multi, whole gallery at β 1, 2." in verdict
-    assert "below one direction (interference) in no setting" in verdict
-    assert "above one direction in shapes-multi, local (K = 20) at β 1, 2; shapes-multi, whole gallery at β 1, 2." in verdict
+    assert ("Single-concept steering helps in no setting, and falls below `clip` in shapes-multi, swap contrast, "
+            "local (K = 20) at β 1, 2; shapes-multi, swap contrast, whole gallery at β 1, 2; shapes-multi, absent") in verdict
+    assert ("below one direction (interference) in shapes-multi, absent contrast, local (K = 20) at β 1, 2; "
+            "shapes-multi, absent contrast, whole gallery at β 1, 2;") in verdict
+    assert ("above one direction in shapes-multi, swap contrast, local (K = 20) at β 1, 2; shapes-multi, swap contrast, "
+            "whole gallery at β 1, 2.") in verdict
     assert strength_part(ctx, {}) == []

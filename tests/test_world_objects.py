@@ -250,17 +250,28 @@ def test_and_claims_render_and_hold_as_conjunctions():
     assert truth(claim, scene.with_object(2, x=0.24)) is None  # the circle only barely left of it
 
 
-def test_steering_prompts_contrast_each_phrase_with_another_objects_colour():
+def test_steering_prompts_contrast_each_phrase_with_another_objects_colour_and_an_absent_one():
     from pipeline.world.captions import And, Ref, Rel
+    from pipeline.world.scenes import COLOURS
     from pipeline.world.suites import steering_prompts
 
     claim = Rel(Ref("circle", "red"), "left", Ref("square", "blue"))
-    assert steering_prompts(claim) == (["red circle", "blue square"], ["blue circle", "red square"])
+    pos, neg, absent = steering_prompts(claim)
+    assert (pos, neg) == (["red circle", "blue square"], ["blue circle", "red square"])
+    assert [a.split()[1] for a in absent] == ["circle", "square"]  # the same shapes
+    assert {a.split()[0] for a in absent} <= set(COLOURS) - {"red", "blue"}  # in colours the claim has not
+    assert steering_prompts(claim) == (pos, neg, absent)  # a pure function of the claim
     same = Rel(Ref("circle", "red"), "left", Ref("square", "red"))
-    assert steering_prompts(same) == ([], [])  # no other colour: no contrast
+    assert steering_prompts(same) == ([], [], [])  # no other colour: no contrast
     red, blue, green = Ref("circle", "red"), Ref("square", "blue"), Ref("star", "green")
     chain = And((Rel(red, "left", blue), Rel(blue, "left", green)))  # three refs: the next one's colour, cyclically
-    assert steering_prompts(chain) == (["red circle", "blue square", "green star"], ["blue circle", "green square", "red star"])
+    pos, neg, absent = steering_prompts(chain)
+    assert (pos, neg) == (["red circle", "blue square", "green star"], ["blue circle", "green square", "red star"])
+    assert len({a.split()[0] for a in absent} & {"red", "blue", "green"}) == 0 and len(absent) == 3
+    others = Ref("cross", "yellow"), Ref("diamond", "purple"), Ref("triangle", "orange"), Ref("circle", "white")
+    crowded = And((chain.parts[0], chain.parts[1], *(Rel(a, "left", b) for a, b in zip(others[:-1], others[1:], strict=True))))
+    with pytest.raises(ValueError, match="the claim uses every colour"):
+        steering_prompts(crowded)
 
 
 def test_every_multi_caption_has_a_paraphrase_of_the_same_truth(groups):

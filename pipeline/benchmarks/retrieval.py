@@ -19,6 +19,8 @@ loaders, read by :mod:`pipeline.scorers.geometry`):
   the caption's own relation words on real data).
 * ``steer_pos`` / ``steer_neg`` (list[str], optional): the query's steering prompts, one
   contrast c+ / c- per entry (:mod:`pipeline.scorers.geometry.steering`); caption columns.
+  ``steer_neg_absent`` (optional) holds another c- per entry, the shapes world's ``absent``
+  contrast (:data:`STEERING_NEGATIVES`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from pipeline.benchmarks.base import Units, gallery_images
 RETRIEVAL_METRICS = ("R@1", "R@5", "R@10", "nDCG@10", "mean-rank")
 OBJECT_COLUMNS = ("object_names", "object_boxes", "phrases", "relations")
 OBJECT_CAPTION_COLUMNS = ("object_names", "phrases")  # encoded at extract like captions
-STEERING_COLUMNS = ("steer_pos", "steer_neg")  # likewise, where a suite writes them
+STEERING_NEGATIVES = {"swap": "steer_neg", "absent": "steer_neg_absent"}  # steering's contrast -> its c- column
+STEERING_COLUMNS = ("steer_pos", *STEERING_NEGATIVES.values())  # caption columns too, where a suite writes them
 LOWER_IS_BETTER = frozenset({"mean-rank"})
 
 

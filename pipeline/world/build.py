@@ -47,8 +47,8 @@ from pipeline.world.suites import (
 
 log = logging.getLogger(__name__)
 
-WORLD_VERSION = 3  # bump when a change alters any image or manifest (2: length-matched add-* items;
-# 3: object columns on shapes-retrieval / -train / -dev, the shapes-multi suite)
+WORLD_VERSION = 4  # bump when a change alters any image or manifest (2: length-matched add-* items;
+# 3: object columns on shapes-retrieval / -train / -dev, the shapes-multi suite; 4: steer_neg_absent)
 
 # suite -> (config field with its count, units of work for that count, items of one unit)
 SuiteSpec = tuple[str, Callable[[int], int], Callable[[int, int], list[Item]]]

@@ -33,12 +33,14 @@ objects apart) with its exact ``Obj.box()``; ``phrases`` / ``relations`` are rea
 claim behind the query caption, not from its text: its asserted refs in the order the caption
 names them, and ``[i, rel, j]`` for each relation it states (the world's relation names,
 which are already the contract's words: left/right/above/below, front/behind).
-``steer_pos`` / ``steer_neg`` are the query's steering prompts (:func:`steering_prompts`).
+``steer_pos`` / ``steer_neg`` / ``steer_neg_absent`` are the query's steering prompts, c+ and
+the two contrasts' c- (:func:`steering_prompts`).
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -142,18 +144,28 @@ def claim_phrases(claim: Claim) -> tuple[list[str], list[list]]:
     return [" ".join(r.words()) for r in rs], [[index[p.a], p.rel, index[p.b]] for p in parts]
 
 
-def steering_prompts(claim: Claim) -> tuple[list[str], list[str]]:
-    """``(steer_pos, steer_neg)`` of a claim, one contrast per asserted ref that has a
-    colour: c+ the ref's own words ("red circle"), c- the same shape with the colour of the
-    next ref (cyclically) whose colour differs ("blue circle"), the binding CLIP confuses."""
+def steering_prompts(claim: Claim) -> tuple[list[str], list[str], list[str]]:
+    """``(steer_pos, steer_neg, steer_neg_absent)`` of a claim, one contrast per asserted ref
+    that has a colour and a ref of another colour to swap with: c+ the ref's own words ("red
+    circle"); c- in ``steer_neg`` the same shape with the colour of the next ref (cyclically)
+    whose colour differs ("blue circle"), the binding CLIP confuses, so the query's colours
+    enter as c+ and c- alike; c- in ``steer_neg_absent`` the same shape with a colour that no
+    asserted ref has ("white circle"), drawn per prompt by a generator seeded with the c+
+    prompts' words (a pure function of the claim), so the directions share no concept."""
     rs = asserted(claim)
-    pos, neg = [], []
+    pos, neg, absent = [], [], []
+    used = {r.colour for r in rs if r.colour is not None}
+    free = [c for c in COLOURS if c not in used]
     for k, r in enumerate(rs):
         others = [o for o in rs[k + 1 :] + rs[:k] if o.colour is not None and o.colour != r.colour]
         if r.colour is not None and others:
             pos.append(" ".join(r.words()))
             neg.append(" ".join(replace(r, colour=others[0].colour).words()))
-    return pos, neg
+            absent.append(r)
+    if absent and not free:
+        raise ValueError(f"the claim uses every colour ({sorted(used)}): no absent colour to steer away from")
+    rng = np.random.default_rng(zlib.crc32("|".join(pos).encode()))
+    return pos, neg, [" ".join(replace(r, colour=free[int(rng.integers(len(free)))]).words()) for r in absent]
 
 
 def object_columns(scene: Scene, claim: Claim | None = None) -> dict:
@@ -166,8 +178,9 @@ def object_columns(scene: Scene, claim: Claim | None = None) -> dict:
     }
     if claim is not None:
         phrases, relations = claim_phrases(claim)
-        steer_pos, steer_neg = steering_prompts(claim)
-        cols.update(phrases=phrases, relations=json.dumps(relations), steer_pos=steer_pos, steer_neg=steer_neg)
+        steer_pos, steer_neg, steer_neg_absent = steering_prompts(claim)
+        cols.update(phrases=phrases, relations=json.dumps(relations), steer_pos=steer_pos, steer_neg=steer_neg,
+                    steer_neg_absent=steer_neg_absent)
     return cols
 
 

@@ -213,15 +213,18 @@ def goals(
 
 
 def below_from(rows: list[dict[str, Any]], metric: str) -> dict[str, Any]:
-    """``{"below_from": ...}``: the smallest β (the pipeline's shortlist before the whole
-    gallery at equal β) at which ``steer-multi``'s ``metric`` falls below the baseline with its
-    95% CI, with its value and one direction's there; {} where it never does."""
-    below = [r for r in rows if r[f"steer-multi {metric}"]["hi"] < 0]
-    if not below:
-        return {}
-    r = min(below, key=lambda r: r["beta"])  # min keeps the first of equal β: the shortlist's scope
-    one, multi = r[f"steer {metric}"]["value"], r[f"steer-multi {metric}"]["value"]
-    return {"below_from": {"beta": r["beta"], "scope": r["scope"], "value": multi, "one_direction": one}}
+    """``{"below_from": {contrast: ...}}``: per steering contrast, the smallest β (the
+    pipeline's shortlist before the whole gallery at equal β) at which ``steer-multi``'s
+    ``metric`` falls below the baseline with its 95% CI, with its value and one direction's
+    there; a contrast where it never does is left out, and {} where none does."""
+    out = {}
+    for contrast in dict.fromkeys(r["contrast"] for r in rows):
+        below = [r for r in rows if r["contrast"] == contrast and r[f"steer-multi {metric}"]["hi"] < 0]
+        if below:
+            r = min(below, key=lambda r: r["beta"])  # min keeps the first of equal β: the shortlist's scope
+            one, multi = r[f"steer {metric}"]["value"], r[f"steer-multi {metric}"]["value"]
+            out[contrast] = {"beta": r["beta"], "scope": r["scope"], "value": multi, "one_direction": one}
+    return {"below_from": out} if out else {}
 
 
 @section("geometry", order=60)
@@ -359,9 +362,10 @@ def _goal_value(c: dict[str, Any]) -> str:
         if "ceiling" in c:
             text += f"; the shortlist's ceiling, CLIP's R@{c['ceiling']['k']}, is {100 * c['ceiling']['value']:.1f}%"
         if "below_from" in c:
-            b = c["below_from"]
-            text += (f"; below clip from β {b['beta']:g} ({b['scope']}): {100 * b['value']:.1f}%, "
-                     f"one direction {100 * b['one_direction']:.1f}% (the steering-strength table)")  # fmt: skip
+            text += "; below clip " + "; ".join(
+                f"from β {b['beta']:g} ({contrast} contrast, {b['scope']}): {100 * b['value']:.1f}%, "
+                f"one direction {100 * b['one_direction']:.1f}%" for contrast, b in c["below_from"].items()
+            ) + " (the steering-strength table)"
         return text
     return f"{c['value']:.3g}" + {"ms": " ms", "x": "×"}.get(unit, "")
 

@@ -4,8 +4,11 @@ before ranking the gallery by cosine, :math:`q' = \mathrm{normalise}(q + \beta v
 A direction contrasts two concept prompts, :math:`v = t(c^+) - t(c^-)` (unit-norm pooled
 text embeddings). The suites write the prompts per query (``steer_pos`` / ``steer_neg``
 columns, encoded at extract): in the shapes world :math:`c^+` is one of the query's object
-phrases ("red circle") and :math:`c^-` the same object with the colour of another object
-of the query ("blue circle"), the binding CLIP confuses.
+phrases ("red circle") and :math:`c^-` the same object in another colour. The ``contrast``
+option picks which: ``swap`` (``steer_neg``, the default) the colour of another object of the
+query ("blue circle"), the binding CLIP confuses, so a query's directions share its colours;
+``absent`` (``steer_neg_absent``) a colour none of its objects has ("white circle"), so they
+share no concept, as the seed's separately summed concepts do.
 
 * ``steer``: single-concept steering, the first direction only.
 * ``steer-multi``: naive multi-object steering, every direction of the query summed into
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.benchmarks.retrieval import STEERING_NEGATIVES
 from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
 from pipeline.scorers.base import SCORERS, Reranker
 from pipeline.scorers.geometry.objects import require_columns
@@ -39,22 +43,27 @@ STEERING_NEEDED = (
 
 
 class Steer(Reranker):
-    """Rank by the cosine of the steered query; ``multi`` sums every direction."""
+    """Rank by the cosine of the steered query; ``multi`` sums every direction, ``contrast``
+    (a key of :data:`~pipeline.benchmarks.retrieval.STEERING_NEGATIVES`) picks the c- prompts."""
 
     uses_grids = False
     scores_choices: ClassVar[bool] = False
 
-    def __init__(self, beta: float = 0.5, multi: bool = False, k: int = WHOLE_GALLERY, base: str = "clip") -> None:
+    def __init__(
+        self, beta: float = 0.5, multi: bool = False, k: int = WHOLE_GALLERY, base: str = "clip", contrast: str = "swap"
+    ) -> None:
         super().__init__()
         if isinstance(beta, bool) or not isinstance(beta, int | float) or not math.isfinite(beta):
             raise ValueError(f"steering's beta must be a finite number, got {beta!r}")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:  # 2.5 or "20" is a typo, not a shortlist length
             raise ValueError(f"steering's k must be an integer >= 1, got {k!r}")
-        self.beta, self.multi, self.k, self.base = float(beta), bool(multi), int(k), base
+        if contrast not in STEERING_NEGATIVES:
+            raise ValueError(f"steering's contrast must be one of {sorted(STEERING_NEGATIVES)}, got {contrast!r}")
+        self.beta, self.multi, self.k, self.base, self.contrast = float(beta), bool(multi), int(k), base, contrast
         self._directions: torch.Tensor | None = None
 
     def prepare(self, store, manifest, index, suite: str = "") -> None:
-        v, valid = concept_directions(store, manifest, index, suite)
+        v, valid = concept_directions(store, manifest, index, suite, self.contrast)
         if not self.multi:
             valid &= torch.cumsum(valid, dim=1) == 1  # the first direction only
         self._directions = (v * valid[..., None]).sum(1)  # [n, D]
@@ -67,16 +76,17 @@ class Steer(Reranker):
         return torch.einsum("qd,qkd->qk", q, img)
 
 
-def concept_directions(store, manifest, index, suite: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+def concept_directions(store, manifest, index, suite: str = "", contrast: str = "swap") -> tuple[torch.Tensor, torch.Tensor]:
     """Each query's directions :math:`t(c^+) - t(c^-)` ([n, n_dir, D], zero where padded)
-    and which are real ([n, n_dir] bool), from the ``steer_pos`` / ``steer_neg`` rows extract
-    encoded; a suite without the prompts, or with unpaired ones, is refused."""
-    require_columns(manifest, ("steer_pos", "steer_neg"), suite, STEERING_NEEDED)
-    if "steer_pos" not in index or "steer_neg" not in index:
-        raise ValueError(f"the store has no steer_pos/steer_neg rows for {suite}: rerun `pipeline extract`")
-    pos, neg = (index[c].reshape(len(manifest), -1) for c in ("steer_pos", "steer_neg"))
+    and which are real ([n, n_dir] bool), from the ``steer_pos`` rows and the ``contrast``'s c-
+    rows extract encoded; a suite without the prompts, or with unpaired ones, is refused."""
+    negatives = STEERING_NEGATIVES[contrast]
+    require_columns(manifest, ("steer_pos", negatives), suite, STEERING_NEEDED)
+    if "steer_pos" not in index or negatives not in index:
+        raise ValueError(f"the store has no steer_pos/{negatives} rows for {suite}: rerun `pipeline extract`")
+    pos, neg = (index[c].reshape(len(manifest), -1) for c in ("steer_pos", negatives))
     if not np.array_equal(pos >= 0, neg >= 0):
-        raise ValueError(f"{suite}: steer_pos and steer_neg must pair up prompt by prompt")
+        raise ValueError(f"{suite}: steer_pos and {negatives} must pair up prompt by prompt")
     valid = torch.from_numpy(pos >= 0)  # [n, n_dir]
     v = torch.zeros(*pos.shape, store.dims.embed_dim)
     for rows, sign in ((pos, 1.0), (neg, -1.0)):
@@ -86,9 +96,9 @@ def concept_directions(store, manifest, index, suite: str = "") -> tuple[torch.T
 
 def _steer_options(kwargs: dict) -> dict:
     """The steering factories' options; an unknown one (a typo in ``score.options``) is refused."""
-    unknown = sorted(set(kwargs) - {"beta", "k", "base"})
+    unknown = sorted(set(kwargs) - {"beta", "k", "base", "contrast"})
     if unknown:
-        raise TypeError(f"unknown steering options {unknown}; valid: ['beta', 'k', 'base']")
+        raise TypeError(f"unknown steering options {unknown}; valid: ['base', 'beta', 'contrast', 'k']")
     return dict(kwargs)
 
 

@@ -1,8 +1,9 @@
 """The steering parts of the geometry-aware retrieval section
 (:mod:`pipeline.scorers.geometry.report`): where steering helps and hurts by slice of the
 queries, and by strength — ``steer`` and ``steer-multi`` re-scored from the store at several
-β, with the pipeline's shortlist and over the whole gallery, each against the baseline and
-the sum against one direction, where the seed's interference would show. The prose is
+β, with each contrast of c- prompts the suite has, with the pipeline's shortlist and over the
+whole gallery, each against the baseline and the sum against one direction, where the seed's
+interference would show. The prose is
 ``report.md`` beside this file.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.benchmarks import SUITES
+from pipeline.benchmarks.retrieval import STEERING_NEGATIVES
 from pipeline.report import ReportContext
 from pipeline.report.markdown import md_table, metric_diff, metric_value
 from pipeline.report.templates import Templates
@@ -62,7 +64,8 @@ def steering_part(by_suite: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 
 def strength_rows(ctx: ReportContext, suite: str) -> list[dict[str, Any]] | None:
-    """``suite``'s steering-strength rows (:func:`~pipeline.scorers.geometry.diagnostics.steering_strength`):
+    """``suite``'s steering-strength rows (:func:`~pipeline.scorers.geometry.diagnostics.steering_strength`),
+    one set per steering contrast the suite has prompts for (each row's ``contrast``):
     ``steer`` and ``steer-multi`` re-scored from the store at each of :data:`STRENGTHS`, with
     the pipeline's shortlist (``score.options``) and over the whole gallery, against
     :data:`BASELINE` scored alike, on the items the score stage scores (those with their images);
@@ -76,7 +79,8 @@ def strength_rows(ctx: ReportContext, suite: str) -> list[dict[str, Any]] | None
     source = resolve_source(suite, ctx.extract.world, ctx.extract.manifests, ctx.extract.image_roots)
     manifest, index = suite_inputs(ctx.store, suite, source.manifest)
     manifest, index, _ = drop_missing(manifest, index)
-    if "steer_pos" not in manifest or manifest.empty:
+    contrasts = [c for c, column in STEERING_NEGATIVES.items() if column in manifest and column in index]
+    if "steer_pos" not in manifest or manifest.empty or not contrasts:
         return None
     options = dict(ctx.score.options.get("steer-multi") or ctx.score.options.get("steer") or {})
     shortlists = ctx.scorer(build_scorer("steer", ctx.store, options).base)
@@ -85,12 +89,19 @@ def strength_rows(ctx: ReportContext, suite: str) -> list[dict[str, Any]] | None
         scores = score_retrieval(scorer, ctx.store, manifest, index, ctx.score.batch_size, base=shortlists, suite=suite)
         return SUITES.get(suite).units(manifest, scores)
 
-    def rescore(beta: float, multi: bool, k: int) -> dict[str, Any]:
-        return units(build_scorer("steer-multi" if multi else "steer", ctx.store, {**options, "beta": beta, "k": k}))
-
     k = int(options.get("k", WHOLE_GALLERY))
     scopes = ({f"local (K = {k})": k} if k < WHOLE_GALLERY else {}) | {"whole gallery": WHOLE_GALLERY}
-    return steering_strength(rescore, units(ctx.scorer(BASELINE)), scopes, STRENGTHS, ctx.cfg.bootstrap, ctx.cfg.seed)
+    reference = units(ctx.scorer(BASELINE))
+    rows = []
+    for contrast in contrasts:
+
+        def rescore(beta: float, multi: bool, k: int, contrast: str = contrast) -> dict[str, Any]:
+            variant = "steer-multi" if multi else "steer"
+            return units(build_scorer(variant, ctx.store, {**options, "beta": beta, "k": k, "contrast": contrast}))
+
+        table = steering_strength(rescore, reference, scopes, STRENGTHS, ctx.cfg.bootstrap, ctx.cfg.seed)
+        rows += [{"contrast": contrast, **r} for r in table]
+    return rows
 
 
 def strength_metric(suite: str) -> str:
@@ -113,10 +124,10 @@ def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]])
         for r in table:
             one, multi, both = r[f"steer {m}"], r[f"steer-multi {m}"], r[f"{SUM_VS_ONE} {m}"]
             rows.append([
-                suite, r["scope"], f"{r['beta']:g}", m, metric_value(m, r[f"{BASELINE} {m}"]),
+                suite, r["contrast"], r["scope"], f"{r['beta']:g}", m, metric_value(m, r[f"{BASELINE} {m}"]),
                 *(metric_diff(m, d["diff"], d["lo"], d["hi"]) for d in (one, multi, both)),
             ])  # fmt: skip
-            where = f"{suite}, {r['scope']}"
+            where = f"{suite}, {r['contrast']} contrast, {r['scope']}"
             for key, hit in (("helps", one["lo"] > 0), ("below_one", one["hi"] < 0), ("below_sum", multi["hi"] < 0),
                              ("interferes", both["hi"] < 0), ("sum_better", both["lo"] > 0)):  # fmt: skip
                 if hit:
@@ -125,7 +136,8 @@ def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]])
     def listed(at: dict[str, list[str]]) -> str:
         return "; ".join(f"{where} at β {', '.join(betas)}" for where, betas in at.items()) if at else "no setting"
 
-    header = ["suite", "scope", "β", "metric", f"`{BASELINE}`", "Δ `steer`", "Δ `steer-multi`", "Δ sum − one"]
+    header = ["suite", "contrast", "scope", "β", "metric", f"`{BASELINE}`"]
+    header += ["Δ `steer`", "Δ `steer-multi`", "Δ sum − one"]
     fig = strength_figure(by_suite)
     return [
         "### Steering strength",
@@ -137,12 +149,14 @@ def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]])
 
 
 def strength_figure(by_suite: dict[str, list[dict[str, Any]]]):
-    """One panel per suite: its headline metric against β for each steering variant and scope,
-    :data:`BASELINE`'s as a horizontal line."""
+    """One panel per suite and contrast: its headline metric against β for each steering
+    variant and scope, :data:`BASELINE`'s as a horizontal line."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(by_suite), figsize=(4.2 * len(by_suite), 3.2), squeeze=False)
-    for ax, (suite, table) in zip(axes[0], by_suite.items(), strict=True):
+    panels = [(suite, c, [r for r in table if r["contrast"] == c]) for suite, table in by_suite.items()
+              for c in dict.fromkeys(r["contrast"] for r in table)]  # fmt: skip
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
+    for ax, (suite, contrast, table) in zip(axes[0], panels, strict=True):
         m = strength_metric(suite)
         for scope in dict.fromkeys(r["scope"] for r in table):
             part = [r for r in table if r["scope"] == scope]
@@ -155,7 +169,7 @@ def strength_figure(by_suite: dict[str, list[dict[str, Any]]]):
         ax.set_xticks(STRENGTHS, [f"{b:g}" for b in STRENGTHS])
         ax.set_xlabel("β")
         ax.set_ylabel(f"{m} (%)")
-        ax.set_title(suite, fontsize=9)
+        ax.set_title(f"{suite}, {contrast} contrast", fontsize=9)
     axes[0][-1].legend(fontsize=6)
     fig.tight_layout()
     return fig
