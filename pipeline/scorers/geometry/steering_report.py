@@ -1,10 +1,9 @@
 """The steering parts of the geometry-aware retrieval section
 (:mod:`pipeline.scorers.geometry.report`): where steering helps and hurts by slice of the
 queries, and by strength — ``steer`` and ``steer-multi`` re-scored from the store at several
-β, with each contrast of c- prompts the suite has, with the pipeline's shortlist and over the
+β, for each contrast of c- prompts the suite has, with the pipeline's shortlist and over the
 whole gallery, each against the baseline and the sum against one direction, where the seed's
-interference would show. The prose is
-``report.md`` beside this file.
+interference would show. The prose is ``report.md`` beside this file.
 """
 
 from __future__ import annotations
