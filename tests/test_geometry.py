@@ -598,6 +598,14 @@ def test_steering(geo):
     torch.testing.assert_close(absent._directions[0], (e("steer_pos") - e("steer_neg_absent")).sum(0))
     with pytest.raises(ValueError, match=r"contrast must be one of \['absent', 'swap'\], got 'opposite'"):
         _scorer("steer", store, contrast="opposite")
+    # length "one": the same sum, rescaled to the first direction's length
+    equal = _scorer("steer-multi", store, beta=0.7, length="one")
+    equal.prepare(store, manifest, index, SUITE)
+    summed, single = s._directions, first._directions
+    torch.testing.assert_close(equal._directions, summed * (single.norm(dim=-1) / summed.norm(dim=-1))[:, None])
+    torch.testing.assert_close(equal._directions.norm(dim=-1), single.norm(dim=-1))
+    with pytest.raises(ValueError, match=r"length must be one of \['sum', 'one'\], got 'unit'"):
+        _scorer("steer", store, length="unit")
     gallery_rows, query_rows = retrieval_rows(manifest, index)
     unit = lambda x: torch.nn.functional.normalize(x, dim=-1)  # noqa: E731
     q = unit(unit(store.texts(query_rows, grids=False).embed) + 0.7 * first._directions)  # [Q, D]
@@ -611,7 +619,12 @@ def test_steering_strength_rescores_both_variants_at_every_beta_and_scope(geo, t
     are CLIP's, and "sum - one" is the paired difference of the two."""
     from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
     from pipeline.report import ReportContext
-    from pipeline.scorers.geometry.diagnostics import STRENGTHS, SUM_VS_ONE
+    from pipeline.scorers.geometry.diagnostics import (
+        EQUAL_LENGTH,
+        EQUAL_VS_ONE,
+        STRENGTHS,
+        SUM_VS_ONE,
+    )
     from pipeline.scorers.geometry.steering import WHOLE_GALLERY
     from pipeline.scorers.geometry.steering_report import strength_rows
 
@@ -628,15 +641,17 @@ def test_steering_strength_rescores_both_variants_at_every_beta_and_scope(geo, t
     clip = retrieval_units(manifest, score_retrieval(_scorer("clip", store), store, manifest, index, 256))["R@1"].statistic()
     for r in rows:
         by_hand = {
-            v: retrieval_units(manifest, score_retrieval(_scorer(v, store, beta=r["beta"], k=r["k"], contrast=r["contrast"]),
-                                                         store, manifest, index, 256))
-            for v in ("steer", "steer-multi")
-        }
+            v: retrieval_units(manifest, score_retrieval(
+                _scorer(name, store, beta=r["beta"], k=r["k"], contrast=r["contrast"], length=length), store, manifest, index, 256))
+            for v, name, length in (("steer", "steer", "sum"), ("steer-multi", "steer-multi", "sum"),
+                                    (EQUAL_LENGTH, "steer-multi", "one"))
+        }  # fmt: skip
         assert r["clip R@1"] == clip
         for v, units in by_hand.items():
             assert r[f"{v} R@1"]["value"] == units["R@1"].statistic()
             assert r[f"{v} R@10"]["diff"] == pytest.approx(units["R@10"].statistic() - r["clip R@10"])
         assert r[f"{SUM_VS_ONE} R@1"]["diff"] == pytest.approx(r["steer-multi R@1"]["value"] - r["steer R@1"]["value"])
+        assert r[f"{EQUAL_VS_ONE} R@1"]["diff"] == pytest.approx(r[f"{EQUAL_LENGTH} R@1"]["value"] - r["steer R@1"]["value"])
     assert strength_rows(ctx, "shapes-retrieval") is None  # not in this store: nothing to show
 
 

@@ -542,7 +542,7 @@ def test_the_steer_multi_goal_says_from_which_strength_the_sum_falls_below_clip(
 
     def row(contrast, scope, beta, multi, hi, one):
         return {"contrast": contrast, "scope": scope, "beta": beta, "steer R@10": {"value": one},
-                "steer-multi R@10": {"value": multi, "hi": hi}}  # fmt: skip
+                "steer-multi R@10": {"value": multi, "hi": hi}, "equal-length sum R@10": {"value": round(one + 0.01, 2)}}  # fmt: skip
 
     numbers = {"shapes-multi": {"clip": {"R@10": {"value": 0.3}}, "steer-multi": {"R@10": {"value": 0.31}}}}
     rows = [row("swap", "local (K = 20)", 1.0, 0.29, 0.01, 0.28), row("swap", "local (K = 20)", 2.0, 0.2, -0.02, 0.15),
@@ -550,17 +550,19 @@ def test_the_steer_multi_goal_says_from_which_strength_the_sum_falls_below_clip(
             row("absent", "whole gallery", 0.5, 0.15, -0.05, 0.32), row("absent", "whole gallery", 1.0, 0.1, -0.1, 0.3)]  # fmt: skip
     (goal,) = goals(numbers, {}, {}, strength={"shapes-multi": rows})
     assert goal["below_from"] == {
-        "swap": {"beta": 1.0, "scope": "whole gallery", "value": 0.25, "one_direction": 0.2},
-        "absent": {"beta": 0.5, "scope": "whole gallery", "value": 0.15, "one_direction": 0.32},
+        "swap": {"beta": 1.0, "scope": "whole gallery", "value": 0.25, "one_direction": 0.2, "equal_length": 0.21},
+        "absent": {"beta": 0.5, "scope": "whole gallery", "value": 0.15, "one_direction": 0.32, "equal_length": 0.33},
     }
     assert _goal_value(goal) == (
         "31.0% (clip 30.0%), short by 1.0 points; below clip from β 1 (swap contrast, whole gallery): 25.0%, "
-        "one direction 20.0%; from β 0.5 (absent contrast, whole gallery): 15.0%, one direction 32.0% "
-        "(the steering-strength table)"
+        "one direction 20.0%, the sum at its length 21.0%; from β 0.5 (absent contrast, whole gallery): 15.0%, "
+        "one direction 32.0%, the sum at its length 33.0% (the steering-strength table)"
     )
     rows[2]["steer-multi R@10"]["hi"] = 0.0  # touches 0: not below; the local β 2 comes first of the β 2s
     (goal,) = goals(numbers, {}, {}, strength={"shapes-multi": rows[:4]})
-    assert goal["below_from"] == {"swap": {"beta": 2.0, "scope": "local (K = 20)", "value": 0.2, "one_direction": 0.15}}
+    assert goal["below_from"] == {
+        "swap": {"beta": 2.0, "scope": "local (K = 20)", "value": 0.2, "one_direction": 0.15, "equal_length": 0.16}
+    }
     assert "below_from" not in goals(numbers, {}, {}, strength={"shapes-multi": rows[:1]})[0]
     assert "below_from" not in goals(numbers, {}, {})[0]
 
@@ -1145,10 +1147,16 @@ def test_steering_slices_split_by_edit_and_directions_and_say_where_it_helps_and
 
 
 def test_steering_strength_pairs_each_variant_with_clip_and_the_sum_with_one_direction():
-    """Each (scope, β) re-scores both variants once; Δ sum − one is steer-multi minus steer,
-    paired; the verdict lists exactly the settings whose CI excludes 0, grouped by scope."""
+    """Each (scope, β) re-scores the three variants once; Δ sum − one is steer-multi minus
+    steer and Δ sum − one at equal length the equal-length sum minus steer, paired; the verdict
+    lists exactly the settings whose CI excludes 0, grouped by contrast and scope."""
     from pipeline.benchmarks.base import Units
-    from pipeline.scorers.geometry.diagnostics import SUM_VS_ONE, steering_strength
+    from pipeline.scorers.geometry.diagnostics import (
+        EQUAL_LENGTH,
+        EQUAL_VS_ONE,
+        SUM_VS_ONE,
+        steering_strength,
+    )
     from pipeline.scorers.geometry.steering_report import strength_part
 
     n = 50
@@ -1156,21 +1164,22 @@ def test_steering_strength_pairs_each_variant_with_clip_and_the_sum_with_one_dir
     clip = {"R@1": hits(10), "R@10": hits(25)}
     calls = []
 
-    def rescore(beta, multi, k):  # one direction falls with β; the sum falls half as fast
-        calls.append((beta, multi, k))
-        lost = int(beta * (4 if multi else 8))
-        return {"R@1": hits(10), "R@10": hits(25 - lost)}
+    def rescored(lost_per_beta):  # each variant loses R@10 hits in proportion to β
+        def rescore(beta, variant, k):
+            calls.append((beta, variant, k))
+            return {"R@1": hits(10), "R@10": hits(25 - int(beta * lost_per_beta[variant]))}
 
-    def rescored(fn):
-        return steering_strength(fn, clip, {"local (K = 20)": 20, "whole gallery": 10**9}, (0.0, 1.0, 2.0), 500, 0)
+        return steering_strength(rescore, clip, {"local (K = 20)": 20, "whole gallery": 10**9}, (0.0, 1.0, 2.0), 500, 0)
 
-    rows = rescored(rescore)
-    assert calls == [(b, m, k) for k in (20, 10**9) for b in (0.0, 1.0, 2.0) for m in (False, True)]
+    # swap: the sum falls half as fast as one direction, and as fast at one direction's length
+    rows = rescored({"steer": 8, "steer-multi": 4, EQUAL_LENGTH: 8})
+    assert calls == [(b, v, k) for k in (20, 10**9) for b in (0.0, 1.0, 2.0) for v in ("steer", "steer-multi", EQUAL_LENGTH)]
     last = rows[-1]
     assert (last["scope"], last["beta"], last["clip R@10"]) == ("whole gallery", 2.0, 0.5)
     assert last["steer R@10"]["value"] == pytest.approx(9 / 50) and last["steer R@10"]["diff"] == pytest.approx(-16 / 50)
     assert last["steer-multi R@10"]["diff"] == pytest.approx(-8 / 50)
     assert last[f"{SUM_VS_ONE} R@10"]["diff"] == pytest.approx(8 / 50) and last[f"{SUM_VS_ONE} R@10"]["value"] is None
+    assert last[f"{EQUAL_VS_ONE} R@10"] == {"value": None, "diff": 0.0, "lo": 0.0, "hi": 0.0, "p": 1.0}
     assert rows[0]["steer R@1"] == {"value": 0.2, "diff": 0.0, "lo": 0.0, "hi": 0.0, "p": 1.0}
 
     class Ctx:
@@ -1182,12 +1191,15 @@ def test_steering_strength_pairs_each_variant_with_clip_and_the_sum_with_one_dir
 
     ctx = Ctx()
     swap = [{"contrast": "swap", **r} for r in rows]
-    absent = [{"contrast": "absent", **r} for r in rescored(lambda b, m, k: rescore(b, not m, k))]  # the sum falls faster
+    # absent: the sum falls twice as fast as one direction, and still faster at its length
+    absent = [{"contrast": "absent", **r} for r in rescored({"steer": 4, "steer-multi": 8, EQUAL_LENGTH: 6})]
+    assert absent[-1][f"{EQUAL_VS_ONE} R@10"]["diff"] == pytest.approx(-4 / 50)
     parts = strength_part(ctx, {"shapes-multi": swap + absent})
     assert parts[0] == "### Steering strength" and "steering-strength.png" in ctx.figures
     assert len(ctx.figures["steering-strength.png"].axes) == 2  # one panel per contrast
     assert "| shapes-multi | swap | whole gallery | 2 | R@10 | 50.0 | -32.0 [" in parts[2]
     assert "| shapes-multi | absent | whole gallery | 2 | R@10 | 50.0 | -16.0 [" in parts[2]
+    assert parts[2].splitlines()[-1].split(" | ")[-1].startswith("-8.0 [")  # absent, whole gallery, β 2: equal length − one
     verdict = parts[3]
     assert ("Single-concept steering helps in no setting, and falls below `clip` in shapes-multi, swap contrast, "
             "local (K = 20) at β 1, 2; shapes-multi, swap contrast, whole gallery at β 1, 2; shapes-multi, absent") in verdict
@@ -1195,4 +1207,6 @@ def test_steering_strength_pairs_each_variant_with_clip_and_the_sum_with_one_dir
             "shapes-multi, absent contrast, whole gallery at β 1, 2;") in verdict
     assert ("above one direction in shapes-multi, swap contrast, local (K = 20) at β 1, 2; shapes-multi, swap contrast, "
             "whole gallery at β 1, 2.") in verdict
+    assert ("At one direction's length the sum ranks below one direction in shapes-multi, absent contrast, local "
+            "(K = 20) at β 2; shapes-multi, absent contrast, whole gallery at β 2, and above it in no setting.") in verdict
     assert strength_part(ctx, {}) == []

@@ -27,6 +27,8 @@ STEERING = ("steer", "steer-multi")  # the steering variants, single-concept and
 SLICE_METRICS = ("R@1", "R@10")
 STRENGTHS = (0.25, 0.5, 1.0, 2.0, 4.0)  # the β the strength table re-scores steering at
 SUM_VS_ONE = "sum - one"  # steer-multi minus steer: below 0, the sum hurts more than one direction
+EQUAL_LENGTH = "equal-length sum"  # steer-multi with each query's sum rescaled to one direction's length
+EQUAL_VS_ONE = "equal-length sum - one"  # below 0, the sum's direction hurts, not only its length
 
 
 def query_slices(manifest: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
@@ -70,39 +72,47 @@ def steering_slices(
 
 
 def steering_strength(
-    rescore: Callable[[float, bool, int], dict[str, Units]],
+    rescore: Callable[[float, str, int], dict[str, Units]],
     reference: dict[str, Units],
     scopes: dict[str, int],
     betas: tuple[float, ...],
     n_resamples: int,
     seed: int,
 ) -> list[dict[str, Any]]:
-    """Per scope and β: ``steer`` and ``steer-multi`` minus :data:`BASELINE`, and ``steer-multi`` minus
-    ``steer`` (:data:`SUM_VS_ONE`), on :data:`SLICE_METRICS`, each paired over the queries.
+    """Per scope and β: ``steer``, ``steer-multi`` and :data:`EQUAL_LENGTH` minus
+    :data:`BASELINE`, and ``steer-multi`` minus ``steer`` (:data:`SUM_VS_ONE`) and
+    :data:`EQUAL_LENGTH` minus ``steer`` (:data:`EQUAL_VS_ONE`), on :data:`SLICE_METRICS`, each
+    paired over the queries.
 
     Naive multi-object steering interferes, as the seed reports, where the sum of a query's
     directions ranks worse than its first direction alone at the same strength; a sum that
-    ranks worse than the baseline but better than one direction is over-steering, not interference.
-    Both variants are re-scored at every (scope, β), so the table does not depend on the β and
-    K the pipeline scores them at.
+    ranks worse than the baseline but better than one direction is over-steering, not
+    interference. The sum is also longer than one direction, so it moves the query further
+    at the same β: the equal-length sum (rescaled to the first direction's length) ranking
+    like one direction says that the sum hurts by its length, not by where it points. Every
+    variant is re-scored at every (scope, β), so the table does not depend on the β and K
+    the pipeline scores them at.
 
     Args:
-        rescore: ``(beta, multi, k) -> {metric: Units}`` of the suite's queries steered with
-            strength ``beta`` (``multi``: every direction summed), CLIP's top ``k`` re-ranked.
+        rescore: ``(beta, variant, k) -> {metric: Units}`` of the suite's queries steered by
+            ``variant`` (``steer``, ``steer-multi`` or :data:`EQUAL_LENGTH`) with strength
+            ``beta``, CLIP's top ``k`` re-ranked.
         reference: ``{metric: Units}`` of :data:`BASELINE` on the same queries, in the same order.
         scopes: label -> shortlist length, e.g. ``{"local (K = 20)": 20, "whole gallery": 10**9}``.
     """
     rows = []
     for scope, k in scopes.items():
         for beta in betas:
-            units = {"steer": rescore(beta, False, k), "steer-multi": rescore(beta, True, k)}
+            units = {v: rescore(beta, v, k) for v in (*STEERING, EQUAL_LENGTH)}
             row: dict[str, Any] = {"scope": scope, "k": int(k), "beta": float(beta)}
             for m in SLICE_METRICS:
                 row[f"{BASELINE} {m}"] = reference[m].statistic()
-                pairs = {v: (u[m], reference[m]) for v, u in units.items()} | {SUM_VS_ONE: (units["steer-multi"][m], units["steer"][m])}
+                against_one = {SUM_VS_ONE: "steer-multi", EQUAL_VS_ONE: EQUAL_LENGTH}
+                pairs = {v: (u[m], reference[m]) for v, u in units.items()}
+                pairs |= {name: (units[v][m], units["steer"][m]) for name, v in against_one.items()}
                 for name, (a, b) in pairs.items():
                     r = paired_bootstrap(a.values, b.values, n_resamples=n_resamples, seed=seed)
-                    value = a.statistic() if name != SUM_VS_ONE else None
+                    value = a.statistic() if name not in against_one else None
                     row[f"{name} {m}"] = {"value": value, "diff": r.diff, "lo": r.lo, "hi": r.hi, "p": r.p}
             rows.append(row)
     return rows

@@ -27,7 +27,7 @@ from pipeline.report.compare import task_units
 from pipeline.report.markdown import md_table, metric_ci, metric_diff, metric_value, p_value
 from pipeline.report.sections import read_bench
 from pipeline.report.templates import Templates
-from pipeline.scorers.geometry.diagnostics import BASELINE, STEERING, steering_slices
+from pipeline.scorers.geometry.diagnostics import BASELINE, EQUAL_LENGTH, STEERING, steering_slices
 from pipeline.scorers.geometry.figure import matching_figure
 from pipeline.scorers.geometry.rerankers import GeometryReranker
 from pipeline.scorers.geometry.steering_report import steering_part, strength_part, strength_rows
@@ -216,14 +216,17 @@ def below_from(rows: list[dict[str, Any]], metric: str) -> dict[str, Any]:
     """``{"below_from": {contrast: ...}}``: per steering contrast, the smallest β (the
     pipeline's shortlist before the whole gallery at equal β) at which ``steer-multi``'s
     ``metric`` falls below the baseline with its 95% CI, with its value and one direction's
-    there; a contrast where it never does is left out, and {} where none does."""
+    there and the sum's at one direction's length; a contrast where it never does is left
+    out, and {} where none does."""
     out = {}
     for contrast in dict.fromkeys(r["contrast"] for r in rows):
         below = [r for r in rows if r["contrast"] == contrast and r[f"steer-multi {metric}"]["hi"] < 0]
         if below:
             r = min(below, key=lambda r: r["beta"])  # min keeps the first of equal β: the shortlist's scope
             one, multi = r[f"steer {metric}"]["value"], r[f"steer-multi {metric}"]["value"]
-            out[contrast] = {"beta": r["beta"], "scope": r["scope"], "value": multi, "one_direction": one}
+            equal = r[f"{EQUAL_LENGTH} {metric}"]["value"]
+            out[contrast] = {"beta": r["beta"], "scope": r["scope"], "value": multi, "one_direction": one,
+                             "equal_length": equal}  # fmt: skip
     return {"below_from": out} if out else {}
 
 
@@ -364,7 +367,8 @@ def _goal_value(c: dict[str, Any]) -> str:
         if "below_from" in c:
             text += "; below clip " + "; ".join(
                 f"from β {b['beta']:g} ({contrast} contrast, {b['scope']}): {100 * b['value']:.1f}%, "
-                f"one direction {100 * b['one_direction']:.1f}%" for contrast, b in c["below_from"].items()
+                f"one direction {100 * b['one_direction']:.1f}%, the sum at its length {100 * b['equal_length']:.1f}%"
+                for contrast, b in c["below_from"].items()
             ) + " (the steering-strength table)"
         return text
     return f"{c['value']:.3g}" + {"ms": " ms", "x": "×"}.get(unit, "")

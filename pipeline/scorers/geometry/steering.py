@@ -13,7 +13,10 @@ share no concept, as the seed's separately summed concepts do.
 * ``steer``: single-concept steering, the first direction only.
 * ``steer-multi``: naive multi-object steering, every direction of the query summed into
   one vector; the paper reports that the sum interferes (CLEVR-HOPE R@10 0.230 -> 0.094),
-  and the report measures whether it does here.
+  and the report measures whether it does here. A sum of n directions is up to n times as
+  long as one (√n where they are orthogonal), so it also moves the query further: with ``length: one``
+  each query's sum is rescaled to its first direction's length, which separates what the
+  sum's direction does from what its length does.
 
 Left alone, both rank the whole gallery by the steered cosine (as cheap as CLIP's): ``k``
 defaults to a shortlist longer than any gallery. The pipeline's ``score.options`` set
@@ -36,6 +39,7 @@ from pipeline.scorers.base import SCORERS, Reranker
 from pipeline.scorers.geometry.objects import require_columns
 
 WHOLE_GALLERY = 10**9
+LENGTHS = ("sum", "one")  # steer along the sum as it is, or rescaled to the first direction's length
 STEERING_NEEDED = (
     "steer and steer-multi need each query's concept prompts (steer_pos / steer_neg), which the shapes world's "
     "retrieval suites write and the COCO and Visual Genome loaders do not; leave them out of score.variants there"
@@ -44,13 +48,20 @@ STEERING_NEEDED = (
 
 class Steer(Reranker):
     """Rank by the cosine of the steered query; ``multi`` sums every direction, ``contrast``
-    (a key of :data:`~pipeline.benchmarks.retrieval.STEERING_NEGATIVES`) picks the c- prompts."""
+    (a key of :data:`~pipeline.benchmarks.retrieval.STEERING_NEGATIVES`) picks the c- prompts
+    and ``length`` (:data:`LENGTHS`) how long the summed vector is."""
 
     uses_grids = False
     scores_choices: ClassVar[bool] = False
 
     def __init__(
-        self, beta: float = 0.5, multi: bool = False, k: int = WHOLE_GALLERY, base: str = "clip", contrast: str = "swap"
+        self,
+        beta: float = 0.5,
+        multi: bool = False,
+        k: int = WHOLE_GALLERY,
+        base: str = "clip",
+        contrast: str = "swap",
+        length: str = "sum",
     ) -> None:
         super().__init__()
         if isinstance(beta, bool) or not isinstance(beta, int | float) or not math.isfinite(beta):
@@ -59,14 +70,20 @@ class Steer(Reranker):
             raise ValueError(f"steering's k must be an integer >= 1, got {k!r}")
         if contrast not in STEERING_NEGATIVES:
             raise ValueError(f"steering's contrast must be one of {sorted(STEERING_NEGATIVES)}, got {contrast!r}")
-        self.beta, self.multi, self.k, self.base, self.contrast = float(beta), bool(multi), int(k), base, contrast
+        if length not in LENGTHS:
+            raise ValueError(f"steering's length must be one of {list(LENGTHS)}, got {length!r}")
+        self.beta, self.multi, self.k, self.base = float(beta), bool(multi), int(k), base
+        self.contrast, self.length = contrast, length
         self._directions: torch.Tensor | None = None
 
     def prepare(self, store, manifest, index, suite: str = "") -> None:
         v, valid = concept_directions(store, manifest, index, suite, self.contrast)
-        if not self.multi:
-            valid &= torch.cumsum(valid, dim=1) == 1  # the first direction only
-        self._directions = (v * valid[..., None]).sum(1)  # [n, D]
+        first = valid & (torch.cumsum(valid, dim=1) == 1)  # [n, n_dir] the first direction only
+        summed = (v * (valid if self.multi else first)[..., None]).sum(1)  # [n, D]
+        if self.length == "one":  # a query without directions keeps its zero vector
+            one = (v * first[..., None]).sum(1).norm(dim=-1)
+            summed = summed * (one / summed.norm(dim=-1).clamp(min=1e-12))[:, None]
+        self._directions = summed
 
     def rerank(self, query: TextFeatures, candidates: ImageFeatures, shortlist: torch.Tensor, gallery=None, queries=None) -> torch.Tensor:
         if self._directions is None or queries is None:
@@ -96,9 +113,9 @@ def concept_directions(store, manifest, index, suite: str = "", contrast: str = 
 
 def _steer_options(kwargs: dict) -> dict:
     """The steering factories' options; an unknown one (a typo in ``score.options``) is refused."""
-    unknown = sorted(set(kwargs) - {"beta", "k", "base", "contrast"})
+    unknown = sorted(set(kwargs) - {"beta", "k", "base", "contrast", "length"})
     if unknown:
-        raise TypeError(f"unknown steering options {unknown}; valid: ['base', 'beta', 'contrast', 'k']")
+        raise TypeError(f"unknown steering options {unknown}; valid: ['base', 'beta', 'contrast', 'k', 'length']")
     return dict(kwargs)
 
 

@@ -17,6 +17,8 @@ from pipeline.report.markdown import md_table, metric_diff, metric_value
 from pipeline.report.templates import Templates
 from pipeline.scorers.geometry.diagnostics import (
     BASELINE,
+    EQUAL_LENGTH,
+    EQUAL_VS_ONE,
     SLICE_METRICS,
     STEERING,
     STRENGTHS,
@@ -94,9 +96,10 @@ def strength_rows(ctx: ReportContext, suite: str) -> list[dict[str, Any]] | None
     rows = []
     for contrast in contrasts:
 
-        def rescore(beta: float, multi: bool, k: int, contrast: str = contrast) -> dict[str, Any]:
-            variant = "steer-multi" if multi else "steer"
-            return units(build_scorer(variant, ctx.store, {**options, "beta": beta, "k": k, "contrast": contrast}))
+        def rescore(beta: float, variant: str, k: int, contrast: str = contrast) -> dict[str, Any]:
+            name, length = ("steer-multi", "one") if variant == EQUAL_LENGTH else (variant, "sum")
+            setting = {**options, "beta": beta, "k": k, "contrast": contrast, "length": length}
+            return units(build_scorer(name, ctx.store, setting))
 
         table = steering_strength(rescore, reference, scopes, STRENGTHS, ctx.cfg.bootstrap, ctx.cfg.seed)
         rows += [{"contrast": contrast, **r} for r in table]
@@ -112,23 +115,25 @@ def strength_metric(suite: str) -> str:
 
 def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The steering-strength table (each suite's headline metric), its figure and a sentence
-    on where single-concept steering helps, where each variant falls below :data:`BASELINE` and where
-    the sum falls below one direction (the seed's interference), each where the 95% CI
-    excludes 0."""
+    on where single-concept steering helps, where each variant falls below :data:`BASELINE`,
+    where the sum falls below one direction (the seed's interference) and where it still does
+    at one direction's length, each where the 95% CI excludes 0."""
     if not by_suite:
         return []
-    rows, found = [], {key: {} for key in ("helps", "below_one", "below_sum", "interferes", "sum_better")}
+    keys = ("helps", "below_one", "below_sum", "interferes", "sum_better", "equal_interferes", "equal_better")
+    rows, found = [], {key: {} for key in keys}
     for suite, table in by_suite.items():
         m = strength_metric(suite)
         for r in table:
-            one, multi, both = r[f"steer {m}"], r[f"steer-multi {m}"], r[f"{SUM_VS_ONE} {m}"]
+            one, multi, both, equal = (r[f"{v} {m}"] for v in ("steer", "steer-multi", SUM_VS_ONE, EQUAL_VS_ONE))
             rows.append([
                 suite, r["contrast"], r["scope"], f"{r['beta']:g}", m, metric_value(m, r[f"{BASELINE} {m}"]),
-                *(metric_diff(m, d["diff"], d["lo"], d["hi"]) for d in (one, multi, both)),
+                *(metric_diff(m, d["diff"], d["lo"], d["hi"]) for d in (one, multi, both, equal)),
             ])  # fmt: skip
             where = f"{suite}, {r['contrast']} contrast, {r['scope']}"
             for key, hit in (("helps", one["lo"] > 0), ("below_one", one["hi"] < 0), ("below_sum", multi["hi"] < 0),
-                             ("interferes", both["hi"] < 0), ("sum_better", both["lo"] > 0)):  # fmt: skip
+                             ("interferes", both["hi"] < 0), ("sum_better", both["lo"] > 0),
+                             ("equal_interferes", equal["hi"] < 0), ("equal_better", equal["lo"] > 0)):  # fmt: skip
                 if hit:
                     found[key].setdefault(where, []).append(f"{r['beta']:g}")
 
@@ -136,7 +141,7 @@ def strength_part(ctx: ReportContext, by_suite: dict[str, list[dict[str, Any]]])
         return "; ".join(f"{where} at β {', '.join(betas)}" for where, betas in at.items()) if at else "no setting"
 
     header = ["suite", "contrast", "scope", "β", "metric", f"`{BASELINE}`"]
-    header += ["Δ `steer`", "Δ `steer-multi`", "Δ sum − one"]
+    header += ["Δ `steer`", "Δ `steer-multi`", "Δ sum − one", "Δ sum − one, equal length"]
     fig = strength_figure(by_suite)
     return [
         "### Steering strength",
@@ -160,7 +165,7 @@ def strength_figure(by_suite: dict[str, list[dict[str, Any]]]):
         for scope in dict.fromkeys(r["scope"] for r in table):
             part = [r for r in table if r["scope"] == scope]
             style = "-" if scope.startswith("local") else "--"
-            for v, colour, marker in (("steer", "C0", "o"), ("steer-multi", "C3", "s")):
+            for v, colour, marker in (("steer", "C0", "o"), ("steer-multi", "C3", "s"), (EQUAL_LENGTH, "C2", "^")):
                 y = [100 * r[f"{v} {m}"]["value"] for r in part]
                 ax.plot([r["beta"] for r in part], y, style, color=colour, marker=marker, label=f"{v}, {scope}")
         ax.axhline(100 * table[0][f"{BASELINE} {m}"], color="grey", lw=1, label=BASELINE)
