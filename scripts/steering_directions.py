@@ -49,7 +49,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--suite", action="append", default=None)
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
-    ap.add_argument("--contrast", choices=("swap", "absent"), default="swap")
+    from pipeline.benchmarks.retrieval import STEERING_NEGATIVES
+
+    ap.add_argument("--contrast", choices=sorted(STEERING_NEGATIVES), default="swap")
     args = ap.parse_args()
 
     from pipeline.cache import open_store
