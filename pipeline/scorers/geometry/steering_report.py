@@ -174,6 +174,7 @@ def strength_figure(by_suite: dict[str, list[dict[str, Any]]]):
         ax.set_xlabel("β")
         ax.set_ylabel(f"{m} (%)")
         ax.set_title(f"{suite}, {contrast} contrast", fontsize=9)
-    axes[0][-1].legend(fontsize=6)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))  # the legend's row below the panels, never over a line
     return fig
