@@ -16,6 +16,7 @@ from pipeline.scorers import SCORERS, create_scorer
 from pipeline.scorers.geometry.objects import (
     ObjectSets,
     image_objects,
+    offset_positions,
     relation_positions,
     structure,
 )
@@ -169,6 +170,19 @@ def test_relation_layout_and_structures():
     assert not torch.allclose(structure(mirrored, "offset"), off)
     with pytest.raises(ValueError, match="unknown structure"):
         structure(sets, "angles")
+
+
+def test_offset_positions_give_the_offset_structure_and_sit_at_0_without_offsets():
+    # set 0: three real objects and padding; set 1: one object; set 2: two boxes centred at one point
+    sets = ObjectSets(torch.zeros(3, 3, 4), torch.tensor([[True, True, True], [True, False, False], [True, True, False]]),
+                      torch.tensor([[[0.2, 0.1], [0.6, 0.1], [0.3, 0.9]], [[0.13, 0.71], [5.0, 5.0], [0.0, 0.0]],
+                                    [[0.13, 0.71], [0.13, 0.71], [7.0, 7.0]]]))  # fmt: skip
+    x = offset_positions(sets)
+    off = x[:, None, :, :] - x[:, :, None, :]  # [N, n, n, 2]: x_k - x_i
+    pair = (sets.mask[:, :, None] & sets.mask[:, None, :])[..., None]
+    torch.testing.assert_close(torch.where(pair, off, 0.0), structure(sets, "offset"))
+    assert x[1:].abs().max() < 1e-6  # not the centres over the scale's 1e-6 floor (1e5 and more)
+    assert (x[~sets.mask] == 0).all()
 
 
 def test_matched_cost_ignores_padding_and_finds_the_planted_matching():

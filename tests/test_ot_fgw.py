@@ -258,6 +258,19 @@ def test_offsets_solver_equals_fgw_on_the_offset_structures(alpha):
         assert abs(_brute_force(P["M"][b, :n, :m].numpy(), C1, C2, T[b, :n, :m], alpha) - float(value[b])) < 1e-12
 
 
+def test_offsets_solver_does_not_see_where_the_sets_lie():
+    """Translating either set changes nothing, even far from the origin, where the folded
+    cost would be on the positions' scale (1e12 here) and the LP's tolerance with it."""
+    P = _problems(B=20, seed=23, sizes=(1, 6))
+    g = torch.Generator().manual_seed(24)
+    x = torch.rand(*P["mask_rows"].shape, 2, generator=g, dtype=torch.float64)
+    y = torch.rand(*P["mask_cols"].shape, 2, generator=g, dtype=torch.float64)
+    masks = {"mask_rows": P["mask_rows"], "mask_cols": P["mask_cols"]}
+    want, _ = fused_gromov_wasserstein_batched(P["M"], _offsets(x), _offsets(y), alpha=0.5, **masks)
+    far, _ = fused_gromov_wasserstein_offsets(P["M"], x + 1e6, y - torch.tensor([3e5, 7e5]), alpha=0.5, **masks)
+    torch.testing.assert_close(far, want, atol=1e-9, rtol=0)  # 1e6 holds positions to ~1e-10
+
+
 def test_offsets_solver_refuses_mismatched_shapes():
     M = torch.zeros(2, 3, 4)
     with pytest.raises(ValueError, match=r"X must be \[2, 3, c\] and Y \[2, 4, c\]"):

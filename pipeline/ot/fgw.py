@@ -223,8 +223,11 @@ def fused_gromov_wasserstein_offsets(
         + 2\alpha D \rangle - 2\alpha \sum_c (p^\top X_c - q^\top Y_c)^2,
         \qquad D_{ij} = \sum_c (X_{ic} - Y_{jc})^2,
 
-    one linear program (:func:`pipeline.ot.transport.emd_batched`), where
-    :func:`fused_gromov_wasserstein_batched` on the offset structures spends two
+    one linear program (:func:`pipeline.ot.transport.emd_batched`). Both sets are first
+    centred on their weighted means (the offsets do not see a translation), so the last term
+    is 0 and the cost stays on the offsets' scale wherever the positions lie: far from the
+    origin, the cost's magnitude, and the LP's tolerance with it, would be the positions'.
+    On the offset structures :func:`fused_gromov_wasserstein_batched` spends two
     conditional-gradient steps (an LP each) on the same optimum: the values agree to
     rounding, and so do the plans wherever the optimum is unique.
 
@@ -253,11 +256,11 @@ def fused_gromov_wasserstein_offsets(
     q = unit_marginals(q, mask_cols, m, B, dtype, M.device, "q")  # [B, m]
     # zero-weight entries carry no mass: zero them so that padding values (even NaN) are inert
     X, Y = torch.where(p[..., None] > 0, X, 0.0), torch.where(q[..., None] > 0, Y, 0.0)
+    X = torch.where(p[..., None] > 0, X - torch.einsum("bn,bnc->bc", p, X)[:, None, :], 0.0)  # p^T X = 0
+    Y = torch.where(q[..., None] > 0, Y - torch.einsum("bm,bmc->bc", q, Y)[:, None, :], 0.0)  # q^T Y = 0
     M = torch.where((p[:, :, None] > 0) & (q[:, None, :] > 0), M, 0.0)
     cost = (1.0 - alpha) * M + 2.0 * alpha * (X[:, :, None, :] - Y[:, None, :, :]).square().sum(-1)  # [B, n, m]
-    value, plan = emd_batched(cost, p, q, dtype=dtype)
-    shift = torch.einsum("bn,bnc->bc", p, X) - torch.einsum("bm,bmc->bc", q, Y)  # [B, c]
-    return value - 2.0 * alpha * shift.square().sum(-1), plan
+    return emd_batched(cost, p, q, dtype=dtype)
 
 
 def _conditional_gradient(M, C1, C2, p, q, alpha, G0, symmetric, max_iter, tol_rel, tol_abs):

@@ -167,8 +167,13 @@ def _unscaled(sets: ObjectSets, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
 def offset_positions(sets: ObjectSets) -> torch.Tensor:
     """[N, n, 2] each set's positions on the scale of its ``offset`` structure: the signed
     offsets between these are :func:`structure` ``(sets, "offset")`` (to rounding), which is
-    what :func:`pipeline.ot.fgw.fused_gromov_wasserstein_offsets` takes."""
-    return sets.pos / _unscaled(sets, "offset")[1][:, None, None]
+    what :func:`pipeline.ot.fgw.fused_gromov_wasserstein_offsets` takes. They are centred on
+    the mean of the set's objects (offsets do not see a translation), so a set whose offsets
+    are all 0 (one object, or every box centred at one point) sits at 0, not at its centres
+    divided by the scale's floor."""
+    m = sets.mask[..., None]  # [N, n, 1]
+    mean = torch.where(m, sets.pos, 0.0).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp_min(1)
+    return torch.where(m, sets.pos - mean, 0.0) / _unscaled(sets, "offset")[1][:, None, None]
 
 
 def feature_cost(query: ObjectSets, image: ObjectSets) -> torch.Tensor:
