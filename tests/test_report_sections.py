@@ -532,6 +532,10 @@ def test_geometry_goals_read_the_measured_numbers():
     assert _goal_value(got["FGW batched >= 10x the per-problem POT loop"]) == "25×"
     offset = got["the same on the rerankers' signed-offset problems (POT's loop: ot.emd2)"]
     assert not offset["met"] and _goal_value(offset) == "3×"
+    # every reranker at R@10 0: the goal is missed by the whole 2x, not left out of the table
+    at_zero = {"shapes-multi": {"clip": {"R@10": v(0.2)}, "fgw": {"R@10": v(0.0)}, "hungarian": {"R@10": v(0.0)}}}
+    (zero,) = [c for c in goals(at_zero, {}, {}) if c["goal"] == "shapes-multi: best reranker R@10 >= 2 x clip"]
+    assert not zero["met"] and zero["value"] == 0.0 and zero["by"] == pytest.approx(-0.4)
 
 
 def test_the_steer_multi_goal_says_from_which_strength_the_sum_falls_below_clip():
