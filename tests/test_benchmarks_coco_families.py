@@ -222,6 +222,21 @@ def test_entity_keeps_the_number_of_a_same_plural_name():
     assert one["entity"] == ("A sheep in a field", "An elephant in a field")
 
 
+@pytest.mark.parametrize("key", [f"k{i}" for i in range(12)])
+def test_attribute_negative_has_a_colour_the_caption_lacks_and_never_swaps_a_category(key):
+    from pipeline.benchmarks.coco_families import COLOURS
+
+    nouns = frozenset({"orange", "cat", "dog", "frisbee"})
+    cap = "A black and white cat sitting on a couch"
+    pos, neg = _caption_items([cap], {"cat"}, {}, key, nouns)["attribute"]
+    new = neg.split(" ")[1]  # "A red ..." or "An orange ..."
+    assert pos == cap and neg.endswith(" and white cat sitting on a couch") and new in set(COLOURS) - {"black", "white"}
+    # "orange" is the fruit here: no attribute pair from it, with or without another colour word
+    assert "attribute" not in _caption_items(["An orange next to a dog"], {"dog"}, {}, key, nouns)
+    pos, neg = _caption_items(["A dog with an orange frisbee and a red ball"], {"dog"}, {}, key, nouns)["attribute"]
+    assert neg.startswith("A dog with an orange frisbee and ") and "red" not in neg and "orange ball" not in neg
+
+
 def test_family_metric_strict_and_unweighted_mean():
     m = pd.DataFrame({"family": ["negation", "negation", "depth"], "correct": 0})
     scores = np.array([[0.3, 0.3], [0.5, 0.1], [0.4, 0.2]])  # tie wrong, right, right

@@ -207,8 +207,11 @@ def ground(text: str, boxes_of: dict[str, list[float]]) -> dict[str, list]:
 # ---------------------------------------------------------------------------- families
 
 
-def _caption_items(captions: list[str], present: set[str], absent_by_super: dict, key: str) -> dict:
-    """Entity, attribute and role-swap pairs from the image's captions (first that fits)."""
+def _caption_items(
+    captions: list[str], present: set[str], absent_by_super: dict, key: str, nouns: frozenset[str] = frozenset()
+) -> dict:
+    """Entity, attribute and role-swap pairs from the image's captions (first that fits);
+    ``nouns`` are every category name in the annotations."""
     out: dict[str, tuple[str, str]] = {}
     for cap in captions:
         ments = _mentions(cap, sorted(present))
@@ -223,10 +226,14 @@ def _caption_items(captions: list[str], present: set[str], absent_by_super: dict
                     )
                     break
         if "attribute" not in out:
-            m = re.search(rf"\b({'|'.join(COLOURS)})\b", cap, re.IGNORECASE)
-            if m:
-                new = _pick([c for c in COLOURS if c != m.group(1).lower()], key + cap)
-                out["attribute"] = (cap, _replace(cap, m.start(), m.end(), new))
+            # a colour word that is also a category ("an orange" is the fruit) is not swapped: without
+            # a parser the noun and the adjective look alike; the new colour is none the caption has, so
+            # "a black and white cat" never becomes the still-true "a white and white cat"
+            found = list(re.finditer(rf"\b({'|'.join(COLOURS)})\b", cap, re.IGNORECASE))
+            m = next((m for m in found if m.group(1).lower() not in nouns), None)
+            pool = [c for c in COLOURS if c not in {f.group(1).lower() for f in found}]
+            if m and pool:
+                out["attribute"] = (cap, _replace(cap, m.start(), m.end(), _pick(pool, key + cap)))
         if "role-swap" not in out:
             for (s1, e1, n1, pl1), (s2, e2, n2, pl2) in pairwise(ments):
                 between = f" {cap[e1:s2].lower().strip()} "
@@ -308,6 +315,7 @@ def build_families(root: Path, cfg: CocoFamiliesConfig | None = None) -> pd.Data
     inst = read_json_object(inst_path, COCO_SOURCE)
     cats = id_index(((c["id"], c) for c in entry_list(inst, "categories", inst_path)), f"{inst_path}: categories")
     super_of = {c["name"]: c["supercategory"] for c in cats.values()}
+    nouns = frozenset(super_of)
     supers: dict[str, list[str]] = {}
     for c in cats.values():
         supers.setdefault(c["supercategory"], []).append(c["name"])
@@ -347,7 +355,7 @@ def build_families(root: Path, cfg: CocoFamiliesConfig | None = None) -> pd.Data
         items: dict[str, dict] = {
             fam: {"captions": list(pair), "paraphrase": None}
             for fam, pair in _caption_items(
-                [c for _, c in sorted(caps.get(image_id, []))], present, absent_by_super, image
+                [c for _, c in sorted(caps.get(image_id, []))], present, absent_by_super, image, nouns
             ).items()
         }
         if present:
