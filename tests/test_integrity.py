@@ -165,6 +165,30 @@ def test_flipped_byte_in_an_index_or_projection_is_named_with_its_fix(damaged, a
 
 
 @pytest.mark.parametrize(
+    "array,group,fix", [(f"{SUITE}/image", SUITE, "extract --suite shapes-sugarcrepe"), ("params/logit_scale", "params", "extract")]
+)
+def test_an_index_or_projection_edited_to_another_byte_order_is_refused_and_its_fix_works(
+    damaged, reference, tiny_encoder, array, group, fix
+):
+    """Read as big-endian, logit_scale 100 would be 7e-41 and an index's rows garbage: refused
+    at open like a row array's byte order, with the metadata's fix, which restores the store."""
+    import shutil
+
+    cfg, store = damaged
+    meta = store / array / "zarr.json"
+    meta.write_text(meta.read_text().replace('"endian": "little"', '"endian": "big"'))
+    with pytest.raises(CorruptStoreError) as e:
+        FeatureStore.open(store)
+    msg = str(e.value)
+    assert f"{array} (zarr.json declares byte order big; extract writes little-endian)" in msg
+    assert f"delete {store}/{group} and rerun `pipeline {fix}" in msg
+    shutil.rmtree(store / group)
+    extract(cfg, progress=False, encoder=tiny_encoder)  # every suite's index and the projections rewritten
+    FeatureStore.open(store)
+    assert_same_store(store, reference)
+
+
+@pytest.mark.parametrize(
     "damage,named,fix",
     [
         (f"{SUITE}/image/zarr.json", f"{SUITE}/image ", "/suites/shapes-sugarcrepe and rerun `pipeline extract --suite"),

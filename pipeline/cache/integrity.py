@@ -52,6 +52,7 @@ TRUNCATED = "truncated"  # Damage.problem of a chunk file too short to hold its 
 CHECKSUM_BYTES = 4  # the crc32c every chunk, and every shard index, ends in
 INDEX_ENTRY_BYTES = 16  # a shard index's (offset, length) pair per inner chunk, two uint64
 METADATA = "metadata: "  # Damage.problem prefix of an array whose zarr.json is absent or unreadable
+BYTE_ORDER = "declares byte order "  # after METADATA: a zarr.json edited to another byte order
 
 
 class CorruptStoreError(CacheError):
@@ -125,6 +126,8 @@ def _kind(problem: str) -> str:
         return "missing chunk file"
     if problem == TRUNCATED:
         return "truncated chunk file"
+    if problem.startswith(METADATA + BYTE_ORDER):
+        return f"zarr.json {problem.removeprefix(METADATA)}; extract writes little-endian"
     return "missing or unreadable metadata (zarr.json)" if problem.startswith(METADATA) else "checksum/decode failure"
 
 
@@ -335,6 +338,9 @@ def whole_inventory(root: zarr.Group) -> list[Damage]:
     file names listed and sizes looked up)."""
     arrays, damage = whole_arrays(root)
     for name, arr in arrays.items():
+        orders = byte_orders(arr.metadata.codecs)
+        if arr.dtype.itemsize > 1 and orders != {"little"}:  # another byte order reads every value as garbage
+            damage.append(Damage(name, 0, 0, f"{METADATA}{BYTE_ORDER}{', '.join(sorted(orders)) or 'none'}"))
         grid = arr.shards or arr.chunks
         per = file_rows(arr)
         files = {c: file_key(arr, c) for c in np.ndindex(*(-(-s // c) for s, c in zip(arr.shape, grid, strict=True)))}
@@ -454,7 +460,7 @@ def check_shapes(root: zarr.Group, path: Any, counts: bool = True) -> None:
                 problems.append(f"{spec.name} is {arr.dtype}, schema v{SCHEMA_VERSION} stores {spec.dtype}")
             orders = byte_orders(arr.metadata.codecs)
             if arr.dtype.itemsize > 1 and orders != {"little"}:  # another byte order reads every value as garbage
-                problems.append(f"{spec.name} declares byte order {', '.join(sorted(orders)) or 'none'}; extract writes little-endian")
+                problems.append(f"{spec.name} {BYTE_ORDER}{', '.join(sorted(orders)) or 'none'}; extract writes little-endian")
         if counts and len(set(lengths.values())) > 1:
             problems.append(f"{modality} arrays differ in rows ({', '.join(f'{k}: {v}' for k, v in lengths.items())})")
     if problems:
