@@ -188,6 +188,48 @@ def test_an_index_or_projection_edited_to_another_byte_order_is_refused_and_its_
     assert_same_store(store, reference)
 
 
+def test_rows_an_extract_was_adding_when_killed_are_named_with_a_plain_extract(damaged, reference, tiny_encoder):
+    """Killed while resizing the arrays for new rows, an extract leaves some arrays longer
+    than the committed rows: the reader names a plain extract (which drops them), not a
+    fresh store."""
+    cfg, store = damaged
+    key = zarr.open_group(store, mode="r+")["image/key"]
+    key.resize((N + 5, *key.shape[1:]))
+    with pytest.raises(CorruptStoreError) as e:
+        FeatureStore.open(store)
+    msg = str(e.value)
+    assert f"image arrays hold rows beyond the {N} committed" in msg and "image/key: 305" in msg
+    assert "rerun `pipeline extract`" in msg and "delete" not in msg
+    summary = extract(cfg, progress=False, encoder=tiny_encoder)
+    assert summary["images"]["encoded"] == 0
+    assert_same_store(store, reference)
+
+
+def test_an_index_rewritten_for_a_new_manifest_drops_the_old_hash_first(damaged, monkeypatch):
+    """A kill between an index's new rows and its new manifest hash leaves an index that no
+    manifest matches, never the new rows under the old manifest's hash."""
+    from pipeline.cache.writer import write_suite_index
+    from zarr.core.attributes import Attributes
+
+    _, store = damaged
+    old = FeatureStore.open(store).suite_attrs("shapes-sugarcrepe")["manifest_sha256"]
+    root = zarr.open_group(store, mode="r+")
+    rows = np.arange(3, dtype=np.int64)
+    real = Attributes.update
+
+    def killed_at_the_new_hash(self, *args, **kwargs):
+        if "kinds" in dict(*args, **kwargs):
+            raise KeyboardInterrupt("simulated kill")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Attributes, "update", killed_at_the_new_hash)
+    with pytest.raises(KeyboardInterrupt):
+        write_suite_index(root, "shapes-sugarcrepe", {"image": ("image", rows), "captions": ("text", rows[:, None])}, {"manifest_sha256": "new"})
+    monkeypatch.setattr(Attributes, "update", real)
+    with pytest.raises(StaleCacheError, match="manifest of shapes-sugarcrepe changed"):
+        FeatureStore.open(store).suite_index("shapes-sugarcrepe", manifest_sha256=old)
+
+
 @pytest.mark.parametrize(
     "damage,named,fix",
     [

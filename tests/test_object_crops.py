@@ -238,6 +238,35 @@ def test_switching_crops_on_adds_them_and_switching_off_keeps_them(suite, tiny_e
     assert "object_crops" not in store.suite_attrs(SUITE)["kinds"]
 
 
+def test_switching_crops_on_killed_before_they_are_recorded_leaves_a_store_that_reads_and_resumes(
+    suite, tiny_encoder, tmp_path, monkeypatch, crops_store
+):
+    """The object arrays are created before the fingerprint records them: an extract killed
+    in between leaves the store it found (readable, no crops), and its next run finishes."""
+    import pipeline.cache.writer as writer
+
+    off, on = (_cfg(suite, tmp_path / "features", crops=c) for c in (False, True))
+    extract_stage.run(off, progress=False, encoder=tiny_encoder)
+    real, made = writer._create, []
+
+    def killed_at_the_second_object_array(root, spec, tail):
+        if spec.name.startswith("object/") and made:
+            raise KeyboardInterrupt("simulated kill")
+        made.append(spec.name)
+        return real(root, spec, tail)
+
+    monkeypatch.setattr(writer, "_create", killed_at_the_second_object_array)
+    with pytest.raises(KeyboardInterrupt):
+        extract_stage.run(on, progress=False, encoder=tiny_encoder)
+    monkeypatch.setattr(writer, "_create", real)
+    store = open_store(off)  # the half-made object group is not the store's yet
+    assert not store.has_object_crops and len(made) == 1
+    assert extract_stage.run(on, progress=False, encoder=tiny_encoder)["objects"]["encoded"] == 3 * N
+    store, (_, _, clean) = open_store(on), crops_store
+    rows, clean_rows = suite_inputs(store, SUITE)[1]["object_crops"], suite_inputs(clean, SUITE)[1]["object_crops"]
+    torch.testing.assert_close(store.objects(rows.reshape(-1)), clean.objects(clean_rows.reshape(-1)))
+
+
 def test_an_undecodable_image_counts_once_and_leaves_its_crops_unindexed(suite, tiny_encoder, tmp_path):
     """skip_bad_images with crops on: the summary counts the one bad image (not its three
     crops too), and the item's crop cells are -1 like its image cell."""

@@ -4,6 +4,7 @@ integrity and refusal as a local folder."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import uuid
 
 import numpy as np
@@ -90,6 +91,28 @@ def test_url_store_lock_refuses_a_second_writer_and_breaks(suite):
             pass
         with store_lock(store, break_lock=True):
             pass
+
+
+def test_a_garbled_url_lock_is_an_unknown_holder_and_is_broken():
+    """A lock object whose bytes are not UTF-8 reads as a record nobody wrote: refused with
+    --break-lock named, then taken over with it (not a UnicodeDecodeError)."""
+    store = f"memory://{uuid.uuid4().hex}/features/x.zarr"
+    loc = StoreLocation.of(store)
+    loc._fs()[0].pipe_file(f"{loc._fs()[1]}.lock", b"\xff\xfe garbage")
+    with pytest.raises(StoreLockedError, match="--break-lock"), store_lock(store):
+        pass
+    with store_lock(store, break_lock=True) as holder:
+        assert holder["pid"] == os.getpid()
+
+
+def test_a_file_url_writes_through_zarrs_local_store(tmp_path):
+    """``file://`` opens through ``LocalStore`` like the plain path, whose files are written
+    whole and renamed into place (fsspec's local file system writes in place: a killed
+    extract could leave a chunk or zarr.json cut short)."""
+    from zarr.storage import LocalStore
+
+    root = StoreLocation.of(f"file://{tmp_path}/deep/x.zarr").open("w")
+    assert isinstance(root.store, LocalStore) and (tmp_path / "deep" / "x.zarr" / "zarr.json").is_file()
 
 
 def test_storage_options_reach_the_filesystem(suite, tmp_path):

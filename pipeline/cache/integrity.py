@@ -206,12 +206,21 @@ def _flags(name: str, arr: zarr.Array, n: int, damage: list[Damage]) -> np.ndarr
     return flags
 
 
+def modalities(root: zarr.Group) -> dict[str, tuple]:
+    """The row arrays of each modality the store's fingerprint records: images and texts,
+    and the object crops only once ``object_crops`` is in it. An extract adding crops creates
+    their arrays before it records them, so one killed in between leaves a store that reads
+    as it did before (its next run with crops finishes the arrays)."""
+    crops = bool(dict(root.attrs.get("fingerprint") or {}).get("object_crops"))
+    return {m: specs for m, specs in ARRAYS.items() if m != "object" or crops}
+
+
 def row_inventory(root: zarr.Group) -> list[Damage]:
     """Chunk files of the row arrays that the store's keys and done flags require but that
     are absent or too short to hold their chunks (:func:`min_file_bytes`; no data but the
     done flags is decoded: this lists file names and sizes only)."""
     damage: list[Damage] = []
-    for modality, specs in ARRAYS.items():
+    for modality, specs in modalities(root).items():
         if f"{modality}/done" not in root:
             continue
         n = int(root[modality].attrs.get("rows", 0))  # committed rows (a longer tail is an interrupted plan)
@@ -426,8 +435,9 @@ def check_shapes(root: zarr.Group, path: Any, counts: bool = True) -> None:
     or dtypes differ from what its dims and this schema give, whose arrays of one modality
     differ in row count (unless ``counts`` is False: an extract checks the rest before it
     cuts an interrupted plan's longer arrays back), or whose row arrays' metadata is absent
-    or unreadable. The image and text arrays are in every store; the object arrays are
-    checked once the ``object`` group exists."""
+    or unreadable. Arrays longer than the committed rows and nothing else wrong are what an
+    extract killed while adding rows leaves: refused with a plain extract as the fix. The
+    arrays checked are :func:`modalities`'."""
     dims = root.attrs.get("dims") or {}
     fingerprint = root.attrs.get("fingerprint") or {}
     problems = [
@@ -435,9 +445,8 @@ def check_shapes(root: zarr.Group, path: Any, counts: bool = True) -> None:
         for key in sorted(set(dims) | set(fingerprint))
         if key in fingerprint and key in DIMS_KEYS and dims.get(key) != fingerprint[key]
     ]  # the fingerprint is hashed (fingerprint_id), so it is the record to trust
-    for modality, specs in ARRAYS.items():
-        if modality == "object" and "object" not in root:
-            continue
+    laying_out: list[str] = []
+    for modality, specs in modalities(root).items():
         lengths = {}
         for spec in specs:
             try:
@@ -462,7 +471,16 @@ def check_shapes(root: zarr.Group, path: Any, counts: bool = True) -> None:
             if arr.dtype.itemsize > 1 and orders != {"little"}:  # another byte order reads every value as garbage
                 problems.append(f"{spec.name} {BYTE_ORDER}{', '.join(sorted(orders)) or 'none'}; extract writes little-endian")
         if counts and len(set(lengths.values())) > 1:
-            problems.append(f"{modality} arrays differ in rows ({', '.join(f'{k}: {v}' for k, v in lengths.items())})")
+            committed = root[modality].attrs.get("rows")
+            if isinstance(committed, int) and min(lengths.values()) >= committed:
+                laying_out.append(f"{modality} arrays hold rows beyond the {committed} committed ({', '.join(f'{k}: {v}' for k, v in lengths.items())})")
+            else:
+                problems.append(f"{modality} arrays differ in rows ({', '.join(f'{k}: {v}' for k, v in lengths.items())})")
+    if laying_out and not problems:  # what an extract killed while adding rows leaves; its next run drops them
+        raise CorruptStoreError(
+            f"{path}: {'; '.join(laying_out)}: an extract stopped while adding rows; rerun `pipeline extract`, "
+            f"which drops the uncommitted rows and encodes them again"
+        )
     if problems:
         problems = list(dict.fromkeys(problems))  # a lost dims key fails every array alike
         raise CorruptStoreError(

@@ -4,9 +4,9 @@
     loc = StoreLocation.of("s3://bucket/features/toy.zarr", {"anon": False})
     loc.exists(); root = loc.open("r+"); loc.remove()
 
-Local paths go through zarr's ``LocalStore`` (atomic file writes); URLs through
-``FsspecStore`` with the storage options of ``extract.storage_options`` (credentials,
-endpoints). ``s3://`` needs ``s3fs`` and ``gs://`` needs ``gcsfs``: the ``remote`` extra
+Local paths and ``file://`` URLs without storage options go through zarr's ``LocalStore``
+(atomic file writes); other URLs through ``FsspecStore`` with the storage options of
+``extract.storage_options`` (credentials, endpoints). ``s3://`` needs ``s3fs`` and ``gs://`` needs ``gcsfs``: the ``remote`` extra
 (``pip install -e '.[remote]'``). Everything above the store (fingerprint, resume, integrity,
 refusal) only sees a ``zarr.Group``, so it works the same on both.
 """
@@ -127,9 +127,15 @@ class StoreLocation:
         return fs.exists(root) and bool(fs.ls(root))
 
     def open(self, mode: str) -> zarr.Group:
-        """The group at this location (``mode`` as :func:`zarr.open_group`'s)."""
+        """The group at this location (``mode`` as :func:`zarr.open_group`'s). A plain path
+        and a ``file://`` URL without storage options (and not a chained one) open through
+        zarr's ``LocalStore``, which writes each file atomically (a temporary file renamed);
+        fsspec's local file system, which a ``file://`` URL with options gets, writes in
+        place, so a killed extract could leave a chunk file or a ``zarr.json`` cut short."""
         if not self.remote:
             return zarr.open_group(self.path, mode=mode, use_consolidated=False)
+        if str(self.path).startswith("file://") and "::" not in str(self.path) and not self.storage_options:
+            return zarr.open_group(self._fs()[1], mode=mode, use_consolidated=False)
         return zarr.open_group(str(self.path), mode=mode, storage_options=self._options(), use_consolidated=False)
 
     def remove(self) -> None:
@@ -148,13 +154,14 @@ class StoreLocation:
         return p.with_name(p.name + suffix)
 
     def read_text(self, path: str | Path) -> str | None:
-        """The text of a small file beside the store (None when absent)."""
+        """The text of a small file beside the store (None when absent); bytes that are not
+        UTF-8 are replaced, so a garbled lock file reads as a record nobody wrote."""
         if not self.remote:
             p = Path(path)
-            return p.read_text() if p.exists() else None
+            return p.read_bytes().decode(errors="replace") if p.exists() else None
         fs, _ = self._fs()
         target = fsspec_path(path)
-        return fs.cat_file(target).decode() if fs.exists(target) else None
+        return fs.cat_file(target).decode(errors="replace") if fs.exists(target) else None
 
     def write_text(self, path: str | Path, text: str) -> None:
         if not self.remote:

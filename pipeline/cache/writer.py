@@ -105,14 +105,15 @@ def open_for_writing(
                 f"delete it, set extract.replace_mismatch: true, or choose another extract.out, "
                 f"then rerun `pipeline extract`"
             )
-        if fingerprint.get("object_crops") and not stored.get("object_crops"):
-            log.info("adding object crops to %s", path)
-            stored["object_crops"] = True
-            root.attrs.update(fingerprint=stored, fingerprint_id=fingerprint_id(stored))
-        if stored.get("object_crops"):
+        adding = fingerprint.get("object_crops") and not stored.get("object_crops")
+        if adding or stored.get("object_crops"):
             for spec in OBJECT_ARRAYS:
                 if spec.name not in root:
                     _create(root, spec, resolve_tail(spec, dims))
+        if adding:  # after the arrays: killed before this, the store reads as one without crops
+            log.info("adding object crops to %s", path)
+            stored["object_crops"] = True
+            root.attrs.update(fingerprint=stored, fingerprint_id=fingerprint_id(stored))
         check_shapes(root, path, counts=False)  # an absent array or edited dims named, not a KeyError
         return root
     root = loc.open("w")
@@ -345,6 +346,9 @@ def write_suite_index(
     group = root.require_group(f"suites/{suite}")
     kinds = dict(group.attrs.get("kinds", {}))
     if group.attrs.get("manifest_sha256") != attrs.get("manifest_sha256"):
+        # the old hash goes before any column changes: a kill in between leaves an index no
+        # manifest matches (a reader asks for the extract), never new rows under the old hash
+        group.attrs["manifest_sha256"] = None
         for stale in sorted(set(group.array_keys()) - set(columns)):
             del group[stale]
         kinds = {}
