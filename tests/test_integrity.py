@@ -208,8 +208,9 @@ def test_rows_an_extract_was_adding_when_killed_are_named_with_a_plain_extract(d
 def test_an_index_rewritten_for_a_new_manifest_drops_the_old_hash_first(damaged, monkeypatch):
     """A kill between an index's new rows and its new manifest hash leaves an index that no
     manifest matches, never the new rows under the old manifest's hash."""
-    from pipeline.cache.writer import write_suite_index
     from zarr.core.attributes import Attributes
+
+    from pipeline.cache.writer import write_suite_index
 
     _, store = damaged
     old = FeatureStore.open(store).suite_attrs("shapes-sugarcrepe")["manifest_sha256"]
