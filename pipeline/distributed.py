@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import socket
 import stat
@@ -47,7 +48,7 @@ from pipeline.config import ExtractConfig
 # process (`pipeline bench extract --scheduler ...`; docs/trials.md). Our local workers keep
 # glibc's default; `dask worker --no-nanny` does the same for workers started by hand.
 NANNY_MALLOC = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
-BLOCK_ROWS = {"text": 256, "image": 256, "object": 256}  # rows per task: one chunk of the unsharded arrays
+BLOCK_ROWS = {"text": 256, "image": 256, "object": 256}  # least rows per task (:func:`task_plan`): a chunk of the unsharded arrays
 _ENCODERS: dict[tuple, Any] = {}  # per worker process: encoder arguments -> Encoder
 _LOADS: dict[tuple, int] = {}  # per worker process: encoder arguments -> times loaded (the once-per-worker test reads it)
 CONNECT_SECONDS = 20  # how long the client waits for a scheduler to answer
@@ -256,6 +257,17 @@ def preload(cfg: ExtractConfig) -> int:
     return _LOADS[encoder_key(cfg)]
 
 
+def task_plan(cfg: ExtractConfig, modality: str, rows: np.ndarray) -> list[np.ndarray]:
+    """The tasks' blocks of sorted ``rows``: at least :data:`BLOCK_ROWS`, each a whole number
+    of the spans one forward pass covers in a single process, so every task batches its rows
+    as that process would (the same rows in each forward pass, so the same bits stored)."""
+    from pipeline.cache import writer
+    from pipeline.extraction import batch_size
+
+    span = math.lcm(BLOCK_ROWS[modality], writer.batch_rows(batch_size(cfg, modality)))
+    return list(writer.task_blocks(rows, span))
+
+
 def encode_block(cfg: ExtractConfig, modality: str, rows: np.ndarray, sources: list, keys: np.ndarray) -> dict[str, Any]:
     """One task: encode ``rows`` of ``modality`` into the store of ``cfg`` (opened here).
 
@@ -300,7 +312,7 @@ def extract_distributed(
     from distributed import as_completed
     from tqdm import tqdm
 
-    from pipeline.cache import store_lock, writable_store_path, writer
+    from pipeline.cache import store_lock, writable_store_path
     from pipeline.encoders import load_encoder
     from pipeline.extraction import finish, prepare, suite_sources
 
@@ -321,7 +333,7 @@ def extract_distributed(
             rows, sources = plan.todo[modality]
             position = {int(r): i for i, r in enumerate(rows)}
             key_of_row = {r: k for k, r in plan.row_of.get(modality, {}).items()}
-            for block in writer.task_blocks(rows, BLOCK_ROWS[modality]):
+            for block in task_plan(cfg, modality, rows):
                 picked = [sources[position[int(r)]] for r in block]
                 keys = np.frombuffer(b"".join(bytes.fromhex(key_of_row[int(r)]) for r in block), dtype=np.uint8).reshape(len(block), -1)
                 key = f"encode-{modality}-{int(block[0])}-{int(block[-1])}-{os.getpid()}-{time.time_ns()}"

@@ -442,3 +442,23 @@ def test_the_scaling_bench_runs_every_row_and_compares_every_store():
     for name in ("local:1", "local:2", "processes:1", "processes:2"):
         shares = runs[name][0]["machine_cpu"]
         assert abs(sum(shares.values()) - 1) <= 0.002 and out["median_steal"][name] == shares["steal"], name
+
+
+@pytest.mark.parametrize("batch", [4, 16, 64, 100, 192, 256, 320, 512])
+@pytest.mark.parametrize("modality", ["image", "text", "object"])
+def test_tasks_batch_their_rows_as_one_process_does(batch, modality):
+    """Each forward pass's rows decide the last bits of its pooled embeddings, so a task
+    block holds whole spans of the single-process batches: split by tasks, the rows fall into
+    the same batches (192 images a batch against 256-row tasks once split one batch in two)."""
+    import numpy as np
+
+    from pipeline.cache.writer import shard_batches
+    from pipeline.distributed import task_plan
+    from pipeline.extraction import batch_size
+
+    cfg = ExtractConfig(batch_size=batch)
+    rows = np.flatnonzero(np.random.default_rng(batch).random(3000) < 0.8)  # rows left to encode, with gaps
+    one = [b.tolist() for b in shard_batches(rows, batch_size(cfg, modality))]
+    tasks = task_plan(cfg, modality, rows)
+    assert [b.tolist() for block in tasks for b in shard_batches(block, batch_size(cfg, modality))] == one
+    assert np.array_equal(np.concatenate(tasks), rows)

@@ -203,6 +203,12 @@ def append_keys(root: zarr.Group, modality: str, start: int, keys: np.ndarray) -
     root[f"{modality}/key"][start : start + len(keys)] = keys  # fresh handle: the old one predates resize
 
 
+def batch_rows(batch_size: int) -> int:
+    """The row span of one :func:`shard_batches` batch: ``batch_size`` rounded down to whole
+    shards, at least one; batches are the rows inside aligned spans of this many."""
+    return max(SHARD_ROWS, (batch_size // SHARD_ROWS) * SHARD_ROWS)
+
+
 def shard_batches(rows: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
     """Split sorted rows into batches that never straddle a shard boundary needlessly.
 
@@ -212,8 +218,7 @@ def shard_batches(rows: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
     """
     if len(rows) == 0:
         return
-    per = max(SHARD_ROWS, (batch_size // SHARD_ROWS) * SHARD_ROWS)
-    shard_of = rows // per
+    shard_of = rows // batch_rows(batch_size)
     cuts = np.flatnonzero(np.diff(shard_of)) + 1
     yield from np.split(rows, cuts)
 
