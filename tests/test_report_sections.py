@@ -894,18 +894,20 @@ def test_the_failure_profile_reads_the_published_figures_with_their_sources():
 
 
 def test_bootstrap_p_values_print_at_their_resolution():
-    """No resample crossing 0 is p < 1/B, not 0; other p-values carry the decimals 1/B needs."""
+    """No resample crossing 0 is p < 2/B (a two-sided p moves in steps of 2/B), not 0; other
+    p-values carry the decimals 1/B needs."""
     from pipeline.report.markdown import p_value
 
-    assert p_value(0.0, 2000) == "< 0.0005"
-    assert p_value(0.0, 10_000) == "< 0.0001"
-    assert p_value(0.0, 200) == "< 0.005"
+    assert p_value(0.0, 2000) == "< 0.001"  # the two-sided p's smallest step is 2 / 2000
+    assert p_value(0.0, 10_000) == "< 0.0002"
+    assert p_value(0.0, 200) == "< 0.01"
     assert p_value(0.347, 2000) == "0.3470" and p_value(0.05, 200) == "0.050" and p_value(1.0, 2000) == "1.0000"
 
 
 def test_table_one_and_the_lesion_tables_print_p_below_the_resolution_as_such(world, tmp_path):
     """Frozen CLIP right everywhere, BindCLIP wrong: no resample crosses 0, so every p reads
-    "< 1/B" (B = 200 here), never "0.0000"; the lesion-cost table and Flow-CLIP's ladder alike."""
+    "< 2/B" (B = 200 here: a two-sided p's smallest step), never "0.0000"; the lesion-cost table
+    and Flow-CLIP's ladder alike."""
     import pandas as pd
 
     from pipeline.scorers.bindclip.report import lesion_cost_markdown, table_one
@@ -914,11 +916,11 @@ def test_table_one_and_the_lesion_tables_print_p_below_the_resolution_as_such(wo
     ctx = make_context(world, tmp_path, {"clip": "right", "bindclip": "wrong"})
     table = next(b for b in table_one(ctx) if b.startswith("| suite |"))
     ps = [line.strip("|").split("|")[-1].strip() for line in table.splitlines()[2:]]
-    assert ps and set(ps) == {"< 0.005"}
+    assert ps and set(ps) == {"< 0.01"}
     cost = pd.DataFrame({"diff": [0.1, 0.0], "lo": [0.05, -0.1], "hi": [0.15, 0.1], "p": [0.0, 0.42]}, index=["a", "b"])
     lines = lesion_cost_markdown(cost, 2000).splitlines()
-    assert lines[2] == "| a | +10.0 [+5.0, +15.0] | < 0.0005 |" and lines[3] == "| b | +0.0 [-10.0, +10.0] | 0.4200 |"
-    assert _step({"diff": 0.01, "lo": 0.0, "hi": 0.02, "p": 0.0}, 2000).endswith("<br>p < 0.0005")
+    assert lines[2] == "| a | +10.0 [+5.0, +15.0] | < 0.001 |" and lines[3] == "| b | +0.0 [-10.0, +10.0] | 0.4200 |"
+    assert _step({"diff": 0.01, "lo": 0.0, "hi": 0.02, "p": 0.0}, 2000).endswith("<br>p < 0.001")
 
 
 def test_a_frame_of_row_numbers_prints_without_them():

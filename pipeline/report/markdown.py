@@ -26,11 +26,12 @@ def points_ci(diff: float, lo: float, hi: float) -> str:
 
 
 def p_value(p: float, n_resamples: int) -> str:
-    """A bootstrap p-value at the resolution its resamples give: ``n_resamples`` resamples
-    measure no p below 1 / ``n_resamples``, so p = 0 prints as ``< 1/n_resamples``
-    (``< 0.0005`` at 2000) and any other p with the decimals that resolution needs."""
+    """A bootstrap p-value at the resolution its resamples give: the two-sided p is twice a
+    share of ``n_resamples``, so it moves in steps of 2 / ``n_resamples`` and p = 0 (no
+    resample crossed 0) prints as ``< 2/n_resamples`` (``< 0.001`` at 2000); any other p
+    with the decimals that resolution needs."""
     if p == 0:
-        return f"< {1 / n_resamples:.2g}"
+        return f"< {2 / n_resamples:.2g}"
     return f"{p:.{max(1, math.ceil(math.log10(n_resamples)))}f}"
 
 

@@ -15,7 +15,7 @@ Resampling (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13
   per-unit differences ``d = a - b`` and ``stat(a*) - stat(b*) = stat(d*)``;
 * intervals are percentile intervals; the two-sided p-value is twice the fraction of
   resampled differences on the other side of 0 from the observed one (ties count: a
-  resampled statistic within the dot product's rounding bound of 0 is 0), capped at 1. Its resolution is ``1 / n_resamples``: ``p = 0`` means ``p < 1/n_resamples``.
+  resampled statistic within the dot product's rounding bound of 0 is 0), capped at 1. It moves in steps of ``2 / n_resamples``: ``p = 0`` means ``p < 2/n_resamples``.
 
 A mean of several task metrics (e.g. Flow-CLIP's all-task mean over suites) is bootstrapped
 task by task: each task's units are resampled independently (stratified by its own groups),
@@ -60,7 +60,7 @@ class BootstrapResult:
     diff: float  # stat(a) - stat(b) on the full data
     lo: float  # lower end of the percentile CI of the difference
     hi: float  # upper end of the percentile CI of the difference
-    p: float  # two-sided bootstrap p-value for "no difference" (resolution 1/n_resamples)
+    p: float  # two-sided bootstrap p-value for "no difference" (steps of 2/n_resamples)
     n_units: int  # number of paired units
     n_resamples: int  # number of bootstrap resamples
 

@@ -65,7 +65,7 @@ def flowclip_section(ctx: ReportContext) -> list[str]:
 
 def _step(c: dict | None, n_resamples: int) -> str:
     """A paired comparison (``compare_mean`` as a dict) in signed points with its bootstrap
-    p (:func:`~pipeline.report.markdown.p_value`: ``p < 1/n_resamples`` when no resample
+    p (:func:`~pipeline.report.markdown.p_value`: ``p < 2/n_resamples`` when no resample
     crosses 0)."""
     if c is None:
         return "–"
