@@ -113,6 +113,20 @@ def test_grounding_precision(tiny_store, plan_kind):
             assert 0.0 <= value <= 1.0
 
 
+def test_grounding_precision_leaves_out_words_beyond_the_truncation(tiny_store):
+    """A grounded word past the scorer's ``max_tokens`` has no row of its own caption (the
+    rows after them are the negative caption's): it is left out, not read from those."""
+    from pipeline.scorers import create_scorer
+    from pipeline.scorers.bindclip.training import load_grounded
+
+    data = load_grounded(tiny_store, "shapes-train")
+    cut = int(data.pos.row.max())  # the last grounded position falls just past the truncation
+    torch.manual_seed(0)
+    scorer = create_scorer("bindclip", tiny_store.dims, tiny_store.projections(), h=16, n_iters=16, max_tokens=cut)
+    table = grounding_precision(scorer, data, batch_size=64)
+    assert table["words"].sum() == int((data.pos.row < cut).sum()) < len(data.pos.row)
+
+
 def test_relation_of_and_relation_groups():
     assert [relation_of(c) for c in (
         "a red circle to the left of a blue square",

@@ -172,7 +172,7 @@ def grounding_precision(scorer, data, batch_size: int = 256) -> pd.DataFrame:
     if counts.sum() == 0:
         return pd.DataFrame()
     L = 2
-    in_box, hit, kinds = [], [], []
+    in_box, hit, kinds, share = [], [], [], []
     for start in range(0, n_items, batch_size):
         items = torch.arange(start, min(start + batch_size, n_items))
         ex = scorer.explain(
@@ -185,6 +185,10 @@ def grounding_precision(scorer, data, batch_size: int = 256) -> pd.DataFrame:
             continue
         item = torch.from_numpy(np.repeat(np.arange(len(items)), counts[items.numpy()]))  # [M]
         row, cells = gmap.row[lo:hi], gmap.cells[lo:hi]  # [M], [M, R]
+        keep = row < ex.ids.shape[-1]  # a token beyond the scorer's truncation has no row (rows past it are the negative's)
+        item, row, cells = item[keep], row[keep], cells[keep]
+        if not len(item):
+            continue
         R = cells.shape[1]
         plan = ex.plan[item, row, :-1].reshape(-1, L, R)  # [M, L, R] non-null cells
         inside = cells[:, None].float()  # [M, 1, R]
@@ -193,9 +197,11 @@ def grounding_precision(scorer, data, batch_size: int = 256) -> pd.DataFrame:
         hit.append(torch.gather(cells, 1, best).float())  # [M, L]
         ids = ex.ids[item, 0, row]
         kinds += [word_kind(_tokenizer.decode([int(t)]).strip()) for t in ids]
-    frac, top = torch.cat(in_box).numpy(), torch.cat(hit).numpy()
+        share.append(cells.float().mean(-1))  # [M] the box's share of the grid
+    if not kinds:
+        return pd.DataFrame()
+    frac, top, area = torch.cat(in_box).numpy(), torch.cat(hit).numpy(), torch.cat(share).numpy()
     kinds = np.array(kinds)
-    area = gmap.cells.float().mean(-1).numpy()
     out = []
     for kind in WORD_KINDS:
         m = kinds == kind
