@@ -193,6 +193,23 @@ def test_weights_path_naming_the_other_activation_is_refused_before_building(tmp
         load_encoder("ViT-B-32-quickgelu", pretrained=str(laion_file))
 
 
+def test_a_gelu_key_with_a_weights_file_of_an_openai_only_architecture_is_refused(tmp_path, monkeypatch):
+    """ViT-L-14-336's only open_clip weights are OpenAI's (QuickGELU): the hub's file under the
+    plain key would build GELU silently, so it is refused naming the -quickgelu key; ViT-L-14,
+    which has GELU-trained weights too, takes a file that names no entry."""
+    from pipeline import encoders
+
+    monkeypatch.setattr(encoders, "create_model", lambda *a, **k: pytest.fail("a refused configuration must not build a model"))
+    weights = tmp_path / "open_clip_pytorch_model.bin"
+    weights.write_bytes(b"stand-in")
+    with pytest.raises(ValueError, match=r"ViT-L-14-336 \(openai\) are QuickGELU-trained.*use --model ViT-L-14-336-quickgelu"):
+        load_encoder("ViT-L-14-336", pretrained=str(weights))
+    from pipeline.encoders.provenance import _check_provenance
+
+    _check_provenance(ENCODERS.get("ViT-L-14"), "ViT-L-14", str(weights))  # laion and others are GELU: no refusal
+    _check_provenance(ENCODERS.get("ViT-L-14-336-quickgelu"), "ViT-L-14-336-quickgelu", str(weights))
+
+
 def test_missing_weight_file_names_what_to_download():
     with pytest.raises(WeightsUnavailableError, match="open_clip_pytorch_model.bin"):
         resolve_pretrained(ENCODERS.get("ViT-L-14-336"), "/no/such/weights.bin", None)

@@ -129,9 +129,21 @@ def _twin_key(spec: EncoderSpec) -> str:
 
 def _check_provenance(spec: EncoderSpec, config: str, path: str) -> None:
     """Refuse a weights file whose path names an open_clip entry trained with the other
-    activation (checked before anything is built)."""
+    activation, or, under a GELU config, a file that names no entry where every entry of the
+    architecture is QuickGELU-trained (ViT-L-14-336's only weights are OpenAI's; the hub's
+    file name, ``open_clip_pytorch_model.bin``, names none). Checked before anything is built."""
+    import open_clip
+
     found = weights_provenance(config, path)
     quick = config_uses_quick_gelu(config)
+    base = config.removesuffix("-quickgelu")
+    tags = open_clip.list_pretrained_tags_by_model(base)
+    if found is None and not quick and tags and all(open_clip.get_pretrained_cfg(base, t).get("quick_gelu") for t in tags):
+        twin = _twin_key(spec)
+        raise ValueError(
+            f"{spec.name}: every open_clip weights of {base} ({', '.join(tags)}) are QuickGELU-trained, but config "
+            f"{config!r} builds GELU for the weights file {path!r}; {f'use --model {twin}' if twin else 'use a QuickGELU key'}"
+        )
     if found is not None and found[1] != quick:
         entry, trained = found
         twin = _twin_key(spec)
