@@ -202,6 +202,7 @@ def _score_on(cfg, ext, scheduler: str, progress: bool) -> list[dict]:
     from stages import score as stage
 
     cfg, ext = for_workers(cfg), for_workers(ext)
+    stage.check_selection(cfg)  # each task's own selection is a subset by construction
     store = open_store(ext)  # a missing, foreign or damaged store is refused here, before any cluster starts
     for v in cfg.seed_variants:  # and a seed variant with no seeds
         stage.seeds_to_score(v, cfg, store)
@@ -301,7 +302,6 @@ def compare_encoders(
         ParamsError,
         ScoreConfig,
         ToyClipConfig,
-        WorldConfig,
         load_config,
         load_train_config,
         train_variants,
@@ -316,7 +316,6 @@ def compare_encoders(
             load_config(ExtractConfig, params, "extract"),
             {v: load_train_config(params, v) for v in cfg.variants if v in trainable},
             load_config(ScoreConfig, params, "score"),
-            load_config(WorldConfig, params, "world"),
         )
         try:
             summary = stage.run(cfg, *sections, progress=not quiet)
@@ -335,10 +334,11 @@ def report(params: Params = None) -> None:
 
     try:
         cfg = load_config(ReportConfig, params, "report")
+        score = load_config(ScoreConfig, params, "score")
         path = stage.run(
             cfg,
-            load_config(ScoreConfig, params, "score"),
-            load_config(ExtractConfig, params, "extract"),
+            score,
+            load_config(ExtractConfig, params, "extract", {"model": score.encoder}),  # the store score read
             load_config(WorldConfig, params, "world"),
         )
         typer.echo(str(path))

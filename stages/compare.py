@@ -33,7 +33,6 @@ from pipeline.config import (
     ScoreConfig,
     ToyClipConfig,
     TrainConfig,
-    WorldConfig,
     _build,
 )
 
@@ -90,7 +89,6 @@ def run(
     extract: ExtractConfig,
     train: dict[str, TrainConfig],
     score: ScoreConfig,
-    world: WorldConfig,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Run the comparison; returns (and writes) the summary.
@@ -153,7 +151,7 @@ def run(
                     tc = replace(train[variant], encoder=enc, seeds=list(cfg.seeds), out=sc.checkpoints)
                     train_stage.run(tc, ext, progress=progress)
             score_stage.run(sc, ext, progress=progress)
-        results = load_results(sc, ext, world)
+        results = load_results(sc, ext)
         summary["encoders"][enc] = {
             "open_clip_model": spec.open_clip_model,
             "reused_pipeline_scores": reused,

@@ -84,7 +84,7 @@ def extracted_of(
     return keep
 
 
-def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> dict[str, Any]:
+def load_results(score: ScoreConfig, extract: ExtractConfig) -> dict[str, Any]:
     """{suite: {"manifest": df, "manifest_sha256": hex, "image_root": path, "scores": {variant:
     [n, K]}, "missing": [ids]}} for what the score stage wrote (the configured variants, each
     seed variant's ``@seed<k>``, each replaced variant's ``@<mode>``). Items the score stage
@@ -109,7 +109,7 @@ def load_results(score: ScoreConfig, extract: ExtractConfig, world: WorldConfig)
     out: dict[str, Any] = {}
     stores: dict[str, Path] = {}  # store fingerprint_id -> the first table scored from it
     for suite in score.suites:
-        src = resolve_source(suite, world.out, extract.manifests, extract.image_roots)
+        src = resolve_source(suite, extract.world, extract.manifests, extract.image_roots)  # the manifests score read
         manifest = read_manifest(src.manifest)
         entry = {"manifest": manifest, "manifest_sha256": file_sha256(src.manifest), "image_root": src.image_root,
                  "scores": {}, "missing": []}  # fmt: skip
@@ -179,7 +179,7 @@ def write_outputs(ctx: ReportContext) -> None:
 def run(cfg: ReportConfig, score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> Path:
     check_head_to_head(cfg)
     out = Path(cfg.out)
-    ctx = ReportContext(load_results(score, extract, world), cfg, score, extract, world, out)
+    ctx = ReportContext(load_results(score, extract), cfg, score, extract, world, out)
     text = render(ctx)
     write_outputs(ctx)
     path = out / "report.md"

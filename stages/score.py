@@ -108,6 +108,18 @@ def check_names(cfg: ScoreConfig, params: str | Path | None = None, variants_key
         SCORERS.check_known(getattr(cfg, key), f"{where}score.{key}")
 
 
+def check_selection(cfg: ScoreConfig) -> None:
+    """Refuse replacement or per-seed variants that ``score.variants`` lacks, and per-seed
+    suites that ``score.suites`` lacks: each of those lists picks among what is scored (a
+    per-seed run copies its variant's main scores where the weights are the same), so an
+    entry outside it would be scored by one process and dropped by a cluster's tasks."""
+    for key, names, within in (("replacement_variants", cfg.replaced, "variants"), ("seed_variants", cfg.seed_variants, "variants"),
+                               ("seed_suites", cfg.seed_suites, "suites")):  # fmt: skip
+        unknown = sorted(set(names) - set(getattr(cfg, within)))
+        if unknown:
+            raise ValueError(f"score.{key} {unknown} are not in score.{within}")
+
+
 def refuse_own_training_items(variant: str, cfg: ScoreConfig) -> None:
     """Refuse to score a fitted map on the suite it was fitted on (the ``train_suite`` that
     ``pipeline ridge``'s record names): its retrieval figures there would be measured on its
@@ -157,15 +169,10 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
     for mode in cfg.replacements:
         if mode not in REPLACEMENTS:
             raise ValueError(f"unknown score.replacements entry {mode!r}; valid: {', '.join(REPLACEMENTS)}")
+    check_selection(cfg)
     replaced = set(cfg.replaced)
-    unknown = sorted(replaced - set(cfg.variants))
-    if unknown:
-        raise ValueError(f"score.replacement_variants {unknown} are not in score.variants")
     suites = [SUITES.get(s) for s in cfg.suites]
     seed_suites = set(cfg.seed_suites or cfg.suites)
-    unknown = sorted(seed_suites - set(cfg.suites))
-    if unknown:
-        raise ValueError(f"score.seed_suites {unknown} are not in score.suites")
     store = open_store(extract).cache_reads(READ_CACHE_BYTES)  # every variant and mode rereads each suite
     for variant in sorted(set(cfg.options) - set(cfg.variants)):  # options kept for a later run: valid now too
         build_scorer(variant, store, cfg.options[variant])

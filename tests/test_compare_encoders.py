@@ -104,7 +104,7 @@ def test_the_report_section_shows_every_encoder(compared):
 def test_the_pipelines_own_encoder_is_read_from_its_current_scores(compared):
     """A column that reused the pipeline's scores is recomputed from the scores the report
     reads, so a later `dvc repro` never leaves a stale copy in the table."""
-    from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
+    from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
     from pipeline.report.sections import encoder_comparison
     from pipeline.report.tasks import SHAPES
     from stages.report import load_results
@@ -119,8 +119,8 @@ def test_the_pipelines_own_encoder_is_read_from_its_current_scores(compared):
     path.write_text(json.dumps(stale))
     score = ScoreConfig(variants=["clip", "global-m"], suites=SUITES[:4], encoder="tiny-a",
                         scores_out=str(compared / "cache/encoders/tiny-a/scores"))  # fmt: skip
-    extract = ExtractConfig(model="tiny-a")
-    results = load_results(score, extract, WorldConfig(out=str(compared / "cache/world")))
+    extract = ExtractConfig(model="tiny-a", world=str(compared / "cache/world"))
+    results = load_results(score, extract)
 
     class Ctx:
         cfg = ReportConfig(encoders=str(path))
@@ -137,7 +137,7 @@ def test_a_comparison_of_other_manifests_is_not_shown(compared, tmp_path):
     """The summary records each compared suite's manifest hash; when the report reads another
     manifest of a suite (the world was rebuilt since), or the summary records none, the
     section names the suites and the command instead of the table."""
-    from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
+    from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
     from pipeline.manifests import file_sha256
     from pipeline.report.sections import encoder_comparison
     from pipeline.report.tasks import SHAPES
@@ -152,8 +152,8 @@ def test_a_comparison_of_other_manifests_is_not_shown(compared, tmp_path):
     class Ctx:
         cfg = ReportConfig(encoders=str(compared / "reports/encoders/summary.json"))
         layout = SHAPES
-        extract = ExtractConfig(model="tiny-a")
-        results = load_results(score, extract, WorldConfig(out=str(world)))
+        extract = ExtractConfig(model="tiny-a", world=str(world))
+        results = load_results(score, extract)
 
     assert "| `global-m` | binding |" in "\n".join(encoder_comparison(Ctx()))
     Ctx.results["shapes-aro"]["manifest_sha256"] = "0" * 64  # the world rebuilt since
@@ -174,12 +174,11 @@ def test_one_encoder_is_refused(tmp_path):
         ExtractConfig,
         ScoreConfig,
         ToyClipConfig,
-        WorldConfig,
     )
     from stages import compare
 
     with pytest.raises(ValueError, match="at least two distinct encoders"):
-        compare.run(CompareConfig(encoders=["toy", "toy"]), ToyClipConfig(), ExtractConfig(), {}, ScoreConfig(), WorldConfig())
+        compare.run(CompareConfig(encoders=["toy", "toy"]), ToyClipConfig(), ExtractConfig(), {}, ScoreConfig())
 
 
 def test_each_encoder_column_holds_its_own_mean_and_difference(tmp_path):
@@ -228,9 +227,8 @@ def test_a_comparison_that_would_silently_run_something_else_is_refused(change, 
         ExtractConfig,
         ScoreConfig,
         ToyClipConfig,
-        WorldConfig,
     )
     from stages import compare
 
     with pytest.raises(ValueError, match=needle):
-        compare.run(CompareConfig(**change), ToyClipConfig(), ExtractConfig(), {}, ScoreConfig(), WorldConfig(), progress=False)
+        compare.run(CompareConfig(**change), ToyClipConfig(), ExtractConfig(), {}, ScoreConfig(), progress=False)

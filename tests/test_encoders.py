@@ -166,6 +166,23 @@ def test_cli_passes_init_seed_to_extract(monkeypatch, tmp_path):
     assert ExtractConfig().init_seed == 0
 
 
+def test_the_report_opens_the_store_score_read(tmp_path, monkeypatch):
+    """``score.encoder`` names the store the tables were scored from: the report opens that
+    one (and names its encoder), whatever ``extract.model`` says, as train, ridge and score do."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from stages import report as stage
+
+    seen = []
+    monkeypatch.setattr(stage, "run", lambda cfg, score, extract, world: seen.append(extract) or tmp_path / "report.md")
+    params = tmp_path / "params.yaml"
+    params.write_text("extract: {model: toy}\nscore: {encoder: toy-small}\n")
+    result = CliRunner().invoke(app, ["report", "--params", str(params)])
+    assert result.exit_code == 0, result.output
+    assert seen[0].model == "toy-small"
+
+
 # ------------------------------------------------------------------ refusals
 
 

@@ -708,7 +708,7 @@ def test_a_variant_without_scores_is_named_and_a_report_of_nothing_refused(world
     assert "No scores were found for `steer` on any suite of this report" in render(ctx)
     empty = ScoreConfig(variants=["clip"], suites=["shapes-dev"], scores_out=str(tmp_path / "none"))
     with pytest.raises(ValueError, match=r"no scores under .*none for score.variants \(clip\) on score.suites \(shapes-dev\): run `pipeline score` first"):
-        load_results(empty, ExtractConfig(), WorldConfig(out=str(world)))
+        load_results(empty, ExtractConfig(world=str(world)))
 
 
 def dev_scores_table(world):
@@ -750,9 +750,9 @@ def test_scores_of_another_encoder_or_store_are_refused(world, tmp_path, origins
             write_scores(table, path, *origin, dev_sha(world))
     score = ScoreConfig(variants=["clip", "bindclip"], suites=["shapes-dev"], scores_out=str(tmp_path / "scores"), replacements=[])
     with pytest.raises(ValueError, match=refusal):
-        load_results(score, ExtractConfig(), WorldConfig(out=str(world)))
+        load_results(score, ExtractConfig(world=str(world)))
     write_scores(table, tmp_path / "scores" / "bindclip" / "shapes-dev.parquet", "toy", "store-a", dev_sha(world))
-    assert set(load_results(score, ExtractConfig(), WorldConfig(out=str(world)))["shapes-dev"]["scores"]) == {"clip", "bindclip"}
+    assert set(load_results(score, ExtractConfig(world=str(world)))["shapes-dev"]["scores"]) == {"clip", "bindclip"}
 
 
 def test_a_damaged_scores_table_is_named(world, tmp_path):
@@ -764,7 +764,7 @@ def test_a_damaged_scores_table_is_named(world, tmp_path):
     path.write_bytes(path.read_bytes()[:200])
     score = ScoreConfig(variants=["clip"], suites=["shapes-dev"], scores_out=str(tmp_path / "scores"), replacements=[])
     with pytest.raises(ValueError, match=r"clip/shapes-dev\.parquet is damaged \(.*\); rerun `pipeline score`"):
-        load_results(score, ExtractConfig(), WorldConfig(out=str(world)))
+        load_results(score, ExtractConfig(world=str(world)))
 
 
 @pytest.mark.parametrize("sha", ["0" * 64, None], ids=["edited-manifest", "none-recorded"])
@@ -778,7 +778,7 @@ def test_scores_of_another_manifest_are_refused(world, tmp_path, sha):
     write_scores(table, tmp_path / "scores" / "clip" / "shapes-dev.parquet", "toy", "store-a", sha)
     score = ScoreConfig(variants=["clip"], suites=["shapes-dev"], scores_out=str(tmp_path / "scores"), replacements=[])
     with pytest.raises(ValueError, match=r"clip/shapes-dev.parquet was scored on another manifest of shapes-dev than .*; rerun `pipeline score`"):
-        load_results(score, ExtractConfig(), WorldConfig(out=str(world)))
+        load_results(score, ExtractConfig(world=str(world)))
 
 
 def test_the_report_reads_the_seeds_of_the_last_training_only(world, tmp_path):
@@ -797,7 +797,7 @@ def test_the_report_reads_the_seeds_of_the_last_training_only(world, tmp_path):
     (ckpt / "summary.json").write_text(json.dumps({"seeds": {"0": {}}}))
     score = ScoreConfig(variants=["clip"], suites=["shapes-dev"], seed_variants=["bindclip"], scores_out=str(tmp_path / "scores"),
                         checkpoints=str(tmp_path / "checkpoints"), replacements=[])  # fmt: skip
-    results = load_results(score, ExtractConfig(), WorldConfig(out=str(world)))
+    results = load_results(score, ExtractConfig(world=str(world)))
     assert set(results["shapes-dev"]["scores"]) == {"clip", "bindclip@seed0"}
 
 

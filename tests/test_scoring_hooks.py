@@ -525,6 +525,26 @@ def test_replacement_variants_narrow_which_variants_are_replaced(tiny_store, tmp
         score_stage.run(cfg, ext, progress=False)
 
 
+def test_per_seed_variants_and_suites_outside_the_scored_ones_are_refused_on_either_path(tiny_store, tmp_path, monkeypatch):
+    """A single process would score ``bindclip@seed<k>`` for a seed variant ``score.variants``
+    lacks while a cluster's per-(variant, suite) tasks never would: refused by both, before
+    any store or cluster is opened."""
+    import pipeline.distributed
+    from pipeline import cli
+    from stages import score as score_stage
+
+    cfg, ext = _stage_configs(tiny_store, tmp_path)
+    cfg.variants, cfg.suites, cfg.seed_variants = ["clip"], ["shapes-dev"], ["bindclip"]
+    with pytest.raises(ValueError, match=r"score.seed_variants \['bindclip'\] are not in score.variants"):
+        score_stage.run(cfg, ext, progress=False)
+    monkeypatch.setattr(pipeline.distributed, "cluster", lambda *a, **k: pytest.fail("a cluster was started"))
+    with pytest.raises(ValueError, match=r"score.seed_variants \['bindclip'\] are not in score.variants"):
+        cli._score_on(cfg, ext, "local:1", progress=False)
+    cfg.seed_variants, cfg.seed_suites = [], ["shapes-aro"]
+    with pytest.raises(ValueError, match=r"score.seed_suites \['shapes-aro'\] are not in score.suites"):
+        cli._score_on(cfg, ext, "local:1", progress=False)
+
+
 def test_scores_array_pads_ragged_rows_with_nan():
     from pipeline.scoring import scores_array
 
