@@ -99,11 +99,13 @@ def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
 
 
 def source_hashes(root: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".tsv", ".csv", ".txt")) -> dict[str, str]:
-    """sha256 of every annotation file directly under ``root`` (what a manifest is built from)."""
+    """sha256 of every annotation file directly under ``root`` or its ``annotations/`` folder
+    (COCO's layout), keyed by the path under ``root``: what a manifest is built from."""
     root = Path(root)
+    files = [*root.iterdir(), *((root / "annotations").iterdir() if (root / "annotations").is_dir() else ())]
     return {
-        p.name: file_sha256(p)
-        for p in sorted(root.iterdir())
+        p.relative_to(root).as_posix(): file_sha256(p)
+        for p in sorted(files)
         if p.is_file() and p.suffix in suffixes
     }
 

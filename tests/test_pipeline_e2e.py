@@ -384,6 +384,20 @@ def test_manifest_command_on_official_files(tmp_path, shared_benchmarks):
     assert sources["swap_att.json"] == file_sha256(shared / "swap_att.json")
 
 
+def test_source_hashes_cover_cocos_annotations_folder(tmp_path):
+    """COCO keeps its files in ``<root>/annotations/``: they are hashed under that path, with
+    the root's own files, and images or other suffixes are not."""
+    from pipeline.manifests import file_sha256, source_hashes
+
+    (tmp_path / "annotations").mkdir()
+    (tmp_path / "annotations" / "instances_train2017.json").write_text("{}")
+    (tmp_path / "top.json").write_text("[]")
+    (tmp_path / "annotations" / "x.jpg").write_bytes(b"img")
+    got = source_hashes(tmp_path)
+    assert got == {"annotations/instances_train2017.json": file_sha256(tmp_path / "annotations" / "instances_train2017.json"),
+                   "top.json": file_sha256(tmp_path / "top.json")}  # fmt: skip
+
+
 @pytest.mark.parametrize("ci", ["true", "TRUE", "1", "", "false", None])
 def test_missing_shared_fails_under_ci_and_skips_locally(tmp_path, monkeypatch, ci):
     """The conftest guard behind ``shared_benchmarks``: a missing ``../shared`` is a failure
