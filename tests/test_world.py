@@ -287,6 +287,18 @@ def test_aro_items(world, items):
         ]
 
 
+def test_no_aro_order_negative_says_what_the_caption_says():
+    """A shuffle that moves whole noun phrases ("the small yellow square and the large purple
+    triangle") is true of the image: no order item keeps one as a negative, in any wording."""
+    from pipeline.world.captions import N_STYLES
+    from pipeline.world.suites import aro_item
+
+    for k in range(300):
+        item = aro_item(0, "order", k)
+        same = {caption(c, s) for c in equivalents(item.claims[0]) for s in range(N_STYLES)}
+        assert not same & set(item.row["captions"][1:]), item.row["item_id"]
+
+
 def test_aro_shuffles_hand_case():
     rng = np.random.default_rng(0)
     words = "a small red circle to the left of a large blue square".split()
@@ -536,6 +548,8 @@ def test_relations_hand_cases():
     assert relation_value(a, c, "left") is None  # a 0.05 offset is ambiguous
     d = _obj(0.27, 0.52, 1, "square", "blue")
     assert relation_value(d, a, "front") is True and relation_value(a, d, "front") is False
+    e = _obj(0.27, 0.52, 1, "square", "red")  # d in a's colour: one red silhouette either way
+    assert relation_value(e, a, "front") is None and relation_value(a, e, "behind") is None
     assert side_value(a, "left") is True and side_value(b, "left") is False
     scene = Scene("t", (a, b), None)
     red, blue = Ref("circle", "red"), Ref("square", "blue")
@@ -697,6 +711,8 @@ def test_bad_config_errors(tmp_path):
         build_world(replace(TINY, n_aro=0), out=tmp_path, progress=False)
     with pytest.raises(ValueError, match="image_size"):
         build_world(replace(TINY, image_size=4), out=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="n_retrieval_groups is 316, but only 315"):  # group 315 would repeat group 0's
+        build_world(replace(TINY, n_retrieval_groups=316), out=tmp_path, progress=False)
     assert not (tmp_path / "manifests").exists()  # nothing written on a bad config
 
 

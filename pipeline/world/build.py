@@ -34,7 +34,7 @@ from pipeline.config import MAX_WORLD_IMAGE_SIZE, SHAPES_SUITES, WorldConfig
 from pipeline.world.families import pair_item
 from pipeline.world.multi import multi_items
 from pipeline.world.render import mirror, render, save_png
-from pipeline.world.retrieval import retrieval_items
+from pipeline.world.retrieval import retrieval_combos, retrieval_items
 from pipeline.world.scenes import COLOURS, RELATIONS, SHAPES, SIZES, SPLITS
 from pipeline.world.suites import (
     ARO_CATEGORIES,
@@ -47,8 +47,9 @@ from pipeline.world.suites import (
 
 log = logging.getLogger(__name__)
 
-WORLD_VERSION = 4  # bump when a change alters any image or manifest (2: length-matched add-* items;
-# 3: object columns on shapes-retrieval / -train / -dev, the shapes-multi suite; 4: steer_neg_absent)
+WORLD_VERSION = 5  # bump when a change alters any image or manifest (2: length-matched add-* items;
+# 3: object columns on shapes-retrieval / -train / -dev, the shapes-multi suite; 4: steer_neg_absent;
+# 5: no depth between two shapes of one colour, no ARO order shuffle that means the caption)
 
 # suite -> (config field with its count, units of work for that count, items of one unit)
 SuiteSpec = tuple[str, Callable[[int], int], Callable[[int, int], list[Item]]]
@@ -94,6 +95,12 @@ def validate(cfg: WorldConfig) -> None:
         raise ValueError(f"world.image_size must be an integer in [16, {MAX_WORLD_IMAGE_SIZE}], got {cfg.image_size!r}")
     if not isinstance(cfg.seed, int) or cfg.seed < 0:
         raise ValueError(f"world.seed must be a non-negative integer, got {cfg.seed!r}")
+    combos = len(retrieval_combos(cfg.seed))
+    if "shapes-retrieval" in cfg.suites and cfg.n_retrieval_groups > combos:
+        raise ValueError(
+            f"world.n_retrieval_groups is {cfg.n_retrieval_groups}, but only {combos} (shape pair, colour pair) "
+            f"combinations exist: a group past them would repeat one, and its queries would be true of two groups' images"
+        )
 
 
 def suite_items(cfg: WorldConfig, suite: str) -> Iterator[Item]:

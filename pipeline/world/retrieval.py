@@ -36,7 +36,9 @@ def retrieval_items(seed: int, index: int, suite: str = "shapes-retrieval") -> l
     """
     sid, rng = holdout(seed, "retrieval", index)
     combos = retrieval_combos(seed)
-    (s1, s2), (c1, c2) = combos[index % len(combos)]
+    if not 0 <= index < len(combos):
+        raise ValueError(f"shapes-retrieval has {len(combos)} groups at most (one per combination), not group {index}")
+    (s1, s2), (c1, c2) = combos[index]
     if rng.random() < 0.5:
         s1, s2 = s2, s1
     for _ in range(MAX_TRIES):

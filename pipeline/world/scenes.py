@@ -27,7 +27,9 @@ positives are clearly true and negatives clearly false (:func:`relation_value`):
 * ``left``: ``b.x - a.x >= HOLD`` is True, ``b.x - a.x <= NOT`` is False (same column or
   the other side); ``right``, ``above``, ``below`` likewise (``above`` = smaller y).
 * ``front`` / ``behind``: defined only where the two shapes visibly overlap (pixel
-  overlap >= ``DEPTH_OVERLAP`` of the smaller shape); then decided by ``z``.
+  overlap >= ``DEPTH_OVERLAP`` of the smaller shape) and differ in colour; then decided by
+  ``z``. Two shapes of one colour draw one silhouette whichever is in front (only their
+  ±10 colour jitter tells them apart), so their depth is not shown.
 * ``side`` of the picture: ``left`` is True for ``x <= 0.4``, False for ``x >= 0.5``.
 """
 
@@ -323,6 +325,8 @@ def overlap(a: Obj, b: Obj, n: int = 96) -> tuple[float, float]:
 def relation_value(a: Obj, b: Obj, rel: str) -> bool | None:
     """Whether ``a <rel> b`` holds: True, False, or None where the picture is ambiguous."""
     if rel in ("front", "behind"):
+        if a.colour == b.colour:
+            return None  # one silhouette: which is in front is not in the picture
         frac, _ = overlap(a, b)
         if frac < DEPTH_OVERLAP:
             return None

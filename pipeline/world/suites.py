@@ -21,8 +21,9 @@ under ``captions.truth``; a proposal that is ambiguous is redrawn.
   ``P_ADD_LENGTH_MATCHED`` of the add-* items, which are otherwise one or more tokens longer).
 * shapes-retrieval: groups of five scenes with the same two shapes and two colours in
   other bindings and arrangements; each scene's caption is true of it and false of the
-  other four. Groups use distinct (shape pair, colour pair) combinations (588 exist),
-  so with up to 588 groups every query has exactly one true image in the gallery.
+  other four. Groups use distinct (shape pair, colour pair) combinations (315 exist: 15
+  shape pairs by 21 colour pairs), so every query has exactly one true image in the gallery;
+  ``world.n_retrieval_groups`` above 315 is refused.
   (its builder is :mod:`pipeline.world.retrieval`; shapes-multi, galleries of near-duplicates
   of 3-5 objects, is :mod:`pipeline.world.multi`.)
 
@@ -59,6 +60,7 @@ from pipeline.world.captions import (
     bpe_len,
     caption,
     clear_relations,
+    equivalents,
     order_options,
     ref_of,
     truth,
@@ -339,7 +341,10 @@ def aro_item(seed: int, category: str, index: int, suite: str = "shapes-aro") ->
             text = caption(claim, int(rng.integers(N_STYLES)))
             texts, correct = order_options(text, rng), 0
             claims = [claim, None, None, None, None]
-            ok = truth(claim, scene) is True and all(t != text for t in texts[1:])
+            # a shuffle that moves whole noun phrases ("the small yellow square and the large
+            # purple triangle") says what the caption says: no such option is a negative
+            same = {caption(c, s) for c in equivalents(claim) for s in range(N_STYLES)}
+            ok = truth(claim, scene) is True and not same & set(texts[1:])
         if ok:
             row = base_row(sid, image, texts, correct, category, scene)
             row.update(extra)
