@@ -334,11 +334,11 @@ def report(params: Params = None) -> None:
 
     try:
         cfg = load_config(ReportConfig, params, "report")
-        score = load_config(ScoreConfig, params, "score")
+        scored = load_config(ScoreConfig, params, "score")
         path = stage.run(
             cfg,
-            score,
-            load_config(ExtractConfig, params, "extract", {"model": score.encoder}),  # the store score read
+            scored,
+            load_config(ExtractConfig, params, "extract", {"model": scored.encoder}),  # the store score read
             load_config(WorldConfig, params, "world"),
         )
         typer.echo(str(path))
