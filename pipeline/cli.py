@@ -334,11 +334,11 @@ def report(params: Params = None) -> None:
 
     try:
         cfg = load_config(ReportConfig, params, "report")
-        scored = load_config(ScoreConfig, params, "score")
+        score = load_config(ScoreConfig, params, "score")
         path = stage.run(
             cfg,
-            scored,
-            load_config(ExtractConfig, params, "extract", {"model": scored.encoder}),  # the store score read
+            score,
+            load_config(ExtractConfig, params, "extract", {"model": score.encoder}),  # the store score read
             load_config(WorldConfig, params, "world"),
         )
         typer.echo(str(path))
