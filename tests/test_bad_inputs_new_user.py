@@ -90,7 +90,7 @@ def test_a_seed_variant_without_seeds_is_refused_not_skipped(tiny_store, tmp_pat
     from stages import score as score_stage
 
     monkeypatch.setattr(score_stage, "open_store", lambda extract: tiny_store)
-    cfg = ScoreConfig(variants=["clip"], suites=["shapes-dev"], seed_variants=[variant], checkpoints=str(tmp_path / "ck"),
+    cfg = ScoreConfig(variants=list(dict.fromkeys(["clip", variant])), suites=["shapes-dev"], seed_variants=[variant], checkpoints=str(tmp_path / "ck"),
                       scores_out=str(tmp_path / "scores"), metrics_out=str(tmp_path / "metrics"))  # fmt: skip
     with pytest.raises(ValueError, match=f"score.seed_variants lists {variant}.*{named}"):
         score_stage.run(cfg, ExtractConfig(out=str(tmp_path / "store")), progress=False)

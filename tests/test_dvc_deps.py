@@ -360,8 +360,13 @@ def _command_nodes(tree: ast.Module, word: str, path: Path) -> list[ast.AST]:
         pytest.fail(f"{path}: no function registered as the command {word!r}")
     reached, todo = {command.name}, [command]
     while todo:
-        for node in ast.walk(todo.pop()):
-            if isinstance(node, ast.Name) and node.id in functions and node.id not in reached:
+        fn = todo.pop()
+        # a name the function binds itself (a parameter, a local variable) is not the module's
+        # function of that name: `score = load_config(...)` inside `report` calls no `score`
+        local = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+        local |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Name) and node.id in functions and node.id not in local | reached:
                 reached.add(node.id)
                 todo.append(functions[node.id])
     nodes: list[ast.AST] = []
@@ -531,6 +536,7 @@ def test_a_cli_command_reaches_its_own_body_its_helpers_and_the_module_level(tmp
             "def _helper():\n    from app import helped\n"
             "@app.command('run-it')\ndef run_it():\n    from app import mine\n    _helper()\n"
             "@app.command()\ndef other():\n    from app import theirs\n"
+            "@app.command()\ndef shadow():\n    other = 1\n    return other\n"  # a local, not the command
         ),
         **{f"app/{m}.py": "" for m in ("top", "bench", "helped", "mine", "theirs")},
     }
@@ -541,6 +547,7 @@ def test_a_cli_command_reaches_its_own_body_its_helpers_and_the_module_level(tmp
     found, _ = imported_files(tmp_path, [cli], ("app",), commands={"app/cli.py": "run-it"})
     assert found == {"app/__init__.py", "app/cli.py", "app/top.py", "app/mine.py", "app/helped.py"}
     assert "app/theirs.py" in imported_files(tmp_path, [cli], ("app",), commands={"app/cli.py": "other"})[0]
+    assert "app/theirs.py" not in imported_files(tmp_path, [cli], ("app",), commands={"app/cli.py": "shadow"})[0]
 
 
 def test_import_resolver_on_a_temporary_package(tmp_path: Path) -> None:
