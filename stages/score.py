@@ -200,6 +200,7 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
             check_image_root(store, suite.name, attrs, source.image_root)
             skipped = skip_reasons(manifest, index, attrs, suite.image_columns)
             truncation = {k: attrs[k] for k in ("n_truncated", "n_truncation_ties", "n_identical_options") if k in attrs}
+            extra = text_only_metrics(suite, store, manifest, index)  # captions only: every item
             manifest, index, n_missing = drop_missing(manifest, index)
             if manifest.empty:
                 raise ValueError(
@@ -215,7 +216,6 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
             else:
                 desc = f"{name} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc, reference=suite.pairwise_reference)
-            extra = text_only_metrics(suite, store, manifest, index)
             sha = attrs.get("manifest_sha256")  # the configured manifest's: suite_inputs refuses another
             records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, skipped, extra, truncation, store_id, sha))
             if suite.task == "retrieval" or ckpt is not None or name not in replaced:

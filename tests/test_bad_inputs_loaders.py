@@ -72,8 +72,8 @@ def test_an_aro_relation_field_of_the_wrong_type_is_named(tmp_path, fields, says
 
 @pytest.mark.parametrize("attributes", ["white", ["white"], ["white", "wooden", "old"], ["white", 3], None], ids=["string", "one", "three", "number", "null"])
 def test_aro_attributes_that_are_not_two_strings_are_refused(tmp_path, attributes):
-    """A string was read as its first two characters (``'w'``, ``'h'``), one element was an
-    IndexError traceback."""
+    """A string (whose first two characters ``'w'``, ``'h'`` would pass as two attributes), one
+    element, three, a number or null: each refused naming the file and the entry."""
     good = aro_entry(0, attributes=["white", "wooden"])
     path, result = aro(tmp_path, "aro-attribution", [good, aro_entry(1, attributes=attributes)])
     refused(result, str(path), f"entry 1: 'attributes' is {json.dumps(attributes)}; expected a list of 2 non-empty strings")
@@ -129,8 +129,8 @@ def test_a_good_whatsup_file_still_builds(tmp_path):
     ids=["string", "one-option", "three-options", "null-option", "empty"],
 )
 def test_whatsup_caption_options_that_are_not_four_strings_are_refused(tmp_path, options):
-    """A string was split into its characters; one option made a question that cannot be
-    answered wrong."""
+    """A string (which would be split into its characters) or a list of another length (one
+    option makes a question that cannot be answered wrong): refused naming the entry."""
     path, result = whatsup_a(tmp_path, lambda d: d[2].update(caption_options=options))
     refused(result, str(path), f"entry 2: 'caption_options' is {json.dumps(options)}; expected a list of 4 non-empty strings")
 
@@ -216,9 +216,10 @@ def test_a_bad_vg_field_is_refused_naming_file_image_object_and_field(tmp_path, 
     ids=["other-object", "query-object"],
 )  # fmt: skip
 def test_a_vg_object_wholly_outside_its_image_is_left_out_and_reported(tmp_path, caplog, object_id, kept, says):
-    """An off-image box used to be kept as the zero-area ``[1, 0.75, 1, 1]``. An official file
-    cannot be fixed by its user, so the object is left out and counted; an image whose query
-    names such an object is left out, as nothing in the picture answers it."""
+    """A box wholly outside its image is not clipped to a zero-area box such as ``[1, 0.75,
+    1, 1]``. An official file cannot be fixed by its user, so the object is left out and
+    counted; an image whose query names such an object is left out, as nothing in the
+    picture answers it."""
     import pandas as pd
 
     path, result = vg(tmp_path, "objects.json", lambda d: _object(d, 10, object_id).update(x=5000))
@@ -231,7 +232,8 @@ def test_a_vg_object_wholly_outside_its_image_is_left_out_and_reported(tmp_path,
 
 
 def test_a_coco_annotation_wholly_outside_its_image_is_left_out_and_reported(tmp_path, caplog):
-    """An off-image box used to be kept as the zero-area ``[1, 1, 1, 1]``."""
+    """A box wholly outside its image is left out of the image's objects and reported, not
+    clipped to the zero-area ``[1, 1, 1, 1]``."""
     import pandas as pd
 
     path, result = coco(tmp_path, "instances", lambda d: _annotation(d, 100).update(bbox=[500, 500, 20, 40]))
@@ -269,15 +271,16 @@ def _annotation(data: dict, ann_id: int) -> dict:
     ids=["null-bbox", "instances-in-a-list", "captions-in-a-list", "annotations-object", "no-images", "zero-height"],
 )  # fmt: skip
 def test_a_bad_coco_instances_or_captions_file_is_refused_naming_the_entry(tmp_path, name, edit, says):
-    """A file wrapped in a list or a section of another shape was a bare TypeError."""
+    """A file wrapped in a list or a section of another shape is refused naming the file, not
+    a bare TypeError."""
     path, result = coco(tmp_path, name, edit)
     refused(result, str(path), says)
     assert not (tmp_path / "co.parquet").exists()
 
 
 def test_a_coco_families_object_wholly_outside_its_image_counts_as_absent(tmp_path, caplog):
-    """An off-image car was placed by its unclipped box: "a dog to the left of a car" about a
-    car the picture does not show."""
+    """A car whose box lies wholly off the image counts as absent: no "a dog to the left of a
+    car" about a car the picture does not show."""
     from pipeline.benchmarks import SUITES
     from tests.test_benchmarks_coco_families import _coco as _families
 
@@ -292,7 +295,7 @@ def test_a_coco_families_object_wholly_outside_its_image_counts_as_absent(tmp_pa
 
 @pytest.mark.parametrize(("value", "shown_as"), [(None, "null"), (5, "5"), ("  ", '"  "')])
 def test_a_whatsup_qa_caption_that_is_not_text_is_named(tmp_path, value, shown_as):
-    """A QA entry's captions were not checked: a number reached the label parser, a blank
+    """A QA entry's captions are checked: a number would reach the label parser, a blank
     caption the encoder."""
     from tests.test_benchmarks_whatsup import _qa
 
@@ -302,8 +305,20 @@ def test_a_whatsup_qa_caption_that_is_not_text_is_named(tmp_path, value, shown_a
     refused(manifest("whatsup-coco", tmp_path, tmp_path / "q.parquet"), str(path), f"entry 1: its third (the wrong caption) value is {shown_as}; expected a non-empty string")
 
 
+@pytest.mark.parametrize(("value", "shown_as"), [(None, "null"), (1.5, "1.5"), ("12a", '"12a"'), (True, "true")])
+def test_a_whatsup_qa_image_id_that_is_not_an_id_is_named(tmp_path, value, shown_as):
+    """A QA entry's image id must be an integer (or its digits): null would make the path
+    ``val2017/00000000None.jpg``."""
+    from tests.test_benchmarks_whatsup import _qa
+
+    _qa(tmp_path, "coco")
+    path = tmp_path / "coco_qa_one_obj.json"
+    edit_json(path, lambda d: d[0].__setitem__(0, value))
+    refused(manifest("whatsup-coco", tmp_path, tmp_path / "q.parquet"), str(path), f"entry 0: its first value (the image id) is {shown_as}; expected an integer id")
+
+
 def test_an_order_entry_with_no_caption_is_named(tmp_path):
-    """An entry whose caption list was empty added no item, without a word."""
+    """An entry whose caption list is empty is refused, not dropped without a word."""
     from pipeline.benchmarks import SUITES
     from tests.test_benchmarks_aro import _karpathy
 

@@ -193,6 +193,25 @@ def test_an_annotation_of_an_undefined_category_names_the_file(tmp_path):
         build_families(tmp_path)
 
 
+@pytest.mark.parametrize(("section", "edit", "message"), [
+    ("categories", lambda e: e.update(name=None), r"instances_train2017\.json: category 1: 'name' is null; expected a non-empty string"),
+    ("annotations", lambda e: e.update(area=None), r"instances_train2017\.json: annotation 0: 'area' is null; expected a number >= 0"),
+    ("annotations", lambda e: e.update(id="0"), r"instances_train2017\.json: an annotation: 'id' is \"0\"; expected an integer id"),
+    ("annotations", lambda e: e.update(image_id=None), r"annotation 0: 'image_id' is null; expected an integer id"),
+    ("images", lambda e: e.update(file_name=None), r"image 1: 'file_name' is null; expected a non-empty string"),
+])  # fmt: skip
+def test_malformed_instances_are_refused_naming_the_file_and_entry(tmp_path, section, edit, message):
+    """A null name, area or file name, or a string id, is one line naming the file and the
+    entry at manifest time, not a TypeError or an image path ending in ``None``."""
+    _coco(tmp_path)
+    path = tmp_path / "annotations" / "instances_train2017.json"
+    inst = json.loads(path.read_text())
+    edit(inst[section][0])
+    path.write_text(json.dumps(inst))
+    with pytest.raises(ValueError, match=message):
+        build_families(tmp_path)
+
+
 def test_plural():
     words = ("bus", "person", "knife", "teddy bear", "dog", "skis", "sheep", "broccoli", "wine glass")
     assert [plural(w) for w in words] == [
@@ -235,6 +254,9 @@ def test_attribute_negative_has_a_colour_the_caption_lacks_and_never_swaps_a_cat
     assert "attribute" not in _caption_items(["An orange next to a dog"], {"dog"}, {}, key, nouns)
     pos, neg = _caption_items(["A dog with an orange frisbee and a red ball"], {"dog"}, {}, key, nouns)["attribute"]
     assert neg.startswith("A dog with an orange frisbee and ") and "red" not in neg and "orange ball" not in neg
+    # "grey" is "gray" spelled otherwise: never the new colour of a grey thing
+    pos, neg = _caption_items(["A grey and white cat"], {"cat"}, {}, key, nouns)["attribute"]
+    assert "gray" not in neg.lower() and neg.lower().count("grey") + neg.lower().count("white") == 1
 
 
 def test_family_metric_strict_and_unweighted_mean():

@@ -56,6 +56,10 @@ from pipeline.manifests import read_manifest, write_manifest
             [(0, "above", 1), (1, "next to", 2)],
         ),
         ("a cat on the left and a dog", ["cat", "dog"], []),  # a position, no second object
+        ("A car on the side of the road", ["car", "road"], [(0, "on the side of", 1)]),  # a place of an object
+        ("A cow standing in the middle of the street", ["cow", "street"], [(0, "standing in the middle of", 1)]),
+        ("a man at the top of a hill", ["man", "hill"], [(0, "at the top of", 1)]),
+        ("a dog in the corner of the picture", ["dog"], []),  # a place in the frame
         ("a photo of a bird near a tree", ["bird", "tree"], [(0, "near", 1)]),
         ("a woman holding, and a dog", ["woman", "dog"], []),  # a relation without an object
         ("on a table", ["table"], []),  # a relation without its subject
@@ -201,6 +205,7 @@ def _edit_coco(tmp_path, name: str, edit) -> None:
     ("instances", lambda d: d["annotations"][0].update(bbox=[20, 10, 60]), r"instances_val2017\.json: annotation 100: bbox \[20, 10, 60\] is not \[x, y, width, height\]"),
     ("instances", lambda d: d["annotations"][0].update(bbox=[20, 10, -60, 40]), r"annotation 100: bbox \[20, 10, -60, 40\] is not .* width, height >= 0"),
     ("instances", lambda d: d["annotations"][0].update(bbox=[20, 10, "60", 40]), r"annotation 100: bbox \[20, 10, \"60\", 40\] is not"),
+    ("instances", lambda d: d["categories"][0].update(name=None), r"instances_val2017\.json: category \d+: 'name' is null; expected a non-empty string"),
 ])  # fmt: skip
 def test_coco_malformed_entries_are_refused_naming_the_file_and_entry(tmp_path, name, edit, message):
     """A null caption, a repeated id (a plain dict kept the last entry and lost an image) and

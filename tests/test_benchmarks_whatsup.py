@@ -196,12 +196,12 @@ def test_incomplete_sets_warn_and_missing_arrangement_is_wrong(tmp_path):
 def test_sets_without_their_second_axis_are_wrong_not_left_right_only(tmp_path, subset):
     """Every on/under (in-front/behind) item gone, e.g. its images skipped at extract: a set
     still needs four arrangements, so none is correct (official: 0 of N/4), with a warning;
-    the left/right pairs keep their own accuracy."""
+    the subset's missing pairs count as wrong (official: of N/2), as one missing image does."""
     m = _controlled(tmp_path, subset)
     lr = m[m["arrangement"].isin(["left", "right"])].reset_index(drop=True)
     with pytest.warns(UserWarning, match="not a complete set of 4"):
         units = whatsup_units(lr, _scores(np.ones(len(lr), bool)))
-    assert units["individual"].statistic() == 1.0 and units["pair"].values.tolist() == [1, 1]
+    assert units["individual"].statistic() == 1.0 and units["pair"].values.tolist() == [1, 0, 1, 0]
     assert units["set"].values.tolist() == [0, 0]
 
 
@@ -256,3 +256,16 @@ def test_qa_individual_is_mean_of_subset_accuracies(tmp_path):
     assert units["one-obj"].statistic() == 1.0 and units["two-obj"].statistic() == 0.0
     assert units["individual"].statistic() == 0.5  # not the pooled 2/5
     assert SUITES.get("whatsup-coco").metrics(m, scores)["individual"] == 0.5
+
+
+@pytest.mark.parametrize(("subset", "file", "arrangement"), [
+    ("a", "controlled_images_dataset.json", "above"), ("a", "controlled_images_dataset.json", "behind"),
+    ("b", "controlled_clevr_dataset.json", "on"),
+])  # fmt: skip
+def test_an_arrangement_of_another_subset_is_refused_at_manifest_time(tmp_path, subset, file, arrangement):
+    """Controlled A holds left/right and on/under, B left/right and in-front/behind: another
+    arrangement is refused naming the entry, not scored as an item of no pair."""
+    entry = {"image_path": f"data/x/mug_{arrangement}_plate.jpeg", "caption_options": ["a", "b", "c", "d"]}
+    (tmp_path / file).write_text(json.dumps([entry]))
+    with pytest.raises(ValueError, match=rf"entry 0 \(item {subset}/0\): arrangement '{arrangement}' .* not one of Controlled {subset.upper()}'s"):
+        SUITES.get(f"whatsup-{subset}").build_manifest(tmp_path)

@@ -83,3 +83,33 @@ def test_real_suite_without_images_fails_clearly(tmp_path, tiny_encoder, shared_
     with pytest.raises(FileNotFoundError, match=rf"{len(df)} image\(s\) not found .*sugarcrepe: {len(df)} under {tmp_path / 'coco'} \({df['image'].iloc[0]}"):
         extract_stage.run(ext, progress=False, encoder=tiny_encoder)
     assert n > 1
+
+
+def test_sugarcrepe_pp_tot_counts_the_items_whose_image_is_missing(tmp_path, tiny_encoder, sc_pp, monkeypatch):
+    """TOT reads captions only: the official script counts every item, so an item whose image
+    could not be read leaves ITT but not TOT."""
+    df, manifest = sc_pp
+    (tmp_path / "coco" / df["image"][0]).unlink()
+    ext = ExtractConfig(
+        model="tiny-test",
+        pretrained="none",
+        suites=["sugarcrepe-pp"],
+        manifests={"sugarcrepe-pp": str(manifest)},
+        image_roots={"sugarcrepe-pp": str(tmp_path / "coco")},
+        out=str(tmp_path / "features"),
+        skip_missing=True,
+    )
+    extract_stage.run(ext, progress=False, encoder=tiny_encoder)
+    seen = []
+    real = score_stage.text_only_metrics
+
+    def spy(suite, store, manifest, index):
+        seen.append(manifest["item_id"].tolist())
+        return real(suite, store, manifest, index)
+
+    monkeypatch.setattr(score_stage, "text_only_metrics", spy)
+    cfg = ScoreConfig(variants=["clip"], suites=["sugarcrepe-pp"], encoder="tiny-test",
+                      scores_out=str(tmp_path / "scores"), metrics_out=str(tmp_path / "metrics"))
+    (record,) = score_stage.run(cfg, ext, progress=False)
+    assert record["n_items"] < len(df)  # ITT leaves the item out
+    assert seen == [df["item_id"].tolist()]  # TOT does not

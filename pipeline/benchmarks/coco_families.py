@@ -62,6 +62,7 @@ from pipeline.benchmarks.intake import (
     bbox_field,
     entry_list,
     id_index,
+    integer_field,
     number_field,
     off_image,
     read_json_object,
@@ -95,6 +96,7 @@ COLOURS = (
     "white",
     "gray",
 )
+SPELLINGS = {"grey": "gray"}  # another spelling of a colour of COLOURS: matched, never drawn
 ASYMMETRIC = (
     "on", "in", "inside", "under", "above", "below", "behind", "riding", "holding", "carrying",
     "eating", "pulling", "chasing", "on top of", "in front of", "sitting on", "standing on",
@@ -229,9 +231,10 @@ def _caption_items(
             # a colour word that is also a category ("an orange" is the fruit) is not swapped: without
             # a parser the noun and the adjective look alike; the new colour is none the caption has, so
             # "a black and white cat" never becomes the still-true "a white and white cat"
-            found = list(re.finditer(rf"\b({'|'.join(COLOURS)})\b", cap, re.IGNORECASE))
+            found = list(re.finditer(rf"\b({'|'.join(COLOURS + tuple(SPELLINGS))})\b", cap, re.IGNORECASE))
             m = next((m for m in found if m.group(1).lower() not in nouns), None)
-            pool = [c for c in COLOURS if c not in {f.group(1).lower() for f in found}]
+            had = {SPELLINGS.get(f.group(1).lower(), f.group(1).lower()) for f in found}
+            pool = [c for c in COLOURS if c not in had]
             if m and pool:
                 out["attribute"] = (cap, _replace(cap, m.start(), m.end(), _pick(pool, key + cap)))
         if "role-swap" not in out:
@@ -314,6 +317,9 @@ def build_families(root: Path, cfg: CocoFamiliesConfig | None = None) -> pd.Data
     cap_data = read_json_object(cap_path, COCO_SOURCE)
     inst = read_json_object(inst_path, COCO_SOURCE)
     cats = id_index(((c["id"], c) for c in entry_list(inst, "categories", inst_path)), f"{inst_path}: categories")
+    for cid, c in cats.items():
+        for key in ("name", "supercategory"):
+            text_field(c, key, inst_path, f"category {cid}")
     super_of = {c["name"]: c["supercategory"] for c in cats.values()}
     nouns = frozenset(super_of)
     supers: dict[str, list[str]] = {}
@@ -327,14 +333,17 @@ def build_families(root: Path, cfg: CocoFamiliesConfig | None = None) -> pd.Data
         caps.setdefault(a["image_id"], []).append((a["id"], text_field(a, "caption", cap_path, f"caption {a['id']}").strip()))
     anns: dict[int, list[dict]] = {}
     for a in entry_list(inst, "annotations", inst_path):
+        where = f"annotation {integer_field(a, 'id', inst_path, 'an annotation')}"
+        integer_field(a, "category_id", inst_path, where)
+        a["area"] = number_field(a, "area", inst_path, where, minimum=0)
         if not a.get("iscrowd", 0):  # a crowd's box is not used
-            a["bbox"] = bbox_field(a, "bbox", inst_path, f"annotation {a['id']}")
-        anns.setdefault(a["image_id"], []).append(a)
+            a["bbox"] = bbox_field(a, "bbox", inst_path, where)
+        anns.setdefault(integer_field(a, "image_id", inst_path, where), []).append(a)
 
     rows, counts, left_out = [], dict.fromkeys(FAMILIES, 0), []
     for image_id in sorted(images):
         im = images[image_id]
-        image = relative_image_path(f"{cfg.image_dir}/{im['file_name']}", f"image {image_id}")
+        image = relative_image_path(f"{cfg.image_dir}/{text_field(im, 'file_name', inst_path, f'image {image_id}')}", f"image {image_id}")
         w, h = (number_field(im, k, inst_path, f"image {image_id}", positive=True) for k in ("width", "height"))
         inst_list = anns.get(image_id, [])
         off = [a for a in inst_list if not a.get("iscrowd", 0) and off_image(a["bbox"], w, h)]

@@ -141,7 +141,10 @@ def build_coco_objects(root: Path, cfg: CocoObjectsConfig | None = None) -> pd.D
         if best is None or cap_id < best[0]:
             first_caption[a["image_id"]] = (cap_id, text_field(a, "caption", cap_path, f"caption {cap_id}").strip())
     inst = read_json_object(inst_path, source)
-    cats = id_index(((c["id"], c["name"]) for c in entry_list(inst, "categories", inst_path)), f"{inst_path}: categories")
+    cats = id_index(
+        ((c["id"], text_field(c, "name", inst_path, f"category {c['id']}")) for c in entry_list(inst, "categories", inst_path)),
+        f"{inst_path}: categories",
+    )
     images = id_index(((im["id"], im) for im in entry_list(inst, "images", inst_path)), f"{inst_path}: images")
     anns: dict[int, list[dict]] = {}
     for a in id_index(((a["id"], a) for a in entry_list(inst, "annotations", inst_path)), f"{inst_path}: annotations").values():

@@ -18,9 +18,11 @@ of one table at each position:
   is dropped. ``to/on the left (side) of`` -> ``left of`` (same for right); other
   relations keep the caption's words;
 * positions without a second object (``on the left``, ``in the background``, ``on the left
-  side of the picture`` ...) end the phrase and are dropped.
+  side of the picture`` ...) end the phrase and are dropped; a place followed by ``of`` and
+  anything but the frame (``in the middle of the street``, ``on the side of the road``, ``at
+  the top of a hill``) is a relation, kept in the caption's words.
 
-Each phrase loses leading articles (``a``, ``an``, ``the``), a leading ``there is/are``,
+Each phrase loses leading articles (``a``, ``an``, ``the``) and ``of``, a leading ``there is/are``,
 ``photo/picture/image of`` and trailing copulas (``is``, ``are`` ...); empty phrases vanish.
 Limits: no parser, so a relation binds only the nearest phrases ("a man and a woman on a
 bench" relates only the woman), ``of`` stays inside phrases ("plate of food"), coordinated
@@ -74,17 +76,20 @@ _CONJUNCTIONS = _entries(
     ",|and|with|while|whilst|or|but|plus|as well as|along with|together with|that|which|"
     "who|where|as"
 )
+_PLACES = _entries(
+    "on the left|on the right|on the left side|on the right side|on the side|to the left|"
+    "to the right|to the side|in the middle|in the center|in the centre|in the background|"
+    "in the foreground|in the distance|in the corner|in the front|in the back|at the top|"
+    "at the bottom|at the left|at the right|at the side|at the front|at the back|"
+    "on the top|on the bottom"
+)
 _POSITIONS = tuple(  # a place in the frame, no second object: "on the left (of the picture)"
     f"{place}{tail}"
-    for place in _entries(
-        "on the left|on the right|on the left side|on the right side|on the side|to the left|"
-        "to the right|to the side|in the middle|in the center|in the centre|in the background|"
-        "in the foreground|in the distance|in the corner|in the front|in the back|at the top|"
-        "at the bottom|at the left|at the right|at the side|at the front|at the back|"
-        "on the top|on the bottom"
-    )
+    for place in _PLACES
     for tail in ("", " of the picture", " of the image", " of the photo", " of the frame")
 )
+# a place of another object: "in the middle of the street", "on the side of the road"
+_SPATIAL.update({f"{place} of": f"{place} of" for place in _PLACES if f"{place} of" not in _SPATIAL})
 
 
 def _phrase_table() -> dict[tuple[str, ...], tuple[str, str]]:
@@ -109,7 +114,7 @@ def _phrase_table() -> dict[tuple[str, ...], tuple[str, str]]:
 _TABLE = _phrase_table()
 _MAX_LEN = max(len(k) for k in _TABLE)
 _TOKEN = re.compile(r"[a-z0-9]+(?:['\-][a-z0-9]+)*|,")
-_LEADING = ("a", "an", "the", "there", "is", "are", "was", "were")
+_LEADING = ("a", "an", "the", "there", "is", "are", "was", "were", "of")
 _PREFIXES = (("photo", "of"), ("picture", "of"), ("image", "of"), ("close", "up", "of"))
 _TRAILING = ("is", "are", "was", "were", "be", "being", "been")
 

@@ -76,6 +76,7 @@ CONTROLLED_CATEGORIES = {
     "a": ("left_of", "right_of", "on", "under"),
     "b": ("left_of", "right_of", "in-front_of", "behind"),
 }
+CONTROLLED_AXES = {"a": (AXES[0], AXES[1]), "b": (AXES[0], AXES[2])}  # each subset's two axes
 
 
 # ---------------------------------------------------------------------------- Controlled
@@ -127,9 +128,11 @@ def read_controlled(path: Path, subset: str) -> pd.DataFrame:
             key, arrangement = parse_controlled_name(image)
         except ValueError as e:
             raise ValueError(f"{path}: {where} (item {item}): {e}; replace the file with the official one") from None
-        if arrangement not in ARRANGEMENTS:
+        allowed = tuple(a for axis in CONTROLLED_AXES[subset] for a in axis)
+        if arrangement not in allowed:
             raise ValueError(
-                f"{path}: {where} (item {item}): arrangement {arrangement!r} of {image!r} is not one of {ARRANGEMENTS}"
+                f"{path}: {where} (item {item}): arrangement {arrangement!r} of {image!r} is not one of "
+                f"Controlled {subset.upper()}'s {allowed}; replace the file with the official one"
             )
         fn = image.split("/")[-1]
         rows.append(
@@ -161,10 +164,15 @@ def whatsup_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units
     unknown = sorted(set(arr) - set(ARRANGEMENTS))
     if unknown:
         raise ValueError(f"unknown arrangements {unknown}; valid: {ARRANGEMENTS}")
-    # a set spans left/right and the suite's other axis; with no item of that axis left (all
-    # its images skipped at extract) no set is complete, as in the official eval_dict
-    others = [ax for ax in AXES[1:] if set(ax) & set(arr)]
-    axes = [AXES[0], *others]
+    # a pair is one axis of a key, a set both axes: Controlled A's and B's from their subset
+    # (item ids "a/<i>", "b/<i>"), so a pair or set whose images were all skipped at extract
+    # still counts as wrong, as in the official eval_dict; other suites' from the arrangements
+    subsets = {str(i).split("/")[0] for i in manifest["item_id"]}
+    if len(subsets) == 1 and (subset := subsets.pop()) in CONTROLLED_AXES:
+        axes = list(CONTROLLED_AXES[subset])
+    else:
+        axes = [AXES[0], *(ax for ax in AXES[1:] if set(ax) & set(arr))]
+    others = axes[1:]
     # C[key][arrangement] = correct, missing arrangements count as wrong (official eval_dict)
     table: dict[str, dict[str, bool]] = {}
     for key, a, c in zip(manifest["pair_key"], arr, correct, strict=True):
@@ -247,6 +255,8 @@ def read_qa(path: Path, subset: str, dataset: str) -> pd.DataFrame:
         for place, caption in (("second (the correct caption)", good), ("third (the wrong caption)", bad)):
             if not isinstance(caption, str) or not caption.strip():
                 raise ValueError(f"{path}: entry {i}: its {place} value is {shown(caption)}; expected a non-empty string; {OFFICIAL}")
+        if not (isinstance(image_id, int) and not isinstance(image_id, bool) or isinstance(image_id, str) and image_id.isdigit()):
+            raise ValueError(f"{path}: entry {i}: its first value (the image id) is {shown(image_id)}; expected an integer id; {OFFICIAL}")
         image = (
             f"val2017/{str(image_id).zfill(12)}.jpg"
             if dataset == "coco"
