@@ -154,8 +154,8 @@ def test_non_directional_relations_place_nothing():
 
 
 def test_relation_layout_and_structures():
-    pos = relation_positions([(0, "left", 1), (1, "above", 2), (3, "holding", 0)], 4)
-    torch.testing.assert_close(pos, torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]))
+    pos = relation_positions([(0, "left", 1), (1, "above", 2)], 3)
+    torch.testing.assert_close(pos, torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0]]))
     assert relation_positions([(0, "right", 1)], 2)[1].tolist() == [-1.0, 0.0]
     sets = ObjectSets(torch.zeros(2, 3, 4), torch.tensor([[True, True, False], [True, True, True]]),
                       torch.tensor([[[0.0, 0.0], [0.5, 0.0], [9.0, 9.0]], [[0.0, 0.0], [0.0, 2.0], [1.0, 0.0]]]))  # fmt: skip
@@ -646,7 +646,7 @@ def test_steering_strength_rescores_both_variants_at_every_beta_and_scope(geo, t
     attrs = store.suite_attrs(SUITE)
     extract = ExtractConfig(model="tiny-test", suites=[SUITE], manifests={SUITE: attrs["manifest"]}, image_roots={SUITE: attrs["image_root"]})
     score = ScoreConfig(variants=["clip", "steer", "steer-multi"], suites=[SUITE], options={"steer": {"beta": 0.5, "k": 3}})
-    ctx = ReportContext({}, ReportConfig(bootstrap=200), score, extract, None, tmp_path, store_=store)
+    ctx = ReportContext({}, ReportConfig(bootstrap=200), score, extract, tmp_path, store_=store)
     rows = strength_rows(ctx, SUITE)
     assert [(r["contrast"], r["scope"], r["k"], r["beta"]) for r in rows] == [
         (c, scope, k, b) for c in ("swap", "absent") for scope, k in (("local (K = 3)", 3), ("whole gallery", WHOLE_GALLERY))

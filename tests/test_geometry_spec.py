@@ -30,8 +30,18 @@ PARAMS = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").re
 
 
 def test_a_tree_of_relations_is_laid_out_in_exact_unit_steps():
-    pos = relation_positions([(0, "left", 1), (2, "above", 1), (3, "next to", 4)], 5)
-    assert pos.tolist() == [[0.0, 0.0], [1.0, 0.0], [1.0, -1.0], [0.0, 0.0], [0.0, 0.0]]
+    pos = relation_positions([(0, "left", 1), (2, "above", 1)], 3)
+    assert pos.tolist() == [[0.0, 0.0], [1.0, 0.0], [1.0, -1.0]]
+
+
+@pytest.mark.parametrize("extra", [[], [(3, "next to", 4)], [(3, "holding", 0)]])
+def test_groups_no_relation_places_together_state_no_layout(extra):
+    """"A left of B, B below C, and D next to E" (or "D holding A"): nothing says where D and E
+    lie from A, B, C, and pinning each group's first phrase to one point would reward images
+    that pile D on A; such a query states no layout, so the rerankers solve it on features."""
+    pos = relation_positions([(0, "left", 1), (2, "above", 1), *extra], 5)
+    assert float(pos.abs().sum()) == 0 and pos.shape == (5, 2)
+    assert relation_positions([(0, "left", 1), (2, "above", 1), (3, "left", 4), (1, "left", 3)], 5).abs().sum() > 0
 
 
 def test_a_cycle_of_relations_keeps_every_stated_relation():
@@ -124,3 +134,14 @@ def test_ridge_equals_the_closed_form_with_an_unpenalised_intercept():
     theta = torch.linalg.solve(X.T @ X + R, X.T @ Y.double())
     torch.testing.assert_close(W.double(), theta[:6], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b.double(), theta[6], atol=1e-5, rtol=1e-5)
+
+
+def test_the_matching_picture_labels_each_box_with_its_own_plan_column():
+    """A box the encoder's view cuts away has no plan column: the boxes after it read the
+    column of the box they are, not the next one's."""
+    from pipeline.scorers.geometry.figure import box_labels
+
+    plan = np.array([[0.5, 0.0], [0.0, 0.5]])  # "dog" -> box 1, "cat" -> box 2 (box 0 unseen)
+    labels = box_labels(plan, np.array([False, True, True]), ["dog", "cat"])
+    assert labels == [None, ("dog", 0.5), ("cat", 0.5)]
+    assert box_labels(np.zeros((2, 2)), np.array([True, True]), ["dog", "cat"]) == [None, None]

@@ -28,7 +28,9 @@ batch at once. From :math:`T_0 = p q^\top` each iteration
    less than ``tol_rel`` relative to its value.
 
 Why an exact LP step: an exact LP reproduces POT's path step by step (the LP optimum is
-unique for generic costs), hence POT's local optimum where the GW term is non-convex. On
+unique for generic costs), hence POT's local optimum where the GW term is non-convex. With
+tied costs (equal features, coincident positions) an LP has several optimal vertices, and
+the two solvers may pick different ones and end in different local optima, either lower. On
 these problems FW moves from vertex to vertex: for Euclidean distance structures the GW
 term is concave on :math:`\Pi(p, q)` (:math:`J C J \preceq 0` for a distance matrix, so
 :math:`a \le 0`: every line search takes t = 1 or stops); for signed offsets

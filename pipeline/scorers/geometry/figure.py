@@ -25,6 +25,20 @@ def pictured_query(manifest, scores: np.ndarray, clip: np.ndarray | None) -> int
     return int(hits[0]) if len(hits) else 0
 
 
+def box_labels(plan: np.ndarray, seen: np.ndarray, phrases: list[str]) -> list[tuple[str, float] | None]:
+    """Per annotated box of one image: (the phrase its transport plan column sends the most
+    mass to, that mass), or None for a box that receives none. ``plan`` [n_phrases, n_objects]
+    has a column for each box the scorer embedded, in box order, ``seen`` [n_boxes] says which
+    boxes those are (the grid's view can cut boxes away: :func:`~pipeline.scorers.geometry.objects.visible_objects`)."""
+    column = np.cumsum(seen) - 1  # each seen box's column of the plan
+    labels: list[tuple[str, float] | None] = []
+    for o, shown in enumerate(seen):
+        mass = plan[: len(phrases), column[o]] if shown else np.zeros(1)
+        i = int(mass.argmax())
+        labels.append((phrases[i], float(mass[i])) if shown and mass.sum() > 0 else None)
+    return labels
+
+
 def matching_figure(ctx: ReportContext, suite: str, variant: str, baseline: str, n_candidates: int = 3):
     """The pictured query's top candidates under ``variant`` (the first query it ranks right
     and ``baseline`` does not), each object box labelled with the phrase its transport plan
@@ -35,6 +49,7 @@ def matching_figure(ctx: ReportContext, suite: str, variant: str, baseline: str,
     from PIL import Image
 
     from pipeline.benchmarks.base import gallery_images
+    from pipeline.scorers.geometry.objects import visible_objects
     from pipeline.scoring import suite_inputs
 
     entry = ctx.results[suite]
@@ -58,20 +73,21 @@ def matching_figure(ctx: ReportContext, suite: str, variant: str, baseline: str,
         img = Image.open(entry["image_root"] / gallery[j]).convert("RGB")
         ax.imshow(img)
         w, h = img.size
-        boxes = json.loads(manifest["object_boxes"].iloc[first[gallery[j]]])
-        for o, (x0, y0, x1, y1) in enumerate(boxes):
+        row = first[gallery[j]]
+        boxes = json.loads(manifest["object_boxes"].iloc[row])
+        # the plan's columns are the objects the scorer embedded: boxes the view cut away have none
+        labels = box_labels(np.asarray(plan), visible_objects(ctx.store, manifest, np.array([row]), scorer.objects), phrases)
+        for (x0, y0, x1, y1), label in zip(boxes, labels, strict=True):
             ax.add_patch(
                 Rectangle(
                     (x0 * w, y0 * h), (x1 - x0) * w, (y1 - y0) * h, fill=False, color="white", lw=1
                 )
             )
-            mass = plan[: len(phrases), o]
-            if mass.sum() > 0:
-                i = int(mass.argmax())
+            if label is not None:
                 ax.text(
                     x0 * w,
                     y0 * h - 1,
-                    f"{phrases[i]} {float(mass[i]):.2f}",
+                    f"{label[0]} {label[1]:.2f}",
                     color="yellow",
                     fontsize=6,
                     va="bottom",

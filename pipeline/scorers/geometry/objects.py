@@ -120,7 +120,11 @@ def relation_positions(relations: list[tuple[int, str, int]], n: int) -> torch.T
     the least-squares sense, which keeps all three here. Phrases no chain of relations links
     may coincide ("A left of B, C left of B" puts A and C at one point): the layout states
     only what the caption does. Non-directional relations ("next to", "behind", "holding")
-    place nothing."""
+    place nothing. Where the relations leave more than one group ("A left of B, and C", a
+    caption split into unlinked parts), the caption does not say where the groups lie
+    relative to each other, and pinning every group's first phrase to one point would ask
+    the image for objects piled there: the layout is then all zeros, a query that states no
+    layout (the rerankers solve it on features alone)."""
     # imported here: `pipeline score` of a choice suite never loads scipy
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
@@ -132,7 +136,7 @@ def relation_positions(relations: list[tuple[int, str, int]], n: int) -> torch.T
     anchor = np.unique(label, return_index=True)[1][label]  # [n] each group's first phrase, fixed at the origin
     pos = np.zeros((n, 2))
     free = [i for i in range(n) if anchor[i] != i]
-    if edges and free:
+    if edges and free and label.max(initial=0) == 0:  # one group: a layout
         col = {i: k for k, i in enumerate(free)}
         A = np.zeros((len(edges), len(free)))  # [E, F] incidence of each offset pos_j - pos_i
         for e, (i, j, _) in enumerate(edges):

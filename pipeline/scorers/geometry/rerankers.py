@@ -176,7 +176,9 @@ class GeometryReranker(Reranker):
         """FGW values [B] and plans [B, n, m] of the aligned pairs (uniform weights on the
         real objects). A pair whose query has no phrases or whose candidate has no objects is
         not a transport problem: value inf, plan 0. A query whose structure is all zero (one
-        phrase, or phrases joined by no directional relation) says nothing about layout, and
+        phrase, phrases joined by no directional relation, or groups of phrases no relation
+        places relative to each other: :func:`~pipeline.scorers.geometry.objects.relation_positions`)
+        says nothing about layout, and
         comparing that with the image's structure would only penalise images whose objects
         are spread out, so its pairs are solved with ``alpha = 0``. Signed offsets make the
         structure term linear, so those problems are one exact OT on the objects' positions
