@@ -329,7 +329,7 @@ def compare_encoders(
 @app.command()
 def report(params: Params = None) -> None:
     """Write reports/report.md with tables, CIs, figures and examples."""
-    from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig, load_config
+    from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, load_config
     from stages import report as stage
 
     try:
@@ -339,7 +339,6 @@ def report(params: Params = None) -> None:
             cfg,
             score,
             load_config(ExtractConfig, params, "extract", {"model": score.encoder}),  # the store score read
-            load_config(WorldConfig, params, "world"),
         )
         typer.echo(str(path))
     except USER_ERRORS as e:

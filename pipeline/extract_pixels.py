@@ -151,19 +151,27 @@ def _encode_objects(enc: Encoder, root, rows: np.ndarray, sources: list[tuple[tu
     return _encode_pixels(enc, root, "object", rows, load, keep, cfg, progress, "extract object crops", overlap)
 
 
+def batch_size(cfg: ExtractConfig, modality: str) -> int:
+    """The ``batch_size`` :func:`pipeline.extraction.encode_rows` groups ``modality``'s rows by
+    (:func:`pipeline.cache.writer.shard_batches`): ``extract.batch_size`` images or crops, four
+    times as many captions (a caption's forward pass is far cheaper)."""
+    return cfg.batch_size * (4 if modality == "text" else 1)
+
+
 def _encode_pixels(enc: Encoder, root, modality: str, rows: np.ndarray, load, keep, cfg: ExtractConfig, progress: bool, desc: str, overlap: bool) -> dict[tuple[str, int], str]:
-    """Encode sorted store rows ``rows`` of ``modality`` in micro-batches of ``batch_size``:
+    """Encode sorted store rows ``rows`` of ``modality`` in micro-batches of :func:`batch_size`:
     ``load(micro, bad)`` gives their [b, 3, H, W] pixels (a blank image for each row it
     records in ``bad`` with the reason), ``keep(out, micro)`` the arrays to store from the
     encoder's outputs; each shard batch is written once all its micro-batches ran, with the
     ``bad`` rows zeroed and left unflagged; ``overlap`` as the module says. Returns
     ``{(modality, row): reason}`` of the bad rows."""
     bar = tqdm(total=len(rows), desc=desc, unit="img", disable=not progress)
-    batches = list(writer.shard_batches(rows, cfg.batch_size))
+    size = batch_size(cfg, modality)
+    batches = list(writer.shard_batches(rows, size))
     micro_batches = [
         (i, micro)
         for i, batch in enumerate(batches)
-        for micro in np.array_split(batch, -(-len(batch) // cfg.batch_size))
+        for micro in np.array_split(batch, -(-len(batch) // size))
     ]
     bad: dict[int, str] = {}  # row -> reason, filled by the loader
 

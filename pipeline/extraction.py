@@ -39,7 +39,7 @@ from pipeline.cache import integrity, store_lock, store_path, writable_store_pat
 from pipeline.cache.schema import image_key, object_key, text_key
 from pipeline.config import ExtractConfig
 from pipeline.encoders import Encoder, load_encoder
-from pipeline.extract_pixels import _encode_images, _encode_objects, _Writer, as_stored
+from pipeline.extract_pixels import _encode_images, _encode_objects, _Writer, as_stored, batch_size
 from pipeline.manifests import (
     BadImageError,
     cells,
@@ -257,13 +257,6 @@ def _plan(root: zarr.Group, plan: ExtractPlan, modality: str, keyed: dict[str, A
     key_of_row = {r: k for k, r in plan.row_of[modality].items()}
     todo = np.array([r for r in todo if r in key_of_row], dtype=np.int64)  # sorted
     return todo, [source(key_of_row[int(r)]) for r in todo]
-
-
-def batch_size(cfg: ExtractConfig, modality: str) -> int:
-    """The ``batch_size`` :func:`encode_rows` groups ``modality``'s rows by
-    (:func:`pipeline.cache.writer.shard_batches`): ``extract.batch_size`` images or crops, four
-    times as many captions (a caption's forward pass is far cheaper)."""
-    return cfg.batch_size * (4 if modality == "text" else 1)
 
 
 def encode_rows(enc: Encoder, root: zarr.Group, modality: str, rows: np.ndarray, sources: list, cfg: ExtractConfig, progress: bool, overlap: bool = True) -> dict[tuple[str, int], str]:

@@ -22,7 +22,7 @@ import pandas as pd
 
 from pipeline.benchmarks.base import extracted_items
 from pipeline.cache import CacheError, open_store
-from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
+from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
 from pipeline.manifests import file_sha256, read_manifest, resolve_source
 from pipeline.report import FIGURE_DPI, ReportContext, render
 from pipeline.scorers import SCORERS
@@ -176,10 +176,10 @@ def write_outputs(ctx: ReportContext) -> None:
         table.to_csv(ctx.out / name, index=False)
 
 
-def run(cfg: ReportConfig, score: ScoreConfig, extract: ExtractConfig, world: WorldConfig) -> Path:
+def run(cfg: ReportConfig, score: ScoreConfig, extract: ExtractConfig) -> Path:
     check_head_to_head(cfg)
     out = Path(cfg.out)
-    ctx = ReportContext(load_results(score, extract), cfg, score, extract, world, out)
+    ctx = ReportContext(load_results(score, extract), cfg, score, extract, out)
     text = render(ctx)
     write_outputs(ctx)
     path = out / "report.md"

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
+from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
 from tests.test_bad_inputs import (  # noqa: F401  (images: a fixture)
     SUITE,
     cli,
@@ -70,8 +70,9 @@ def report_of(scored, tmp_path) -> Path:
 
 
 def test_rows_deleted_from_a_scores_table_are_refused_not_reported_as_missing_images(tmp_path, images):  # noqa: F811
-    """A table rewritten with its first rows only (its origin kept) used to be reported as
-    items whose image was missing at extract; an item whose image was missing still is."""
+    """A table rewritten with its first rows only (its origin kept) is refused, naming the
+    items it lacks, not reported as items whose image was missing at extract; an item whose
+    image is missing at extract is reported as such."""
     folder, names = images
     rows = [item(i, n) for i, n in enumerate(names)] + [item(8, "gone.png")]  # no such image
     manifest = write_manifest(tmp_path / "m.parquet", rows)
@@ -90,7 +91,7 @@ def test_rows_deleted_from_a_scores_table_are_refused_not_reported_as_missing_im
 
 
 def test_an_unknown_head_to_head_name_is_refused_with_the_valid_scorers(tmp_path):
-    """``report.head_to_head: [clip, bindclipp]`` used to drop the whole table in silence."""
+    """``report.head_to_head: [clip, bindclipp]`` is refused, naming the valid scorers."""
     params = tmp_path / "params.yaml"
     params.write_text("report:\n  head_to_head: [clip, bindclipp]\n")
     refused(
@@ -111,7 +112,7 @@ def test_a_suite_without_any_scores_is_named_in_the_overview(tmp_path):
         "shapes-aro": {"manifest": manifest, "scores": {}},
     }
     score = ScoreConfig(variants=["clip"], suites=list(results), replacements=[])
-    ctx = ReportContext(results, ReportConfig(out=str(tmp_path)), score, ExtractConfig(), WorldConfig(), tmp_path)
+    ctx = ReportContext(results, ReportConfig(out=str(tmp_path)), score, ExtractConfig(), tmp_path)
     intro = overview(ctx)[1]
     assert "No scores were found for any variant on `shapes-aro`" in intro
     assert "`shapes-sugarcrepe`" not in intro.split("No scores were found")[1]

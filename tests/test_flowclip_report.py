@@ -21,7 +21,7 @@ import torch
 
 from pipeline.benchmarks.coco_families import FAMILIES
 from pipeline.benchmarks.sugarcrepe import CATEGORIES
-from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
+from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
 from pipeline.report import SECTIONS, ReportContext
 from pipeline.report.tasks import ALL_TASKS, BINDING_TASKS, MEANS
 from pipeline.scorers.flowclip import analysis, goals, sensitivity
@@ -152,7 +152,7 @@ def context(results: dict, tmp_path, modes=(), store=None, **kw) -> ReportContex
                         checkpoints=str(tmp_path / "checkpoints"))  # fmt: skip
     cfg = ReportConfig(out=str(tmp_path), bootstrap=200, examples=1)
     extract = ExtractConfig(model="tiny-test", out=str(tmp_path / "no-store"))
-    return ReportContext(results, cfg, score, extract, WorldConfig(), tmp_path, store_=store, **kw)
+    return ReportContext(results, cfg, score, extract, tmp_path, store_=store, **kw)
 
 
 LADDER_RIGHT = {"clip": pattern(0, 0.5), "global-m": pattern(1, 0.6), "flowclip": pattern(2, 0.7),

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
+from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
 from pipeline.report import ReportContext
 from pipeline.report.published import PUBLISHED, published
 from tests.test_benchmarks_whatsup import _controlled, _pair_scores
@@ -17,7 +17,7 @@ from tests.test_benchmarks_whatsup import _controlled, _pair_scores
 
 def _ctx(tmp_path: Path, results: dict) -> ReportContext:
     score = ScoreConfig(variants=["clip", "bindclip"], suites=list(results), encoder="ViT-L-14-336")
-    return ReportContext(results, ReportConfig(out=str(tmp_path), bootstrap=200), score, ExtractConfig(), WorldConfig(), tmp_path)
+    return ReportContext(results, ReportConfig(out=str(tmp_path), bootstrap=200), score, ExtractConfig(), tmp_path)
 
 
 def test_pooled_whatsup_beside_the_seed_and_individual_beside_the_paper(tmp_path):

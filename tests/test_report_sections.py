@@ -77,7 +77,7 @@ def make_context(world: Path, out: Path, variants: dict[str, str], **kw) -> Repo
     extract = kw.pop("extract", ExtractConfig(model="tiny-test", out=str(out / "no-store")))
     cfg = ReportConfig(out=str(out), bootstrap=200, examples=2)
     results = kw.pop("results", None) or make_results(world, variants)
-    return ReportContext(results, cfg, score, extract, WORLD, out, **kw)
+    return ReportContext(results, cfg, score, extract, out, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,10 @@
 
 Local paths and ``file://`` URLs without storage options go through zarr's ``LocalStore``
 (atomic file writes); other URLs through ``FsspecStore`` with the storage options of
-``extract.storage_options`` (credentials, endpoints). ``s3://`` needs ``s3fs`` and ``gs://`` needs ``gcsfs``: the ``remote`` extra
-(``pip install -e '.[remote]'``). Everything above the store (fingerprint, resume, integrity,
-refusal) only sees a ``zarr.Group``, so it works the same on both.
+``extract.storage_options`` (credentials, endpoints). ``s3://`` needs ``s3fs`` and ``gs://``
+needs ``gcsfs``: the ``remote`` extra (``pip install -e '.[remote]'``). Everything above the
+store (fingerprint, resume, integrity, refusal) only sees a ``zarr.Group``, so it works the
+same on both.
 """
 
 from __future__ import annotations

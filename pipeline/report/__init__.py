@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig, WorldConfig
+from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
 from pipeline.registry import Registry
 
 FAMILY_PACKAGES = "pipeline.scorers"  # each subpackage with a ``report`` module adds a section
@@ -54,7 +54,6 @@ class ReportContext:
     cfg: ReportConfig
     score: ScoreConfig
     extract: ExtractConfig
-    world: WorldConfig
     out: Path  # the report folder; measurements are read from it (bench/*.json, probes.json)
     figures: dict[str, Any] = field(default_factory=dict)  # "coupling.png" -> Figure (figures/)
     json_files: dict[str, Any] = field(default_factory=dict)  # "diagnostics.json" -> payload
