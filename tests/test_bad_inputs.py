@@ -799,8 +799,8 @@ def test_an_option_value_the_scorer_refuses_is_named_by_its_key(tiny_store):
     ],
 )
 def test_a_reranker_option_of_the_wrong_type_or_base_is_refused_by_its_key(tiny_store, variant, options, says):
-    """A shortlist length of 2.5 or '3' used to be taken (truncated, or compared as text) and
-    an unknown or pairwise ``base`` failed only once a retrieval suite was scored."""
+    """A shortlist length that is not an integer (2.5, '3', True) and an unknown, pairwise or
+    reranker ``base`` are refused when the scorer is built, naming the option's key."""
     from pipeline.scorers.checkpoints import build_scorer
 
     with pytest.raises(ValueError, match=rf"score.options.{variant} = .*{says}"):
@@ -819,7 +819,8 @@ def test_a_device_name_torch_does_not_know_is_refused_before_any_work(good, tmp_
 
 
 def test_the_meta_device_which_computes_no_values_is_refused(good, tmp_path):
-    """``--device meta`` allocates without error, so it used to pass the device check."""
+    """``--device meta`` allocates without error but computes no values: the device check
+    refuses it before any work."""
     _, params = good
     refused(cli("extract", "--params", params, "--device", "meta", "--quiet"), "device 'meta' is not usable here", "holds tensors' shapes")
     assert not (tmp_path / "features").exists()

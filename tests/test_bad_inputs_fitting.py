@@ -182,16 +182,18 @@ def test_steering_options_of_the_wrong_kind_are_refused_not_coerced(tiny_store, 
     ],
 )
 def test_train_of_a_variant_it_does_not_train_names_what_does(tmp_path, variant, says):
-    """`train --variant ridge-fgw` used to say the params had no train.ridge-fgw section."""
+    """`train --variant` of a variant `pipeline train` does not fit names what does
+    (`pipeline ridge` for ridge-fgw, the trainable variants for clip), never a missing
+    train.<variant> section."""
     params = _params(tmp_path, {"train": {"variants": ["bindclip"]}})
     line = refused(cli("train", "--params", params, "--variant", variant), says)
     assert "section" not in line
 
 
 def test_a_retraining_that_stops_leaves_nothing_score_would_mix_with_the_last_one(tmp_path, tiny_store):
-    """A retraining killed after its first seed used to leave the last training's top-level
-    model (which `score` loads as the variant) and summary beside a rewritten seed0/: two runs
-    scored under one name, without a word."""
+    """A retraining killed after its first seed leaves no top-level model, config or summary
+    of the last training (which `score` would load as the variant) beside a rewritten
+    seed0/, so two runs are never scored under one name; the resumed run completes both."""
     from pipeline.scorers.checkpoints import load_scorer, seed_checkpoints
     from pipeline.training.loop import train_variant
 
@@ -209,8 +211,8 @@ def test_a_retraining_that_stops_leaves_nothing_score_would_mix_with_the_last_on
 
 
 def test_a_training_refused_for_its_scorer_options_keeps_the_last_trained_model(tmp_path, tiny_store):
-    """A retraining whose scorer option is refused used to remove the last training's model,
-    config and summary first: a typo destroyed a trained variant."""
+    """A retraining whose scorer option is refused keeps the last training's model, config,
+    summary and seed checkpoints unchanged."""
     bad, says = {"scorer": {"h": 16, "n_iters": 16, "absorb_every": 8, "tau": -1.0}}, "tau must be > 0"
     from pipeline.scorers.checkpoints import seed_checkpoints
     from pipeline.training.loop import train_variant

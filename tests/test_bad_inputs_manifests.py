@@ -289,8 +289,9 @@ def test_a_missing_manifest_is_refused_before_the_model_loads_or_the_store_is_to
     ],
 )
 def test_a_disjoint_from_entry_naming_the_suite_itself_or_no_suite_is_refused(tmp_path, disjoint, says):
-    """A suite disjoint from itself used to drop every item and blame "a photograph of" itself;
-    a misspelt suite was told to be added to manifests.roots."""
+    """A ``manifests.disjoint_from`` entry that names its own suite is refused as such, and a
+    misspelt suite on either side with the valid suites; neither is told to be added to
+    manifests.roots."""
     params = tmp_path / "params.yaml"
     params.write_text(f"manifests:\n  out: {tmp_path / 'out'}\n  roots:\n    aro-relation: {tmp_path}\n  disjoint_from: {disjoint}\n")
     line = refused(cli("manifests", "--params", params), says)
@@ -298,8 +299,8 @@ def test_a_disjoint_from_entry_naming_the_suite_itself_or_no_suite_is_refused(tm
 
 
 def test_manifest_out_as_a_folder_writes_the_suite_file_inside_and_an_empty_out_is_refused(tmp_path):
-    """`manifest --out <folder>` used to fail with pyarrow's "Is a directory"; an empty --out
-    with the same message about '.'."""
+    """`manifest --out <folder>` (an existing folder, or a path ending in '/') writes
+    ``<folder>/<suite>.parquet``; an empty --out is refused as empty."""
     root = tmp_path / "aro"
     root.mkdir()
     entry = {"image_path": "1.jpg", "bbox_x": 0, "bbox_y": 0, "bbox_w": 5, "bbox_h": 5, "true_caption": "a on b", "false_caption": "b on a", "relation_name": "on"}

@@ -86,7 +86,8 @@ def test_a_misspelt_variant_in_a_score_list_names_the_params_file_and_key(tmp_pa
 @pytest.mark.parametrize("variant,named", [("clip", "not trained per seed"), ("ridge-fgw", "not trained per seed"),
                                             ("bindclip", "holds no finished training.s per-seed checkpoints .*run `pipeline train --variant bindclip`")])  # fmt: skip
 def test_a_seed_variant_without_seeds_is_refused_not_skipped(tiny_store, tmp_path, monkeypatch, variant, named):
-    """``score.seed_variants: [clip]`` used to add nothing to the seed spreads, in silence."""
+    """A ``score.seed_variants`` entry that is not trained per seed (clip, ridge-fgw) or has no
+    finished per-seed checkpoints (bindclip) is refused before anything is scored."""
     from stages import score as score_stage
 
     monkeypatch.setattr(score_stage, "open_store", lambda extract: tiny_store)

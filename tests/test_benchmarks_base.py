@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import Units, choice_correct
 from pipeline.benchmarks.intake import relative_image_path, require_file
+from pipeline.benchmarks.retrieval import RETRIEVAL_METRICS, retrieval_units
 
 REAL = ["aro-relation", "aro-attribution", "aro-coco-order", "aro-flickr-order", "sugarcrepe", "sugarcrepe-pp",
         "whatsup-a", "whatsup-b", "whatsup-coco", "whatsup-vg", "coco-families", "coco-families-dev"]  # fmt: skip
@@ -18,26 +20,41 @@ SHAPES = [
     "shapes-aro",
     "shapes-sugarcrepe",
     "shapes-retrieval",
+    "shapes-multi",
     "shapes-train",
     "shapes-dev",
 ]
+# text -> image retrieval suites: the shapes world's two, COCO and Visual Genome objects
+RETRIEVAL = {"shapes-retrieval", "shapes-multi", "coco-objects", "coco-objects-train", "vg-objects", "vg-objects-5k"}
 
 
 def test_every_required_suite_is_registered():
-    assert set(REAL + SHAPES) <= set(SUITES.names())
+    assert set(REAL + SHAPES) | RETRIEVAL <= set(SUITES.names())
 
 
-@pytest.mark.parametrize("name", REAL + SHAPES)
+@pytest.mark.parametrize("name", SUITES.names())  # names() imports every suite module first
 def test_suite_contract(name, tmp_path):
     suite = SUITES.get(name)
     assert suite.name == name and re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", name)
-    assert suite.task == ("retrieval" if name == "shapes-retrieval" else "choice")
+    assert suite.task == ("retrieval" if name in RETRIEVAL else "choice")
     assert suite.headline in suite.metric_names and len(set(suite.metric_names)) == len(
         suite.metric_names
     )
     assert suite.description
-    with pytest.raises(FileNotFoundError):  # an empty root names what is missing
+    assert suite.world == name.startswith("shapes-")
+    assert "image" in suite.image_columns and "captions" in suite.caption_columns
+    if suite.task == "retrieval":  # the shared retrieval metric over [n_queries, n_gallery] scores
+        assert suite.metric_names == RETRIEVAL_METRICS and suite.units is retrieval_units
+        assert suite.categories == ("retrieval",) and suite.pairwise_reference is None
+        rows = pd.DataFrame({"item_id": ["q0", "q1"], "image": ["a.jpg", "b.jpg"], "captions": [["a"], ["b"]], "category": "retrieval"})
+        suite.check_manifest(rows, "m.parquet")  # one query per row, no `correct` column
+        assert suite.metrics(rows, np.array([[0.9, 0.1], [0.8, 0.2]]))["R@1"] == 0.5  # q1 ranks b.jpg second
+    # an empty root names the missing file and how to get it: `pipeline world` builds the
+    # shapes world's manifests, real data is downloaded
+    with pytest.raises(FileNotFoundError, match=r"not found|no .* file found") as e:
         suite.build_manifest(tmp_path)
+    assert re.search(r"\w\.(json|parquet)\b", str(e.value)), str(e.value)
+    assert ("`pipeline world`" if suite.world else "download") in str(e.value)
 
 
 def test_relative_image_path_refuses_escapes():
@@ -74,8 +91,6 @@ def test_choice_correct_tie_rules():
 
 
 def test_coco_image_ids_name_one_photograph_under_both_releases():
-    import pandas as pd
-
     from pipeline.benchmarks.base import coco_image_id, coco_image_ids, coco_overlap_mask
 
     assert coco_image_id("val2014/COCO_val2014_000000391895.jpg") == 391895

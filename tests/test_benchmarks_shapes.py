@@ -95,28 +95,42 @@ def test_ranks_are_pessimistic_on_a_3x4_case():
     )
     ranks = target_ranks(scores, np.array([0, 1, 3]))
     assert ranks.tolist() == [1, 3, 4]
-    r1 = (ranks <= 1).mean()
-    ndcg = (1 + 1 / np.log2(4) + 1 / np.log2(5)) / 3
-    assert r1 == pytest.approx(1 / 3) and np.mean(1 / np.log2(1 + ranks)) == pytest.approx(ndcg)
     assert target_ranks(np.array([[np.nan, 0.0]]), np.array([0])).tolist() == [2]  # NaN ranks last
 
 
-def test_retrieval_metrics_by_hand():
-    n = 12
+def _queries_ranking_their_image(wanted: list[int]) -> tuple[pd.DataFrame, np.ndarray]:
+    """A manifest of ``len(wanted)`` queries, one per gallery image, and scores under which
+    query q's own image ranks ``wanted[q]`` (ties pessimistic)."""
+    n = len(wanted)
     m = pd.DataFrame({"image": [f"g{j}" for j in range(n)], "captions": [["q"]] * n, "group": 0})
-    wanted = [1, 2, 5, 6, 10, 11, 12, 1, 1, 3, 1, 1]
     scores = np.zeros((n, n))
     for q, r in enumerate(wanted):
         others = [j for j in range(n) if j != q]
         scores[q, others] = np.arange(n - 1, 0, -1)  # 11, 10, ..., 1
         scores[q, q] = 100.0 if r == 1 else scores[q, others[r - 2]]  # tie with the (r-1)-th other
+    return m, scores
+
+
+def test_retrieval_metrics_on_ranks_with_exact_values():
+    """Ranks 1 (six queries), 3, 3, 7, 7, 11 and 12: nDCG@10 terms 1, 1/log2(4) = 1/2,
+    1/log2(8) = 1/3 and 0 past rank 10, so nDCG@10 = (6 + 2/2 + 2/3) / 12 = 23/36."""
+    m, scores = _queries_ranking_their_image([1, 3, 12, 1, 3, 7, 1, 11, 1, 7, 1, 1])
+    assert retrieval_units(m, scores)["R@1"].values.tolist() == [1, 0, 0, 1, 0, 0, 1, 0, 1, 0, 1, 1]
+    assert SUITES.get("shapes-retrieval").metrics(m, scores) == pytest.approx(
+        {"R@1": 1 / 2, "R@5": 2 / 3, "R@10": 5 / 6, "nDCG@10": 23 / 36, "mean-rank": 49 / 12}
+    )
+
+
+def test_retrieval_metrics_by_hand():
+    wanted = [1, 2, 5, 6, 10, 11, 12, 1, 1, 3, 1, 1]
+    m, scores = _queries_ranking_their_image(wanted)
     units = retrieval_units(m, scores)
-    expected = np.array(wanted)
     assert units["R@1"].statistic() == pytest.approx(5 / 12)
     assert units["R@5"].statistic() == pytest.approx(8 / 12)
     assert units["R@10"].statistic() == pytest.approx(10 / 12)
-    ndcg = np.where(expected <= 10, 1 / np.log2(1 + expected), 0)
-    assert units["nDCG@10"].statistic() == pytest.approx(ndcg.mean())
+    # nDCG@10 terms by rank: 1 -> 1 (five queries), 2 -> 0.6309298, 3 -> 0.5, 5 -> 0.3868528,
+    # 6 -> 0.3562072, 10 -> 0.2890648, 11 and 12 -> 0 (past the cut-off)
+    assert units["nDCG@10"].statistic() == pytest.approx((5.5 + 0.6309298 + 0.3868528 + 0.3562072 + 0.2890648) / 12, abs=1e-7)
     assert units["mean-rank"].statistic() == pytest.approx(54 / 12)  # sum of the wanted ranks / 12
     assert SUITES.get("shapes-retrieval").metrics(m, scores) == {
         k: u.statistic() for k, u in units.items()

@@ -4,6 +4,7 @@ seeded random init, layer capture, clear errors without weights."""
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -75,6 +76,38 @@ def test_openai_tag_builds_quickgelu_and_other_weights_the_config_the_key_names(
     assert open_clip_config(ENCODERS.get("toy"), None) == "toy-vit"
 
 
+@pytest.mark.parametrize("name", ENCODERS.names())
+def test_every_registered_encoder_names_a_config_a_layer_and_its_weights(name, tmp_path):
+    """Every registry entry, read without building a model or loading weights: its own key,
+    an open_clip config that exists, an early layer strictly inside the vision tower, and a
+    default weights tag that resolves offline (the OpenAI weights to a QuickGELU config of
+    the same tower, which the weights hint names); a toy encoder's missing checkpoint says
+    how to make it."""
+    import open_clip
+
+    from pipeline.encoders import register_toy_configs
+
+    register_toy_configs()
+    spec = ENCODERS.get(name)
+    assert spec.name == name and spec.weights_hint
+    config = open_clip.get_model_config(spec.open_clip_model)
+    assert config is not None, f"{name}: open_clip has no config {spec.open_clip_model!r}"
+    assert 1 <= spec.early_layer < config["vision_cfg"]["layers"]
+    assert open_clip_config(spec, "none") == spec.open_clip_model
+    if spec.toy:
+        assert spec.default_pretrained == "toyclip" and not spec.openai_model
+        with pytest.raises(WeightsUnavailableError, match=f"toy CLIP checkpoint not found at .*{re.escape(spec.weights_hint)}"):
+            resolve_pretrained(spec, None, str(tmp_path / "absent.safetensors"))
+        return
+    assert resolve_pretrained(spec, None, None) == {"openai": "openai", "none": "random"}[spec.default_pretrained]
+    if spec.default_pretrained == "openai":  # the OpenAI weights build a QuickGELU twin of the same tower
+        assert config_uses_quick_gelu(spec.open_clip_model) == name.endswith("-quickgelu")  # the key names its activation
+        assert open_clip_config(spec, None) == spec.openai_model and config_uses_quick_gelu(spec.openai_model)
+        twin = open_clip.get_model_config(spec.openai_model)
+        assert twin["vision_cfg"] == config["vision_cfg"] and twin["text_cfg"] == config["text_cfg"]
+        assert f"--model {spec.openai_model}" in spec.weights_hint
+
+
 def test_plain_key_with_weights_file_runs_gelu_and_the_quickgelu_key_quickgelu(tiny_pair, tmp_path):
     from safetensors.torch import save_file
 
@@ -92,7 +125,7 @@ def test_plain_key_with_weights_file_runs_gelu_and_the_quickgelu_key_quickgelu(t
         ENCODERS.get("tinyenc"), str(path), None
     )
     assert "init_seed" not in gelu.fingerprint()  # the seed means nothing for loaded weights
-    pixels = torch.randn(2, 3, 28, 28)
+    pixels = torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(0))
     assert not torch.allclose(gelu.encode_images(pixels)["embed"], quick.encode_images(pixels)["embed"])
 
 
@@ -175,7 +208,7 @@ def test_the_report_opens_the_store_score_read(tmp_path, monkeypatch):
     from stages import report as stage
 
     seen = []
-    monkeypatch.setattr(stage, "run", lambda cfg, score, extract, world: seen.append(extract) or tmp_path / "report.md")
+    monkeypatch.setattr(stage, "run", lambda cfg, score, extract: seen.append(extract) or tmp_path / "report.md")
     params = tmp_path / "params.yaml"
     params.write_text("extract: {model: toy}\nscore: {encoder: toy-small}\n")
     result = CliRunner().invoke(app, ["report", "--params", str(params)])
@@ -274,7 +307,7 @@ def test_vit_l_14_336_random_init_grids_and_layers():
     enc = load_encoder("ViT-L-14-336-quickgelu", pretrained="none")
     assert enc.dims.grid == (24, 24) and enc.dims.d_v == 1024 and enc.dims.d_t == 768
     assert _activation(enc) is QuickGELU
-    pixels = torch.randn(1, 3, 336, 336)
+    pixels = torch.randn(1, 3, 336, 336, generator=torch.Generator().manual_seed(0))
     out = enc.encode_images(pixels)
     assert out["early"].shape == (1, 577, 1024) and out["final"].shape == (1, 577, 1024)
     # early = output of block 5 (1-based), raw residual stream

@@ -312,9 +312,8 @@ def test_the_backbone_guard_covers_names_bound_elsewhere(tiny_run, monkeypatch):
 
 @pytest.mark.distributed
 def test_score_on_a_cluster_skips_the_pairs_a_variant_does_not_score(tiny_run, monkeypatch):
-    """A retrieval-only reranker beside a choice suite: each cluster task used to be the stage
-    narrowed to one pair, so the (fgw, shapes-aro) task refused the whole run; now no task is
-    made for it, and the cluster writes the single process's metrics files."""
+    """A retrieval-only reranker beside a choice suite: the cluster makes no task for the pair
+    it does not score (fgw, shapes-aro), and writes the single process's metrics files."""
     monkeypatch.chdir(tiny_run)
     outs = {}
     for name, extra in (("single", []), ("cluster", ["--scheduler", "local:2"])):

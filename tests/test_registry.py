@@ -24,7 +24,7 @@ def _package(tmp_path, monkeypatch, name: str, modules: dict[str, str]):
 
 def test_a_lookup_from_another_thread_waits_for_the_package_import(tmp_path, monkeypatch):
     """Two threads look up a registry whose submodule registers after a pause: both get the
-    entry (before, the second saw the package marked loaded and an empty registry)."""
+    entry; the second waits for the import and never sees an empty registry marked loaded."""
     R = _package(tmp_path, monkeypatch, "slowreg", {"slow": "import time\nfrom slowreg import R\ntime.sleep(0.5)\nR.register('x', 1)\n"})
 
     seen = []

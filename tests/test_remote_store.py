@@ -124,8 +124,8 @@ def test_storage_options_reach_the_filesystem(suite, tmp_path):
 
 
 def test_a_local_url_is_a_file_url(suite, tiny_encoder, tmp_path):
-    """``local://`` (fsspec's other name for ``file://``) used to miss the folder-creating
-    option and the local lock: an extract there failed half-way and damaged the store."""
+    """``local://`` (fsspec's other name for ``file://``) is a local store like ``file://``: an
+    extract there creates its folders, and the local lock guards it as it guards the path."""
     path = tmp_path / "features"
     summary = extract(_cfg(suite, f"local://{path}"), progress=False, encoder=tiny_encoder)
     assert str(summary["store"]).startswith("file://") and summary["images"]["encoded"] == 12
@@ -145,8 +145,8 @@ def test_a_local_url_is_a_file_url(suite, tiny_encoder, tmp_path):
     ],
 )
 def test_a_store_address_that_cannot_mean_what_it_says_is_refused_before_the_model_loads(suite, monkeypatch, tmp_path, out, says):
-    """A one-colon ``file:`` became a local folder named ``file:cache``, and ``%20`` a folder
-    named with it, both exit 0; an unknown protocol was named only after the model loaded."""
+    """A one-colon ``file:`` (which would make a local folder named ``file:cache``), a ``%20``
+    (a folder named with it) and an unknown protocol are refused before the model loads."""
     import pipeline.extraction
 
     def no_model(*args, **kwargs):
@@ -180,7 +180,7 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("scheduler", [None, "local:1"])
 def test_a_store_url_that_cannot_be_written_is_refused_before_the_model_loads(suite, monkeypatch, tmp_path, out, says, scheduler):
     """A read-only protocol, a refused connection or an archive filesystem without its
-    archive used to fail at the first write, after the model (and a cluster) had started."""
+    archive is refused before the model loads and before any cluster starts."""
     import pipeline.distributed
     import pipeline.encoders
     import pipeline.extraction

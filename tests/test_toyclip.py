@@ -97,9 +97,9 @@ def test_weight_decay_falls_on_trainable_matrices_only(tmp_path):
 
 
 def test_clip_loss_is_symmetric_infonce():
-    torch.manual_seed(0)
-    img = torch.nn.functional.normalize(torch.randn(5, 7), dim=-1)
-    txt = torch.nn.functional.normalize(torch.randn(5, 7), dim=-1)
+    g = torch.Generator().manual_seed(0)
+    img = torch.nn.functional.normalize(torch.randn(5, 7, generator=g), dim=-1)
+    txt = torch.nn.functional.normalize(torch.randn(5, 7, generator=g), dim=-1)
     t = torch.tensor(2.0)
     logits = t.exp() * img @ txt.T
     ref = 0.5 * (
@@ -286,7 +286,7 @@ def test_toy_vit_has_the_convolutional_stem_and_keeps_its_grid():
 
     model = build_model(ToyClipConfig()).eval()
     assert isinstance(model.visual.conv1, ConvStem)
-    x = torch.randn(2, 3, 64, 64)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     out = model.visual.forward_intermediates(x, indices=[1], output_fmt="NCHW")
     assert out["image_intermediates"][0].shape == (2, 128, 8, 8)  # 8x8 grid as with patch 8
 

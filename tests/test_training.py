@@ -153,8 +153,6 @@ def test_untrainable_and_ablation_variants_and_bad_options_are_refused(tmp_path,
         train_variant(_cfg(tmp_path, variant="clip", scorer={}), tiny_store, progress=False)
     with pytest.raises(ValueError, match="unknown objective"):
         train_variant(_cfg(tmp_path, objective={"weights": {"bogus": 1.0}}), tiny_store, progress=False)
-    with pytest.raises(TypeError, match="group_by"):  # an option that no longer exists
-        train_variant(_cfg(tmp_path, objective={"group_by": "edit_kind"}), tiny_store, progress=False)
     with pytest.raises(ValueError, match="warmup"):
         train_variant(_cfg(tmp_path, lr_schedule="cosine", warmup=6), tiny_store, progress=False)
     with pytest.raises(ValueError, match="train.bindclip.steps is 0 under lr_schedule cosine.*lr_schedule: constant keeps the initial weights"):
