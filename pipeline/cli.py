@@ -453,8 +453,9 @@ def run(argv: list[str] | None = None) -> None:
         typer.secho(usage_line(e, argv), fg=typer.colors.RED, err=True)
         code = e.exit_code
     except (KeyboardInterrupt, typer.Abort):  # Ctrl-C (click turns it into Abort)
-        typer.secho(f"interrupted: {RESUME}", fg=typer.colors.RED, err=True)
         code = 130
+    if code == 130:  # Ctrl-C: newer typers catch it themselves and return 130
+        typer.secho(f"interrupted: {RESUME}", fg=typer.colors.RED, err=True)
     raise SystemExit(code if isinstance(code, int) else 0)
 
 

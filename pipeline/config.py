@@ -340,6 +340,10 @@ class ReportConfig:
     head_to_head: list[str] = field(default_factory=lambda: ["clip", "bindclip", "global-m", "flowclip", "flowclip-cimr"])  # the cross-family table's variants (those scored)
     encoders: str = "reports/encoders/summary.json"  # `pipeline compare-encoders`' summary, shown when present
 
+    def __post_init__(self) -> None:
+        if not self.out.strip():  # "" would write report.md, figures/ and plots/ into the working folder
+            raise ValueError("out is empty: give the folder the report goes in (default reports)")
+
 
 def _known_suite(text: str, key: str) -> str:
     """The registered suite ``text`` names (a plain name or a selection of its rows), else a

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks.base import extracted_items
-from pipeline.cache import CacheError, open_store
+from pipeline.cache import CacheError, open_store, store_path
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
 from pipeline.manifests import file_sha256, read_manifest, resolve_source
 from pipeline.report import FIGURE_DPI, ReportContext, render
@@ -155,7 +155,28 @@ def load_results(score: ScoreConfig, extract: ExtractConfig) -> dict[str, Any]:
             f"no scores under {score.scores_out} for score.variants ({', '.join(score.variants)}) on "
             f"score.suites ({', '.join(score.suites)}): run `pipeline score` first"
         )
+    check_current_store(stores, score, extract)
     return out
+
+
+def check_current_store(stores: dict[str, Path], score: ScoreConfig, extract: ExtractConfig) -> None:
+    """Refuse scores tables of one store (``stores``: its ``fingerprint_id`` -> a table) when
+    the configured store is another one: an extract that replaced the store (another
+    checkpoint, another configuration) leaves the old scores behind, and the report would
+    present the old model's numbers as this run's. Without a readable store there is nothing
+    to compare with; the sections that read the store say so."""
+    ((scored_from, first),) = stores.items() if len(stores) == 1 else ((None, None),)
+    if scored_from is None:
+        return
+    try:
+        current = open_store(extract).root.attrs.get("fingerprint_id")
+    except CacheError:
+        return
+    if current is not None and current != scored_from:
+        raise ValueError(
+            f"{first} was scored from an earlier feature store of {score.encoder} (fingerprint {scored_from}), "
+            f"not the one at {store_path(extract)} now ({current}); rerun `pipeline score`"
+        )
 
 
 def write_outputs(ctx: ReportContext) -> None:

@@ -385,6 +385,8 @@ def test_a_file_that_is_not_weights_is_one_line_naming_it(good, tmp_path):
     edited(params, "extract", pretrained=str(tmp_path / "notes.pt"))
     line = refused(cli("extract", "--params", params, "--quiet"), "notes.pt", "is not an open_clip state dict of tiny-vit")
     assert "random init" not in line  # not the hint for a model without weights
+    assert "weights_only" not in line  # torch's advice to unpickle arbitrary code is not repeated
+    assert "could not load weights" in line and "Error: " in line  # the failure's kind, with its reason
 
 
 # ---------------------------------------------------------------- official annotation files

@@ -225,3 +225,16 @@ def test_a_training_refused_for_its_scorer_options_keeps_the_last_trained_model(
     assert says in str(e.value)
     assert {f: (root / f).read_bytes() for f in before} == before
     assert [p.name for p in seed_checkpoints("bindclip", tmp_path)] == ["seed0"]
+
+
+@pytest.mark.parametrize("content", ["[]", "{bad", '{"seeds": 5}', "\xff"])
+def test_a_training_summary_that_is_not_one_is_named_with_its_command(tmp_path, content):
+    """``pipeline score`` and ``pipeline report`` list a variant's seeds from its summary: one
+    that is not training's (a list, broken JSON, a number of seeds, not UTF-8) is refused
+    naming the file and the training command, not an AttributeError traceback."""
+    from pipeline.scorers.checkpoints import seed_checkpoints
+
+    (tmp_path / "bindclip").mkdir()
+    (tmp_path / "bindclip" / "summary.json").write_bytes(content.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"bindclip/summary\.json is not a training summary .*; rerun `pipeline train --variant bindclip`"):
+        seed_checkpoints("bindclip", tmp_path)

@@ -72,6 +72,11 @@ def test_an_empty_store_folder_is_refused(tmp_path):
     refused(cli("extract", "--params", params(tmp_path, "extract:\n  model: toy\n"), "--out", ""), "out is empty")
 
 
+def test_an_empty_report_folder_is_refused(tmp_path):
+    """``report.out: ""`` would write report.md, figures/ and plots/ into the working folder."""
+    refused(cli("report", "--params", params(tmp_path, "report:\n  out: ''\n")), "report.out", "out is empty")
+
+
 def test_an_image_replacement_listed_twice_is_refused(tmp_path):
     with pytest.raises(ParamsError, match="shuffle more than once"):
         load_config(ScoreConfig, params(tmp_path, "score:\n  replacements: [shuffle, shuffle]\n"), "score")
@@ -248,14 +253,20 @@ def test_score_on_a_cluster_refuses_a_missing_store_before_any_worker_starts(goo
     refused(cli("score", "--params", params, "--scheduler", "local:2", "--quiet"), "no feature store at", "pipeline extract")
 
 
-def test_ctrl_c_prints_how_to_resume_and_exits_130(monkeypatch, capsys):
+@pytest.mark.parametrize("where", ["app", "command"])
+def test_ctrl_c_prints_how_to_resume_and_exits_130(monkeypatch, capsys, tmp_path, where):
+    """A Ctrl-C around the app or inside a real command (which the installed typer may catch
+    itself and turn into exit code 130) prints how to resume and exits 130."""
     import pipeline.cli
+    import stages.extract
 
-    def interrupted(**kwargs):
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline.cli, "app", interrupted)
+    monkeypatch.setattr(pipeline.cli, "app", interrupted) if where == "app" else monkeypatch.setattr(stages.extract, "run", interrupted)
+    params = tmp_path / "params.yaml"
+    params.write_text("extract:\n  model: tiny-vit\n  pretrained: none\n")
     with pytest.raises(SystemExit) as e:
-        pipeline.cli.run(["extract"])
+        pipeline.cli.run(["extract", "--params", str(params), "--quiet"])
     assert e.value.code == 130
     assert "interrupted: rerun the same command; an extract resumes where it stopped" in capsys.readouterr().err

@@ -90,6 +90,26 @@ def test_rows_deleted_from_a_scores_table_are_refused_not_reported_as_missing_im
     )  # fmt: skip
 
 
+def test_scores_of_a_store_an_extract_replaced_are_refused(tmp_path, images):  # noqa: F811
+    """An extract that replaces the store (here another init seed, ``replace_mismatch``)
+    leaves the old scores behind: the report refuses them instead of presenting the old
+    model's numbers as this run's; scoring again reports."""
+    folder, names = images
+    manifest = write_manifest(tmp_path / "m.parquet", [item(i, n) for i, n in enumerate(names)])
+    params = with_report(write_params(tmp_path, manifest, folder))
+    ok(cli("extract", "--params", params, "--quiet"))
+    ok(cli("score", "--params", params, "--quiet"))
+    other = with_report(write_params(tmp_path, manifest, folder, name="other", init_seed=1, replace_mismatch=True))
+    ok(cli("extract", "--params", other, "--quiet"))
+    refused(
+        cli("report", "--params", other),
+        str(tmp_path / "scores" / "clip" / f"{SUITE}.parquet"), "was scored from an earlier feature store of tiny-vit",
+        "rerun `pipeline score`",
+    )  # fmt: skip
+    ok(cli("score", "--params", other, "--quiet"))
+    assert "8 items. " in report_text(other)
+
+
 def test_an_unknown_head_to_head_name_is_refused_with_the_valid_scorers(tmp_path):
     """``report.head_to_head: [clip, bindclipp]`` is refused, naming the valid scorers."""
     params = tmp_path / "params.yaml"
@@ -156,3 +176,37 @@ def test_an_encoder_summary_that_is_not_one_is_refused_not_called_absent(report_
     summary = report_of.parent / "encoders.json"
     summary.write_text(content)
     refused(cli("report", "--params", report_of), str(summary), named, "rerun `pipeline compare-encoders`")
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    ('{"results": ', "is not JSON"), ("[1]", "holds an array, not a measurement"), ('{"x": 1}', "lacks the Sinkhorn bench's 'n_problems'"),
+])  # fmt: skip
+def test_bindclips_measurements_that_are_not_ones_are_named_with_their_command(tmp_path, content, named):
+    """BindCLIP's section reads ``bench/scoring.json`` (its parameters) and
+    ``bench/sinkhorn.json`` (its solver goal) through the checked reader: a damaged file is
+    one line naming it and the command that rewrites it."""
+    from pipeline.report import ReportContext
+    from pipeline.scorers.bindclip.report import goals, parameters
+
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "sinkhorn.json").write_text(content)
+    ctx = ReportContext({}, ReportConfig(out=str(tmp_path), bootstrap=50), ScoreConfig(), ExtractConfig(), tmp_path)
+    with pytest.raises(ValueError, match=rf"sinkhorn\.json.* {named}.*rerun `pipeline bench --out \S+ sinkhorn` to rewrite it"):
+        goals(ctx)
+    if "lacks" not in named:
+        (tmp_path / "bench" / "scoring.json").write_text(content)
+        with pytest.raises(ValueError, match=rf"scoring\.json.* {named}.*rerun `pipeline bench --out \S+ scoring` to rewrite it"):
+            parameters(tmp_path / "bench" / "scoring.json")
+
+
+@pytest.mark.parametrize("content", ["[1]", "{bad"])
+def test_a_ridge_record_that_is_not_one_is_named_with_its_command(tmp_path, content):
+    from pipeline.report import ReportContext
+    from pipeline.scorers.geometry.report import RIDGE_RECORD, ridge_record
+
+    score = ScoreConfig(checkpoints=str(tmp_path))
+    (tmp_path / RIDGE_RECORD).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / RIDGE_RECORD).write_text(content)
+    ctx = ReportContext({}, ReportConfig(out=str(tmp_path)), score, ExtractConfig(), tmp_path)
+    with pytest.raises(ValueError, match=r"config\.json .*rerun `pipeline ridge` to rewrite it"):
+        ridge_record(ctx)

@@ -206,3 +206,12 @@ def test_a_writable_url_passes_the_check_before_its_store_exists(tmp_path):
     StoreLocation.of(f"memory://check-{uuid.uuid4().hex}/a.zarr").check_writable()
     StoreLocation.of(tmp_path / "local.zarr").check_writable()  # a path: checked when its folder is made
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_url_that_cannot_be_reached_is_named_when_read():
+    """Reading (``score``, ``report``) from an address nothing answers names the address and
+    the filesystem's reason, not a bare ``[Errno 111] Connection refused``."""
+    loc = StoreLocation.of(f"ftp://127.0.0.1:{_closed_port()}/features/toy.zarr")
+    for ask in (loc.exists, loc.has_content):
+        with pytest.raises(CacheError, match=r"the feature store = 'ftp://127\.0\.0\.1:\d+/features/toy\.zarr' cannot be reached \(ConnectionRefusedError"):
+            ask()

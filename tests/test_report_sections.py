@@ -829,6 +829,9 @@ def test_example_figures_show_the_crop_the_encoder_saw(tmp_path):
     assert shown == {(30, 50, 3), (80, 100, 3)}  # the cropped item, and the uncropped one whole
     cropped = next(np.asarray(ax.images[0].get_array()) for ax in fig.axes if ax.images[0].get_array().shape[0] == 30)
     assert (cropped == (255, 0, 0)).all()
+    (tmp_path / "vg.png").unlink()  # an example whose image is gone names the fix
+    with pytest.raises(FileNotFoundError, match=r"image not found: .*vg\.png: .*restore it .*or set report\.examples: 0"):
+        examples_figure({"manifest": manifest, "image_root": tmp_path, "scores": {"clip": np.zeros((2, 2))}}, 2)
 
 
 def test_shortcut_baselines_skip_a_manifest_without_the_worlds_scenes(world, tmp_path):

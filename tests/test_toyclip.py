@@ -246,6 +246,10 @@ def test_rerun_keeps_a_finished_model_of_the_same_config_and_code(tmp_path, monk
     assert again["kept"] and calls == []  # nothing rendered, nothing trained
     assert again["model"] == first["model"]
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == weights
+    for damaged in ("{oops", "[1]"):  # the log is informational: the model is kept regardless
+        (tmp_path / "run" / "train_log.json").write_text(damaged)
+        kept = train_toyclip(tiny_cfg(tmp_path), progress=False, batch_fn=counting(tiny_world, calls))
+        assert kept["kept"] and kept["wall_time_s"] is None and calls == []
 
     other = train_toyclip(tiny_cfg(tmp_path, lr=5e-4), progress=False,
                           batch_fn=counting(tiny_world, calls))  # fmt: skip

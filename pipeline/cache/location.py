@@ -106,26 +106,29 @@ class StoreLocation:
         protocols = [part.split("://")[0].lower() for part in str(self.path).split("::")]  # every link of a chain
         if read_only := [p for p in protocols if p in READ_ONLY_PROTOCOLS]:
             raise CacheError(f"{key} = {str(self.path)!r}: fsspec's {read_only[0]}:// filesystem is read-only here, and a store is written; extract into file://, s3://, gs:// or a local folder (score can read a copy from anywhere)")
+        self._reach(lambda fs, root: fs.exists(root), key)
+
+    def _reach(self, ask, key: str = "the feature store") -> Any:
+        """``ask(fs, root)`` on this remote location's filesystem; any failure to reach it (a
+        refused connection, a missing library or archive) is a :class:`CacheError` naming
+        ``key``, the address and the filesystem's own message, the user's clue."""
         try:
-            fs, root = self._fs()
-            fs.exists(root)
-        except Exception as e:  # any filesystem's failure: its message is the user's clue
+            return ask(*self._fs())
+        except Exception as e:  # any filesystem's failure
             raise CacheError(f"{key} = {str(self.path)!r} cannot be reached ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no message'}); check the address and extract.storage_options") from None
 
     def exists(self) -> bool:
         """Whether a Zarr group exists here (its ``zarr.json``)."""
         if not self.remote:
             return (Path(self.path) / "zarr.json").exists()
-        fs, root = self._fs()
-        return fs.exists(f"{root}/zarr.json")
+        return self._reach(lambda fs, root: fs.exists(f"{root}/zarr.json"))
 
     def has_content(self) -> bool:
         """Whether anything is stored at this location (a store without its ``zarr.json``,
         or a folder of other files, which creating a store here would delete)."""
         if not self.remote:
             return Path(self.path).is_dir() and any(Path(self.path).iterdir())
-        fs, root = self._fs()
-        return fs.exists(root) and bool(fs.ls(root))
+        return self._reach(lambda fs, root: fs.exists(root) and bool(fs.ls(root)))
 
     def open(self, mode: str) -> zarr.Group:
         """The group at this location (``mode`` as :func:`zarr.open_group`'s). A plain path

@@ -426,7 +426,9 @@ def load_encoder(
             model = create_model(config, pretrained=tag)
         except Exception as e:  # open_clip raises RuntimeError/FileNotFoundError/HF errors
             why = " ".join(str(e).split())  # torch's multi-line messages (unpickling, missing keys) on one line
-            why = why if len(why) <= 300 else why[:297] + "..."
+            if "weights_only" in why:  # torch's advice to unpickle arbitrary code is not ours to give
+                why = "torch refuses to unpickle it as a state dict"
+            why = f"{type(e).__name__}: {why if len(why) <= 300 else why[:297] + '...'}"
             fix = (
                 f"the file is not an open_clip state dict of {spec.name}: check the path and --model"
                 if Path(tag).is_file()

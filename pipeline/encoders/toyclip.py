@@ -254,7 +254,11 @@ def train_toyclip(
         if progress:
             print(f"toyclip: {kept} was trained with this config and code; kept "
                   f"(delete {out} to train again)")  # fmt: skip
-        log = json.loads((out / "train_log.json").read_text()) if (out / "train_log.json").exists() else {}
+        try:  # informational: a damaged log costs the kept model nothing
+            log = json.loads((out / "train_log.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            log = {}
+        log = log if isinstance(log, dict) else {}
         return {"model": str(kept), "steps": cfg.steps, "kept": True,
                 "wall_time_s": log.get("wall_time_s"), "resumed_from": log.get("resumed_from")}  # fmt: skip
     t0 = time.perf_counter()

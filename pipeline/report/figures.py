@@ -30,7 +30,14 @@ def examples_figure(entry: dict[str, Any], n: int):
     for ax, i in zip(axes, picks, strict=True):
         row = manifest.iloc[int(i)]
         root, crop = Path(entry["image_root"]), row["crop_box"] if "crop_box" in row else None
-        ax.imshow(decode_image(read_image_bytes(root, row["image"]), str(root / row["image"]), crop))
+        try:
+            data = read_image_bytes(root, row["image"])
+        except FileNotFoundError as e:
+            raise FileNotFoundError(
+                f"{e}: the report's example images read each suite's image root; restore it (the shapes "
+                "world's: `pipeline world`), or set report.examples: 0"
+            ) from None
+        ax.imshow(decode_image(data, str(root / row["image"]), crop))
         ax.set_xticks([])
         ax.set_yticks([])
         text = []

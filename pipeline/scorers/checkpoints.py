@@ -176,5 +176,13 @@ def seed_checkpoints(variant: str, checkpoints: str | Path) -> list[Path]:
     summary = root / "summary.json"
     if not summary.is_file():
         return []
-    folders = [root / f"seed{k}" for k in json.loads(summary.read_text()).get("seeds", {})]
+    try:
+        seeds = json.loads(summary.read_text(encoding="utf-8")).get("seeds", {})
+        if not isinstance(seeds, dict | list):
+            raise ValueError(f"'seeds' is {type(seeds).__name__}, not the seeds")
+    except (OSError, ValueError, AttributeError) as e:  # not JSON, or not training's summary
+        raise ValueError(
+            f"{summary} is not a training summary ({' '.join(str(e).split())}); rerun `pipeline train --variant {variant}`"
+        ) from None
+    folders = [root / f"seed{k}" for k in seeds]
     return sorted(p for p in folders if (p / "model.safetensors").is_file())

@@ -11,7 +11,6 @@ issue's goals as measured (:mod:`.analysis`). The prose is ``report.md`` beside 
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pandas as pd
 from pipeline.benchmarks import SUITES
 from pipeline.report import ReportContext, section
 from pipeline.report.compare import family_table, whatsup_mcnemar
+from pipeline.report.inputs import read_bench
 from pipeline.report.markdown import df_markdown, md_table, p_value, pct, points_ci
 from pipeline.report.tasks import DEV_SUITE
 from pipeline.report.templates import Templates
@@ -439,7 +439,7 @@ def breakdown_table(rows: list[dict], group: str) -> str:
 def parameters(bench: Path) -> list[str]:
     """The scorer's parameters per component at ViT-L-14-336 dimensions, from ``pipeline
     bench scoring``, against the paper's total (nothing when the bench has not run)."""
-    vit = json.loads(bench.read_text())["results"].get("ViT-L-14-336", {}) if bench.exists() else {}
+    vit = read_bench(bench).get("ViT-L-14-336", {})
     breakdown = vit.get("variants", {}).get(VARIANT, {}).get("parameter_breakdown")
     if breakdown is None:
         return []
@@ -467,7 +467,12 @@ def goals(ctx: ReportContext) -> list[str]:
     checks = analysis.goal_checks(ctx.results, n_resamples=ctx.cfg.bootstrap, seed=ctx.cfg.seed)
     sinkhorn = ctx.out / "bench" / "sinkhorn.json"
     if sinkhorn.exists():
-        checks.append(analysis.sinkhorn_goal(json.loads(sinkhorn.read_text())["results"]))
+        try:
+            checks.append(analysis.sinkhorn_goal(read_bench(sinkhorn)))
+        except (KeyError, TypeError) as e:  # a measurement, but not this bench's
+            raise ValueError(
+                f"{sinkhorn} lacks the Sinkhorn bench's {e}; rerun `{ctx.bench_command('sinkhorn')}` to rewrite it"
+            ) from None
     if not checks:
         return []
     rows = []

@@ -16,7 +16,6 @@ the issue's goals as measured. The numbers also go to ``geometry.json``. The pro
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.retrieval import RETRIEVAL_METRICS, query_ranks
 from pipeline.report import ReportContext, section
 from pipeline.report.compare import task_units
+from pipeline.report.inputs import read_json
 from pipeline.report.markdown import md_table, metric_ci, metric_diff, metric_value, p_value
 from pipeline.report.sections import read_bench
 from pipeline.report.templates import Templates
@@ -304,7 +304,9 @@ def ridge_record(ctx: ReportContext) -> dict[str, Any] | None:
     path = Path(ctx.score.checkpoints) / RIDGE_RECORD
     if not path.is_file():
         return None
-    record = json.loads(path.read_text())
+    record = read_json(path, "pipeline ridge")
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} is not the ridge stage's record; rerun `pipeline ridge` to rewrite it")
     keys = ("ridge", "n_pairs", "train_r2", "layer", "rank", "objects", "heldout_auc")
     return {k: record[k] for k in keys if k in record}
 
