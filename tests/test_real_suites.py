@@ -39,16 +39,16 @@ def sc_pp(tmp_path, shared_benchmarks):
     return df, manifest
 
 
+def sc_pp_extract(tmp_path, manifest, **kw) -> ExtractConfig:
+    """The tiny encoder's extract of the SugarCrepe++ sample over its stand-in images."""
+    return ExtractConfig(model="tiny-test", pretrained="none", suites=["sugarcrepe-pp"],
+                         manifests={"sugarcrepe-pp": str(manifest)}, image_roots={"sugarcrepe-pp": str(tmp_path / "coco")},
+                         out=str(tmp_path / "features"), **kw)  # fmt: skip
+
+
 def test_sugarcrepe_pp_itt_and_tot_from_the_cache(tmp_path, tiny_encoder, sc_pp):
     df, manifest = sc_pp
-    ext = ExtractConfig(
-        model="tiny-test",
-        pretrained="none",
-        suites=["sugarcrepe-pp"],
-        manifests={"sugarcrepe-pp": str(manifest)},
-        image_roots={"sugarcrepe-pp": str(tmp_path / "coco")},
-        out=str(tmp_path / "features"),
-    )
+    ext = sc_pp_extract(tmp_path, manifest)
     extract_stage.run(ext, progress=False, encoder=tiny_encoder)
     cfg = ScoreConfig(
         variants=["clip"],
@@ -90,15 +90,7 @@ def test_sugarcrepe_pp_tot_counts_the_items_whose_image_is_missing(tmp_path, tin
     could not be read leaves ITT but not TOT."""
     df, manifest = sc_pp
     (tmp_path / "coco" / df["image"][0]).unlink()
-    ext = ExtractConfig(
-        model="tiny-test",
-        pretrained="none",
-        suites=["sugarcrepe-pp"],
-        manifests={"sugarcrepe-pp": str(manifest)},
-        image_roots={"sugarcrepe-pp": str(tmp_path / "coco")},
-        out=str(tmp_path / "features"),
-        skip_missing=True,
-    )
+    ext = sc_pp_extract(tmp_path, manifest, skip_missing=True)
     extract_stage.run(ext, progress=False, encoder=tiny_encoder)
     seen = []
     real = score_stage.text_only_metrics
