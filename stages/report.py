@@ -165,9 +165,9 @@ def check_current_store(stores: dict[str, Path], score: ScoreConfig, extract: Ex
     checkpoint, another configuration) leaves the old scores behind, and the report would
     present the old model's numbers as this run's. Without a readable store there is nothing
     to compare with; the sections that read the store say so."""
-    ((scored_from, first),) = stores.items() if len(stores) == 1 else ((None, None),)
-    if scored_from is None:
+    if len(stores) != 1 or None in stores:  # nothing scored, or no store recorded
         return
+    ((scored_from, first),) = stores.items()
     try:
         current = open_store(extract).root.attrs.get("fingerprint_id")
     except CacheError:

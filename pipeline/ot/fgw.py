@@ -28,17 +28,16 @@ batch at once. From :math:`T_0 = p q^\top` each iteration
    less than ``tol_rel`` relative to its value.
 
 Why an exact LP step: an exact LP reproduces POT's path step by step (the LP optimum is
-unique for generic costs), hence POT's local optimum where the GW term is non-convex. With
-tied costs (equal features, coincident positions) an LP has several optimal vertices, and
-the two solvers may pick different ones and end in different local optima, either lower. On
-these problems FW moves from vertex to vertex: for Euclidean distance structures the GW
-term is concave on :math:`\Pi(p, q)` (:math:`J C J \preceq 0` for a distance matrix, so
-:math:`a \le 0`: every line search takes t = 1 or stops); for signed offsets
-:math:`C_{ik} = x_k - x_i` it is linear, :math:`2 \sum_{ij} T_{ij} (x_i - y_j)^2 -
-2 (p^\top x - q^\top y)^2` per channel, so FGW with offset channels is one exact OT problem on
-the cost :math:`(1-\alpha) M + 2\alpha \sum_c (x_{ic} - y_{jc})^2`, solved by the first LP
-step (:func:`fused_gromov_wasserstein_offsets` solves that LP alone, from the positions). Other structures can make FW take interior steps and converge sublinearly, in POT as
-here; the batch then runs as long as its slowest problem.
+unique for generic costs; tied costs give several, and the two may part), hence POT's
+local optimum where the GW term is non-convex. On these problems FW moves from vertex to
+vertex: for Euclidean distance structures the GW term is concave on :math:`\Pi(p, q)`
+(:math:`J C J \preceq 0` for a distance matrix, so :math:`a \le 0`: every line search
+takes t = 1 or stops); for signed offsets :math:`C_{ik} = x_k - x_i` it is linear,
+:math:`2 \sum_{ij} T_{ij} (x_i - y_j)^2 - 2 (p^\top x - q^\top y)^2` per channel, so FGW
+with offset channels is one exact OT problem on the cost :math:`(1-\alpha) M + 2\alpha
+\sum_c (x_{ic} - y_{jc})^2`, solved by the first LP step (:func:`fused_gromov_wasserstein_offsets`
+solves that LP alone, from the positions). Other structures can make FW take interior steps
+and converge sublinearly, in POT as here; the batch then runs as long as its slowest problem.
 
 Padding: rows / columns of zero weight carry exactly zero mass, and their entries of M, C1,
 C2 are ignored, so padding changes nothing.
