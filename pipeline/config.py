@@ -293,6 +293,7 @@ class RidgeConfig:
     lam: NonNegativeFinite = 1.0  # ridge penalty on the map (intercept unpenalised)
     shrinkage: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.1  # residual covariance shrunk this far toward its mean eigenvalue before whitening (1: plain centred cosine)
     ranks: Annotated[list[NonNegativeInt], Field(min_length=1)] = field(default_factory=lambda: [2, 4, 8, 16, 32, 64, 0])  # candidate widths of the compared space (the map's top directions; 0: all), chosen with the grid on held-out training images
+    inverted_softmax: Annotated[list[NonNegativeFinite], Field(min_length=1)] = field(default_factory=lambda: [0.0, 3.0, 10.0, 30.0, 100.0, 300.0])  # candidate inverse temperatures of the hub offset (0: none), chosen with the grid and rank on held-out training images
     objects: Literal["box-mean", "crops"] = "box-mean"  # object embeddings the map targets: box-mean (grid chosen on held-out images) or crops (extract.object_crops)
     out: str = "cache/checkpoints"  # <out>/ridge-fgw/{model.safetensors, config.json}
 

@@ -10,8 +10,8 @@ re-encoded crops of a store extracted with ``extract.object_crops: true``), scor
 and prints R@1, R@5, R@10, nDCG@10 and mean rank with their 95% bootstrap CIs, and the paired
 difference to frozen CLIP; ``--misses`` also classifies the queries whose top-1 is not their
 own image; ``--shrinkage`` and ``--rank`` (with ``--lam``) set the whitening's shrinkage (default:
-the ridge section's) and the width of the compared space (the map's top directions; default 0,
-all of them); ``--inverse`` (with
+the ridge section's), the width of the compared space (the map's top directions; default 0,
+all of them) and the hub offset's inverse temperature (``--beta``; default 0, none); ``--inverse`` (with
 ``--lam``) fits the map the other way, from object embeddings to phrase embeddings, and compares
 in the phrase space (phrases centred and whitened, objects mapped) — a diagnostic: the spec's map
 goes from phrases to objects; ``--plain`` (with ``--lam``) is the spec's map as written: phrases
@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--misses", action="store_true", help="on shapes suites: classify each query whose top-1 is not its own image (near-duplicate of its scene or another scene, and what differs)")
     ap.add_argument("--shrinkage", type=float, default=None, help="with --lam: the whitening's shrinkage (default: the ridge section's)")
     ap.add_argument("--rank", type=int, default=0, help="with --lam: compare in the map's top RANK directions (default 0: all)")
+    ap.add_argument("--beta", type=float, default=0.0, help="with --lam: the hub offset's inverse temperature (default 0: none)")
     ap.add_argument("--inverse", action="store_true", help="with --lam: fit the map from objects to phrases and compare in the phrase space")
     ap.add_argument("--plain", action="store_true", help="with --lam: the spec's plain map (phrases mapped by W, b; cosine with the raw objects; no centring, whitening or rank cut)")
     ap.add_argument("--fuse", type=float, default=None, help="rank shortlists by the standardised reranker score + FUSE x the standardised CLIP cosine")
@@ -70,8 +71,8 @@ def main() -> None:
             raise SystemExit(f"override {item!r}: expected key=YAML")
         options[key] = yaml.safe_load(value)
     store = open_store(load_config(ExtractConfig, args.params, "extract"))
-    if (args.shrinkage is not None or args.inverse or args.rank or args.plain) and args.lam is None:
-        raise SystemExit("--shrinkage, --rank, --inverse and --plain refit the map: pass --lam too")
+    if (args.shrinkage is not None or args.inverse or args.rank or args.beta or args.plain) and args.lam is None:
+        raise SystemExit("--shrinkage, --rank, --beta, --inverse and --plain refit the map: pass --lam too")
     if args.lam is None:
         scorer = load_scorer(args.variant, store, score.checkpoints, options=options)
     else:
@@ -89,10 +90,10 @@ def main() -> None:
         else:
             D = Y.shape[1]
             fitted = RidgeMap(*fit_ridge(P, Y, args.lam), torch.zeros(D), torch.eye(D)) if args.plain else fit_map(P, Y, args.lam, shrinkage, args.rank)
-            width = fitted.whiten.shape[1]
-            scorer = create_scorer(args.variant, dims=store.dims, proj=store.projections(), **options, rank=width).eval()
+            width, n_reference = fitted.whiten.shape[1], 0 if fitted.reference is None else len(fitted.reference)
+            scorer = create_scorer(args.variant, dims=store.dims, proj=store.projections(), **options, rank=width, beta=args.beta, n_reference=n_reference).eval()
             with torch.no_grad():
-                for name, value in fitted._asdict().items():
+                for name, value in fitted.tensors().items():
                     getattr(scorer, name).copy_(value)
     if args.oracle:
         prepare = scorer.prepare

@@ -1,11 +1,13 @@
 """Held-out ranking AUC of ``ridge-fgw``'s map, for each object grid, whitening shrinkage and rank.
 
-    .venv/bin/python scripts/ridge_heldout.py [--shrinkage S ...] [--rank R ...] [--lam L] [--params P]
+    .venv/bin/python scripts/ridge_heldout.py [--shrinkage S ...] [--rank R ...] [--beta B ...] [--lam L] [--params P]
 
 Every fifth training image of the ``ridge`` section's suite is held out; the map and its
 whitening are fitted on the rest (:func:`pipeline.scorers.geometry.ridge.fit_map`) and each
 held-out mapped phrase is compared with the held-out objects in the map's top ``--rank``
-directions (default: the ridge section's ranks; 0: all). Prints, per grid, shrinkage and rank,
+directions (default: the ridge section's ranks; 0: all), each object's hub offset at each
+``--beta`` subtracted (default: the ridge section's ``inverted_softmax``; 0: none; not with
+``--inverse``). Prints, per grid, shrinkage, rank and beta,
 the AUC over every pair of different phrases (what the ridge stage selects the grid by) and
 over the hard pairs only — different phrases that share a word ("red circle" against "blue
 circle"), the confusions retrieval makes — each with the training split alone, never a test
@@ -31,6 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shrinkage", type=float, action="append", default=None, help="default: 1, 0.3, 0.1, 0.03, 0.01")
     ap.add_argument("--rank", type=int, action="append", default=None, help="default: the ridge section's ranks")
+    ap.add_argument("--beta", type=float, action="append", default=None, help="default: the ridge section's inverted_softmax")
     ap.add_argument("--lam", type=float, default=None, help="default: the ridge section's")
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     ap.add_argument("--inverse", action="store_true", help="fit objects -> phrases, compare in the phrase space")
@@ -59,7 +62,8 @@ def main() -> None:
     first = distinct_image_items(index, len(manifest))  # training_pairs' rows, in its order
     names = [n for x in manifest["object_names"].iloc[first] for n in (json.loads(x) if isinstance(x, str) else list(x))]
     ranks = args.rank or ridge.ranks
-    out: dict[str, dict[str, dict[str, list[float]]]] = {}
+    betas = [0.0] if args.inverse else args.beta or ridge.inverted_softmax
+    out: dict[str, dict[str, dict[str, dict[str, list[float]]]]] = {}
     objects = args.objects or ridge.objects
     for layer in ("final",) if objects == "crops" else OBJECT_LAYERS:
         P, Y, image = training_pairs(store, manifest, index, ridge.suite, layer, objects)
@@ -78,13 +82,15 @@ def main() -> None:
             for r in ranks:
                 if args.inverse:  # objects mapped into the phrase space, phrases whitened there
                     inverse = restrict_rank(full, Y[~held], r)
-                    fitted = SimpleNamespace(phrases=inverse.objects, objects=inverse.phrases)
+                    fitted = SimpleNamespace(phrases=inverse.objects, objects=inverse.phrases, hub_offset=lambda o, b: torch.zeros(o.shape[:-1]))
                 else:
                     fitted = restrict_rank(full, P[~held], r)
-                every = ranking_auc(P[held], Y[held], fitted)
-                shared = ranking_auc(P[held], Y[held], fitted, pairs=hard)
-                out[layer][str(s)][str(r)] = [round(every, 4), round(shared, 4)]
-                print(f"{layer:9s} shrinkage {s:<6g} rank {r:<3d} AUC {every:.4f}  hard pairs {shared:.4f}", flush=True)
+                out[layer][str(s)][str(r)] = {}
+                for b in betas:
+                    every = ranking_auc(P[held], Y[held], fitted, beta=b)
+                    shared = ranking_auc(P[held], Y[held], fitted, pairs=hard, beta=b)
+                    out[layer][str(s)][str(r)][f"{b:g}"] = [round(every, 4), round(shared, 4)]
+                    print(f"{layer:9s} shrinkage {s:<6g} rank {r:<3d} beta {b:<5g} AUC {every:.4f}  hard pairs {shared:.4f}", flush=True)
     print(json.dumps({"lam": lam, "auc_all_hard": out}))
 
 

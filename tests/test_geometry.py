@@ -15,6 +15,7 @@ from pipeline.benchmarks.retrieval import RETRIEVAL_METRICS, retrieval_units
 from pipeline.scorers import SCORERS, create_scorer
 from pipeline.scorers.geometry.objects import (
     ObjectSets,
+    feature_cost,
     image_objects,
     offset_positions,
     relation_positions,
@@ -32,6 +33,7 @@ from pipeline.scorers.geometry.ridge import (
     fit_ridge,
     r_squared,
     ranking_auc,
+    reference_phrases,
     restrict_rank,
     training_pairs,
     whitening,
@@ -394,6 +396,54 @@ def test_object_sets_take_new_embeddings_zero_where_padded():
     out = sets.with_embed(torch.full((1, 3, 4), 2.0))
     assert out.embed.shape == (1, 3, 4) and out.embed[0, 1].eq(0).all() and out.embed[0, [0, 2]].eq(2).all()
     assert torch.equal(out.mask, sets.mask) and torch.equal(out.pos, sets.pos)
+    offset = sets.with_embed(torch.full((1, 3, 4), 2.0), torch.tensor([[0.5, 0.7, -0.2]]))
+    assert torch.equal(offset.offset, torch.tensor([[0.5, 0.0, -0.2]]))  # zero where padded
+    assert torch.equal(offset.index(torch.tensor([0, 0])).offset, offset.offset.expand(2, 3))
+
+
+def test_hub_offset_is_the_inverted_softmax_log_normaliser_over_the_reference():
+    """h(o) = log(sum_v exp(beta r_v . o)) / beta, by hand on two reference phrases; 0 at beta
+    0 or with no reference; a negative beta refused."""
+    reference = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    fitted = RidgeMap(torch.eye(2), torch.zeros(2), torch.zeros(2), torch.eye(2), reference)
+    objects = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
+    want = torch.tensor([np.log(np.exp(2.0) + 1.0) / 2, np.log(np.exp(1.2) + np.exp(1.6)) / 2], dtype=torch.float32)
+    torch.testing.assert_close(fitted.hub_offset(objects, 2.0), want)
+    assert fitted.hub_offset(objects, 0.0).eq(0).all() and fitted.hub_offset(objects[None], 0.0).shape == (1, 2)
+    assert _identity_map(2).hub_offset(objects, 2.0).eq(0).all()  # no reference phrases
+    with pytest.raises(ValueError, match="beta must be >= 0"):
+        fitted.hub_offset(objects, -1.0)
+
+
+def test_reference_phrases_are_the_distinct_phrases_most_frequent_first():
+    a, b, c = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.6, 0.8])
+    P = torch.stack([c, b, a, a, b, a])
+    assert torch.equal(reference_phrases(P), torch.stack([a, b, c]))
+    assert torch.equal(reference_phrases(P, limit=2), torch.stack([a, b]))
+    fitted = fit_map(torch.randn(20, 3, generator=torch.Generator().manual_seed(0)).round(), torch.randn(20, 4), 0.1, 0.5, rank=2)
+    assert fitted.reference.shape[1] == 2  # mapped into the compared space
+
+
+def test_hub_offset_ranks_an_object_near_every_phrase_below_the_one_its_phrase_explains():
+    """Object b lies between both phrases (a hub); a's own object is nearer b's phrase than a's
+    by the cosine, so the plain cosine ranks the hub first for a. Read against the reference
+    phrases, a's object is explained by a alone and the hub by both: each phrase's own object
+    wins."""
+    P = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # phrases a, b
+    angle = torch.tensor(50.0).deg2rad()
+    Y = torch.stack([torch.stack([angle.cos(), -angle.sin()]), torch.tensor([1.0, 1.0]) / 2**0.5])  # a's object, the hub
+    fitted = _identity_map(2)._replace(reference=P)
+    assert ranking_auc(P, Y, fitted) == 0.5 and ranking_auc(P, Y, fitted, beta=5.0) == 1.0
+
+
+def test_feature_cost_adds_each_objects_offset():
+    g = torch.Generator().manual_seed(0)
+    q = ObjectSets(torch.randn(2, 2, 3, generator=g), torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2, 2))
+    plain = ObjectSets(torch.randn(2, 3, 3, generator=g), torch.tensor([[True, True, False], [True, True, True]]), torch.zeros(2, 3, 2))
+    offset = plain.with_embed(plain.embed, torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]))
+    want = feature_cost(q, plain) + torch.tensor([[0.1, 0.2, 0.0], [0.4, 0.5, 0.6]])[:, None, :]
+    torch.testing.assert_close(feature_cost(q, offset), want)
+    assert feature_cost(q, offset)[0, :, 2].eq(0).all()  # padded pairs still cost 0
 
 
 def test_whitening_is_the_inverse_square_root_of_the_shrunk_covariance():
@@ -441,7 +491,7 @@ def test_restrict_rank_keeps_the_top_directions_of_the_whitened_fitted_values():
         kept = (values @ V).pow(2).sum()  # the fitted values' energy along them: the top r eigenvalues
         top = torch.linalg.eigvalsh(values.T @ values).flip(0)[:r].sum()
         torch.testing.assert_close(kept, top, rtol=1e-5, atol=1e-6)
-    assert restrict_rank(full, P, 0) is full and restrict_rank(full, P, 6) is full  # every direction
+    assert restrict_rank(full, P, 0).whiten is full.whiten and restrict_rank(full, P, 6).whiten is full.whiten  # every direction
     torch.testing.assert_close(fit_map(P, Y, 0.1, 0.2, rank=3).whiten, restrict_rank(full, P, 3).whiten)
     with pytest.raises(ValueError, match="rank"):
         restrict_rank(full, P, -1)
@@ -492,7 +542,7 @@ def test_held_out_training_objects_come_from_images_the_map_never_saw(monkeypatc
         rows["fit"] = Pf[:, 0].long()
         return fit_map(Pf, Yf, lam, shrinkage)
 
-    def spy_auc(Ph, Yh, fitted, pairs=None):
+    def spy_auc(Ph, Yh, fitted, pairs=None, beta=0.0):
         rows["held"] = Ph[:, 0].long()
         return 0.5
 
@@ -505,7 +555,8 @@ def test_held_out_training_objects_come_from_images_the_map_never_saw(monkeypatc
     monkeypatch.setattr(ridge, "fit_map", spy_fit)
     monkeypatch.setattr(ridge, "ranking_auc", spy_auc)
     monkeypatch.setattr(ridge, "restrict_rank", spy_restrict)
-    ridge.heldout_aucs(None, None, {}, "s", lam=1.0, shrinkage=0.1, ranks=[0, 2])
+    aucs = ridge.heldout_aucs(None, None, {}, "s", lam=1.0, shrinkage=0.1, ranks=[0, 2], betas=[0.0, 10.0])
+    assert aucs == {0: {0.0: 0.5, 10.0: 0.5}, 2: {0.0: 0.5, 10.0: 0.5}}  # every (rank, beta)
     fit, held = set(image[rows["fit"]].tolist()), set(image[rows["held"]].tolist())
     assert held == {4, 9} and fit == set(range(10)) - held  # every fifth image, whole
     assert len(rows["fit"]) + len(rows["held"]) == len(image)
@@ -553,18 +604,20 @@ def test_the_ridge_stage_keeps_the_held_out_best_grid_and_scoring_reads_it(geo, 
     from pipeline.scorers.geometry.ridge import fit
 
     store, manifest, index = geo
-    cfg = RidgeConfig(suite=SUITE, out=str(tmp_path), ranks=[2, 0])
+    cfg = RidgeConfig(suite=SUITE, out=str(tmp_path), ranks=[2, 0], inverted_softmax=[0, 10])
     record = fit(cfg, store, manifest, index, store.suite_attrs(SUITE)["manifest_sha256"])
-    assert record["layer"] in ("final", "final-raw", "early") and record["rank"] in (2, 0)
+    assert record["layer"] in ("final", "final-raw", "early") and record["rank"] in (2, 0) and record["beta"] in (0, 10)
     aucs = record["heldout_auc"]
     assert set(aucs) == {"final", "final-raw", "early"} and all(set(a) == {"2", "0"} for a in aucs.values())
-    assert aucs[record["layer"]][str(record["rank"])] == max(a for by_rank in aucs.values() for a in by_rank.values())
+    assert all(set(by_beta) == {"0", "10"} for a in aucs.values() for by_beta in a.values())
+    every = [v for by_rank in aucs.values() for by_beta in by_rank.values() for v in by_beta.values()]
+    assert aucs[record["layer"]][str(record["rank"])][f"{record['beta']:g}"] == max(every)
     P, Y, _ = training_pairs(store, manifest, index, SUITE, record["layer"])
     fitted = fit_map(P, Y, cfg.lam, cfg.shrinkage, record["rank"])
-    assert record["scorer_kwargs"] == {"layer": record["layer"], "rank": fitted.whiten.shape[1]}
+    assert record["scorer_kwargs"] == {"layer": record["layer"], "rank": fitted.whiten.shape[1], "beta": record["beta"], "n_reference": len(fitted.reference)}
     scorer = load_scorer("ridge-fgw", store, tmp_path)
-    assert scorer.layer == record["layer"] and scorer.weight.shape[0] == store.dims.embed_dim
-    for name, value in fitted._asdict().items():  # the checkpoint holds the map and its whitening
+    assert scorer.layer == record["layer"] and scorer.weight.shape[0] == store.dims.embed_dim and scorer.beta == record["beta"]
+    for name, value in fitted._asdict().items():  # the checkpoint holds the map, its whitening and reference
         torch.testing.assert_close(getattr(scorer, name).detach(), value)
     scores = score_retrieval(scorer, store, manifest, index, 256)
     assert np.isfinite(scores).all()

@@ -113,13 +113,18 @@ def test_ridge_fgw_compares_phrases_and_objects_in_the_fits_space(geo):
 
     D = store.dims.embed_dim
     g = torch.Generator().manual_seed(0)
-    fitted = RidgeMap(torch.randn(D, D, generator=g), torch.randn(D, generator=g), torch.randn(D, generator=g), torch.randn(D, 4, generator=g))
-    s = _scorer("ridge-fgw", store, rank=4)
-    s.load_state_dict({k: v.contiguous() for k, v in fitted._asdict().items()})
+    fitted = RidgeMap(torch.randn(D, D, generator=g), torch.randn(D, generator=g), torch.randn(D, generator=g), torch.randn(D, 4, generator=g),
+                      F.normalize(torch.randn(3, 4, generator=g), dim=-1))  # fmt: skip
+    s = _scorer("ridge-fgw", store, rank=4, beta=5.0, n_reference=3)
+    s.load_state_dict(fitted.tensors())
     s.prepare(store, manifest, index, SUITE)
     raw_q, raw_c = suite_objects(store, manifest, index, gallery_images(manifest), SUITE)
-    torch.testing.assert_close(s._gallery.embed[raw_c.mask], fitted.objects(raw_c.embed[raw_c.mask]))
+    mapped = fitted.objects(raw_c.embed[raw_c.mask])
+    torch.testing.assert_close(s._gallery.embed[raw_c.mask], mapped)
     torch.testing.assert_close(s._queries.embed[raw_q.mask], fitted.phrases(raw_q.embed[raw_q.mask]))
+    want = torch.logsumexp(5.0 * mapped @ fitted.reference.T, -1) / 5.0  # each object's hub offset
+    torch.testing.assert_close(s._gallery.offset[raw_c.mask], want)
+    assert (s._gallery.offset[~raw_c.mask] == 0).all()
 
 
 def test_ridge_equals_the_closed_form_with_an_unpenalised_intercept():

@@ -341,7 +341,8 @@ def test_the_ridge_stage_fits_on_crops_and_scoring_reads_them(crops_store, tmp_p
     record = fit(RidgeConfig(suite=SUITE, out=str(tmp_path), objects="crops"), store, manifest, index, store.suite_attrs(SUITE)["manifest_sha256"])
     assert record["objects"] == "crops" and set(record["heldout_auc"]) == {"crops"}
     width = min(record["rank"] or store.dims.embed_dim, store.dims.embed_dim)
-    assert record["scorer_kwargs"] == {"layer": "final", "rank": width, "objects": "crops"}
+    assert record["scorer_kwargs"] == {"layer": "final", "rank": width, "beta": record["beta"], "n_reference": record["scorer_kwargs"]["n_reference"], "objects": "crops"}
+    assert record["scorer_kwargs"]["n_reference"] > 0
     scorer = load_scorer("ridge-fgw", store, tmp_path)
     assert scorer.objects == "crops" and scorer.weight.shape == (store.dims.embed_dim, store.dims.embed_dim)
     assert np.isfinite(score_retrieval(scorer, store, manifest, index, 256, suite=SUITE)).all()

@@ -487,18 +487,20 @@ def test_geometry_shows_the_ridge_maps_held_out_choice(full_context):
 
     record = {
         "ridge": {"suite": "shapes-train", "lam": 0.01, "shrinkage": 0.01}, "n_pairs": 1234, "train_r2": 0.5,
-        "layer": "early", "rank": 8, "objects": "box-mean", "store_fingerprint": "f",
-        "heldout_auc": {"final": {"8": 0.91, "0": 0.90}, "early": {"8": 0.97, "0": 0.95}},
+        "layer": "early", "rank": 8, "beta": 30.0, "objects": "box-mean", "store_fingerprint": "f",
+        "heldout_auc": {"final": {"8": {"0": 0.91, "30": 0.93}, "0": {"0": 0.90, "30": 0.92}},
+                        "early": {"8": {"0": 0.96, "30": 0.97}, "0": {"0": 0.95, "30": 0.94}}},
     }  # fmt: skip
     path = Path(full_context.score.checkpoints) / RIDGE_RECORD
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(record))
     text = "\n\n".join(geometry_section(full_context))
     assert "### The ridge map's space" in text and "1,234 phrase–object pairs" in text
-    assert "| objects | r = 8 | every direction |" in text
-    assert "| `early` | **0.9700** | 0.9500 |" in text and "| `final` | 0.9100 | 0.9000 |" in text
+    assert "| objects | β | r = 8 | every direction |" in text and "Chosen, in bold: `early`, r = 8, β 30." in text
+    assert "| `early` | 30 | **0.9700** | 0.9400 |" in text and "| `early` | 0 | 0.9600 | 0.9500 |" in text
+    assert "| `final` | 0 | 0.9100 | 0.9000 |" in text and "| `final` | 30 | 0.9300 | 0.9200 |" in text
     kept = full_context.json_files["geometry.json"]["ridge_map"]
-    assert kept["rank"] == 8 and kept["heldout_auc"] == record["heldout_auc"] and "store_fingerprint" not in kept
+    assert kept["rank"] == 8 and kept["beta"] == 30.0 and kept["heldout_auc"] == record["heldout_auc"] and "store_fingerprint" not in kept
 
 
 def test_geometry_goals_read_the_measured_numbers():

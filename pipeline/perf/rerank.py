@@ -3,7 +3,8 @@
 Each variant reranks ``queries`` random queries at the toy's joint dimension (or any
 ``dim``), with what its ``prepare`` would leave planted in it: random object sets (the
 gallery's through the variant's own object map), for ``ridge-fgw`` a random map of the
-committed fit's shape (``ridge_rank`` compared directions), for ``steer`` and ``steer-multi``
+committed fit's shape (:data:`RIDGE_FIT`: the compared directions, the hub offset's reference
+phrases and beta), for ``steer`` and ``steer-multi``
 random steering directions. The timing is of ``rerank`` alone — the per-query work of
 scoring (feature costs, structures, the batched FGW solve, the Hungarian matchings, the
 steered cosines) — on shortlists of length K, in the score stage's batches
@@ -26,7 +27,7 @@ from pipeline.scorers.geometry.objects import ObjectSets
 
 VARIANTS = ("fgw", "hungarian", "fgw-hungarian", "ridge-fgw", "steer", "steer-multi")
 OBJECT_VARIANTS = VARIANTS[:4]  # the variants whose cost depends on the objects per set
-RIDGE_RANK = 8  # the compared directions the committed `pipeline ridge` fit chose
+RIDGE_FIT = {"rank": 0, "n_reference": 42, "beta": 100.0}  # what the committed `pipeline ridge` fit chose: every direction, shapes-train's 42 phrases
 
 
 def random_sets(n_sets: int, n_objects: int, dim: int, gen: torch.Generator) -> ObjectSets:
@@ -38,7 +39,8 @@ def random_sets(n_sets: int, n_objects: int, dim: int, gen: torch.Generator) -> 
 def plant(scorer, queries: int, gallery: int, objects: int, dim: int, gen: torch.Generator) -> None:
     """Leave in ``scorer`` what its ``prepare`` leaves on a suite of ``queries`` queries and
     ``gallery`` images: steering directions, or mapped query and gallery object sets
-    (``ridge-fgw``'s map random, its whitening an orthonormal basis of its compared space)."""
+    (``ridge-fgw``'s map random, its whitening an orthonormal basis of its compared space,
+    its reference phrases random unit vectors there)."""
     from pipeline.scorers.geometry.rerankers import RidgeFGWReranker
     from pipeline.scorers.geometry.steering import Steer
 
@@ -51,12 +53,12 @@ def plant(scorer, queries: int, gallery: int, objects: int, dim: int, gen: torch
             scorer.bias.copy_(0.1 * torch.randn(scorer.bias.shape, generator=gen))
             scorer.centre.copy_(0.1 * torch.randn(scorer.centre.shape, generator=gen))
             scorer.whiten.copy_(torch.linalg.qr(torch.randn(scorer.whiten.shape, generator=gen))[0])
+            scorer.reference.copy_(F.normalize(torch.randn(scorer.reference.shape, generator=gen), dim=-1))
     scorer._queries = scorer.map_phrases(random_sets(queries, objects, dim, gen))
     scorer._gallery = scorer.map_objects(random_sets(gallery, objects, dim, gen))
 
 
-def time_rerank(variant: str, queries: int, gallery: int, k: int, objects: int, dim: int, batch_size: int = 256, seed: int = 0,
-                ridge_rank: int = RIDGE_RANK) -> dict[str, Any]:  # fmt: skip
+def time_rerank(variant: str, queries: int, gallery: int, k: int, objects: int, dim: int, batch_size: int = 256, seed: int = 0) -> dict[str, Any]:
     """One variant's rerank time over ``queries`` queries with shortlists of ``k``."""
     from pipeline.features import FeatureDims, ImageFeatures, Projections, TextFeatures
     from pipeline.scorers import create_scorer
@@ -64,7 +66,7 @@ def time_rerank(variant: str, queries: int, gallery: int, k: int, objects: int, 
     gen = torch.Generator().manual_seed(seed)
     dims = FeatureDims(grid=(8, 8), d_v=dim, d_t=dim, embed_dim=dim, context_length=32)
     proj = Projections(torch.eye(dim), torch.eye(dim), torch.tensor(100.0))
-    scorer = create_scorer(variant, dims=dims, proj=proj, k=k, **({"rank": ridge_rank} if variant == "ridge-fgw" else {})).eval()
+    scorer = create_scorer(variant, dims=dims, proj=proj, k=k, **(RIDGE_FIT if variant == "ridge-fgw" else {})).eval()
     plant(scorer, queries, gallery, objects, dim, gen)
     step = max(1, batch_size // k)
     query_embed = torch.randn(queries, dim, generator=gen)
@@ -148,7 +150,7 @@ def bench_rerank(queries: int = 200, gallery: int = 1200, objects: int = 4, dim:
     torch.set_num_threads(threads)
     try:
         out: dict[str, Any] = {"setup": {"queries": queries, "gallery": gallery, "objects": objects, "dim": dim, "threads": threads,
-                                         "ridge_rank": RIDGE_RANK}}  # fmt: skip
+                                         "ridge_fit": RIDGE_FIT}}  # fmt: skip
         out["variants"] = {v: time_rerank(v, queries, gallery, 20, objects, dim) for v in VARIANTS}
         out["scaling"] = [time_rerank(v, queries, gallery, k, objects, dim) for v in VARIANTS for k in ks if k != 20]
         out["scaling"] += [time_rerank(v, queries, gallery, 20, n, dim) for v in OBJECT_VARIANTS for n in object_counts if n != objects]

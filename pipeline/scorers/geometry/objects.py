@@ -82,22 +82,26 @@ DIRECTIONS: dict[str, tuple[float, float]] = {
 
 @dataclass
 class ObjectSets:
-    """N padded object sets: embeddings, validity and positions."""
+    """N padded object sets: embeddings, validity, positions and, optionally, a cost each
+    object adds to every feature cost it enters (``ridge-fgw``'s hub offset)."""
 
     embed: torch.Tensor  # [N, n, D] unit-norm object (or phrase) embeddings, 0 where padded
     mask: torch.Tensor  # [N, n] bool, True for real objects
     pos: torch.Tensor  # [N, n, 2] positions (box centres, or the relation layout)
+    offset: torch.Tensor | None = None  # [N, n] added to the feature cost of every pair with the object; None: 0
 
     def __len__(self) -> int:
         return self.embed.shape[0]
 
     def index(self, idx: torch.Tensor) -> ObjectSets:
-        return ObjectSets(self.embed[idx], self.mask[idx], self.pos[idx])
+        return ObjectSets(self.embed[idx], self.mask[idx], self.pos[idx], None if self.offset is None else self.offset[idx])
 
-    def with_embed(self, embed: torch.Tensor) -> ObjectSets:
+    def with_embed(self, embed: torch.Tensor, offset: torch.Tensor | None = None) -> ObjectSets:
         """The same sets with ``embed`` [N, n, D'] as their embeddings (a map of the old
-        ones), zero where padded."""
-        return ObjectSets(torch.where(self.mask[..., None], embed, 0.0), self.mask, self.pos)
+        ones) and ``offset`` [N, n] as their cost offsets, zero where padded."""
+        if offset is not None:
+            offset = torch.where(self.mask, offset, 0.0)
+        return ObjectSets(torch.where(self.mask[..., None], embed, 0.0), self.mask, self.pos, offset)
 
 
 def pad_sets(embeds: list[torch.Tensor], positions: list[torch.Tensor], dim: int) -> ObjectSets:
@@ -182,8 +186,11 @@ def offset_positions(sets: ObjectSets) -> torch.Tensor:
 
 def feature_cost(query: ObjectSets, image: ObjectSets) -> torch.Tensor:
     """[B, n, m] ``1 - cosine`` between query b's phrases and image b's objects (pairs
-    aligned along B); padded pairs cost 0 and carry no mass in the solvers."""
+    aligned along B), plus each object's ``offset`` where the image sets carry one; padded
+    pairs cost 0 and carry no mass in the solvers."""
     cost = 1.0 - torch.einsum("bnd,bmd->bnm", query.embed, image.embed)
+    if image.offset is not None:
+        cost = cost + image.offset[:, None, :].to(cost.dtype)
     return torch.where(query.mask[:, :, None] & image.mask[:, None, :], cost, 0.0)
 
 

@@ -307,27 +307,26 @@ def ridge_record(ctx: ReportContext) -> dict[str, Any] | None:
     record = read_json(path, "pipeline ridge")
     if not isinstance(record, dict):
         raise ValueError(f"{path} is not the ridge stage's record; rerun `pipeline ridge` to rewrite it")
-    keys = ("ridge", "n_pairs", "train_r2", "layer", "rank", "objects", "heldout_auc")
+    keys = ("ridge", "n_pairs", "train_r2", "layer", "rank", "beta", "objects", "heldout_auc")
     return {k: record[k] for k in keys if k in record}
 
 
 def ridge_space_part(record: dict[str, Any]) -> list[str]:
-    """The held-out ranking AUC of every (grid, rank) the ridge stage tried, its choice in
-    bold."""
+    """The held-out ranking AUC of every (grid, hub-offset beta, rank) the ridge stage tried,
+    one row per grid and beta, its choice in bold."""
     aucs = record.get("heldout_auc") or {}
     if not aucs or "rank" not in record:
         return []
-    chosen = ("crops" if record.get("objects") == "crops" else record["layer"], str(record["rank"]))
+    beta = f"{record.get('beta', 0):g}"
+    chosen = ("crops" if record.get("objects") == "crops" else record["layer"], str(record["rank"]), beta)
     ranks = list(next(iter(aucs.values())))
     rows = [
-        [f"`{grid}`"]
-        + [
-            f"**{by[r]:.4f}**" if (grid, r) == chosen else f"{by[r]:.4f}"
-            for r in ranks
-        ]
-        for grid, by in aucs.items()
+        [f"`{grid}`", b]
+        + [f"**{by_rank[r][b]:.4f}**" if (grid, r, b) == chosen else f"{by_rank[r][b]:.4f}" for r in ranks]
+        for grid, by_rank in aucs.items()
+        for b in by_rank[ranks[0]]
     ]
-    header = ["objects", *("every direction" if r == "0" else f"r = {r}" for r in ranks)]
+    header = ["objects", "β", *("every direction" if r == "0" else f"r = {r}" for r in ranks)]
     cfg = record.get("ridge", {})
     text = TEXT(
         "ridge-space",
@@ -337,6 +336,7 @@ def ridge_space_part(record: dict[str, Any]) -> list[str]:
         shrinkage=cfg.get("shrinkage", float("nan")),
         grid=chosen[0],
         rank="every direction" if chosen[1] == "0" else f"r = {chosen[1]}",
+        beta=beta,
     )
     return ["### The ridge map's space", text, md_table(header, rows)]
 

@@ -25,7 +25,9 @@ objects :math:`O = (o_j)` at their box centres (:mod:`pipeline.scorers.geometry.
   centred, whitened space: :math:`p_i \mapsto \mathrm{normalise}((p_i W + b - \mu) T)`,
   :math:`o_j \mapsto \mathrm{normalise}((o_j - \mu) T)`; the object embeddings read the grid
   the fit held out best (its checkpoint's ``layer``), or the re-encoded crops when the map
-  was fitted on crops (``ridge.objects: crops``).
+  was fitted on crops (``ridge.objects: crops``); each object's feature cost carries its hub
+  offset, the inverted softmax over the training phrases at the fit's ``beta``
+  (:meth:`pipeline.scorers.geometry.ridge.RidgeMap.hub_offset`).
 
 Every reranker's image objects are box means of the cached grid by default (``objects:
 box-mean``) or the crops re-encoded at extract (``objects: crops``, which needs
@@ -41,6 +43,7 @@ small problems per suite, solved batched.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -252,30 +255,37 @@ class FGWHungarianReranker(GeometryReranker):
 class RidgeFGWReranker(FGWReranker):
     """``fgw`` on phrases mapped into the image-object space by a fitted ridge regression,
     both sides compared in the fit's centred, whitened space, restricted to the map's top
-    ``rank`` directions (0: all). Unfitted (identity map and whitening, zero bias and
-    centre, every direction) it equals ``fgw``."""
+    ``rank`` directions (0: all), each object's cost offset by its hub offset over the
+    ``n_reference`` reference phrases at ``beta``. Unfitted (identity map and whitening, zero
+    bias and centre, every direction, no reference phrase) it equals ``fgw``."""
 
     trainable = True  # its weights come from `pipeline ridge`, loaded like a checkpoint
     fit_command = "pipeline ridge"
 
-    def __init__(self, dim: int, out_dim: int | None = None, rank: int = 0, **kwargs) -> None:
+    def __init__(self, dim: int, out_dim: int | None = None, rank: int = 0, beta: float = 0.0, n_reference: int = 0, **kwargs) -> None:
         super().__init__(**kwargs)
         out_dim = dim if out_dim is None else out_dim
         if not 0 <= rank <= out_dim:
             raise ValueError(f"ridge-fgw rank must lie in [0, {out_dim}] (0: every direction), got {rank}")
+        if not (beta >= 0 and math.isfinite(beta)) or n_reference < 0:
+            raise ValueError(f"ridge-fgw beta must be finite and >= 0 and n_reference >= 0, got {beta} and {n_reference}")
+        self.beta = float(beta)
         self.weight = nn.Parameter(torch.eye(dim, out_dim), requires_grad=False)  # [D, D_o]
         self.bias = nn.Parameter(torch.zeros(out_dim), requires_grad=False)  # [D_o]
         self.centre = nn.Parameter(torch.zeros(out_dim), requires_grad=False)  # [D_o]
         self.whiten = nn.Parameter(torch.eye(out_dim, rank or out_dim), requires_grad=False)  # [D_o, r]
+        self.reference = nn.Parameter(torch.zeros(n_reference, rank or out_dim), requires_grad=False)  # [V, r]
 
     def fitted(self) -> RidgeMap:
-        return RidgeMap(self.weight, self.bias, self.centre, self.whiten)
+        return RidgeMap(self.weight, self.bias, self.centre, self.whiten, self.reference)
 
     def map_phrases(self, phrases: ObjectSets) -> ObjectSets:
         return phrases.with_embed(self.fitted().phrases(phrases.embed))
 
     def map_objects(self, objects: ObjectSets) -> ObjectSets:
-        return objects.with_embed(self.fitted().objects(objects.embed))
+        fitted = self.fitted()
+        mapped = fitted.objects(objects.embed)
+        return objects.with_embed(mapped, fitted.hub_offset(mapped, self.beta))
 
 
 def _options(kwargs: dict) -> dict:
@@ -304,12 +314,13 @@ def fgw_hungarian(dims: FeatureDims, proj: Projections, **kwargs) -> FGWHungaria
 
 
 @SCORERS.register("ridge-fgw")
-def ridge_fgw(dims: FeatureDims, proj: Projections, rank: int = 0, **kwargs) -> RidgeFGWReranker:
+def ridge_fgw(dims: FeatureDims, proj: Projections, rank: int = 0, beta: float = 0.0, n_reference: int = 0, **kwargs) -> RidgeFGWReranker:
     """FGW on phrases mapped to object embeddings by a ridge regression (pipeline ridge).
 
-    ``rank``: the width of the compared space (set by the fit's ``scorer_kwargs``)."""
+    ``rank``: the width of the compared space; ``beta`` and ``n_reference``: the hub offset's
+    inverse temperature and reference phrases (each set by the fit's ``scorer_kwargs``)."""
     options = _options(kwargs)
-    return RidgeFGWReranker(dims.embed_dim, object_dim(dims, options["layer"]), rank=rank, **options)
+    return RidgeFGWReranker(dims.embed_dim, object_dim(dims, options["layer"]), rank=rank, beta=beta, n_reference=n_reference, **options)
 
 
 ridge_fgw.fit_command = RidgeFGWReranker.fit_command  # fitted by its own command, not by the training loop

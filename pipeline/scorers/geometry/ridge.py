@@ -35,23 +35,34 @@ centred fitted values :math:`(P W + b - \mu)\,T` on the training pairs (``ridge.
 With categorical phrases this is Fisher's discriminant space: within-phrase scatter whitened,
 between-phrase directions kept.
 
-Which grid the object embeddings read (:data:`~pipeline.scorers.geometry.objects.OBJECT_LAYERS`:
+Least-squares maps make hubs (Dinu et al., 2015): objects near many mapped phrases, which
+match every query about as well (here a box mean whose colour its neighbours wash out, near
+every phrase of its shape). So an object's cosine is read against the distinct training
+phrases mapped alike, :math:`\{\hat r_v\}`, by the inverted softmax (Smith et al., 2017):
+:math:`\mathrm{cost}(p, o) = 1 - \hat p^\top \hat o + h(o)`, with the hub offset
+:math:`h(o) = \tfrac1\beta \log \sum_v \exp(\beta\, \hat r_v^\top \hat o)`, which is
+:math:`1 - \tfrac1\beta \log` of that softmax (:meth:`RidgeMap.hub_offset`; :math:`\beta = 0`:
+none; the :data:`REFERENCE_MAX` most frequent phrases).
+
+The grid the object embeddings read (:data:`~pipeline.scorers.geometry.objects.OBJECT_LAYERS`:
 the final layer in the joint space, the same patches before the projection, or the early
-layer) and the rank :math:`r` are chosen on the training split itself: every fifth training
-image is held out, the map and its whitening are fitted on the rest for each grid, and the
-(grid, rank) whose mapped phrases best rank their own held-out object above the others
-(:func:`ranking_auc`) is kept; the map is then refitted on every training object. The test suites never choose it. With ``ridge.objects: crops`` the
-targets are the re-encoded crops instead (``extract.object_crops: true``), the map is fitted
-on them alone (the rank chosen and the held-out AUCs recorded the same way), and the checkpoint's
-``scorer_kwargs`` make ``ridge-fgw`` read crops at scoring: a map is only ever compared with
-the object embeddings it was fitted to. The checkpoint (``<out>/ridge-fgw/model.safetensors``) stores
-:math:`W, b, \mu, T V_r`; its ``config.json`` the fit's configuration, the store's fingerprint and the
-training manifest's hash, so a fit on other data or features is never mistaken for this one.
+layer), the rank :math:`r` and :math:`\beta` (``ridge.inverted_softmax``) are chosen on the
+training split: every fifth training image is held out, the map fitted on the rest for each
+grid, and the (grid, rank, :math:`\beta`) whose mapped phrases best rank their own held-out
+object above the others (:func:`ranking_auc`) is kept; the map is then refitted on every
+training object. The test suites never choose it. With ``ridge.objects: crops`` the targets are
+the re-encoded crops (``extract.object_crops: true``), chosen and recorded the same way, and the
+checkpoint's ``scorer_kwargs`` make ``ridge-fgw`` read crops at scoring: a map is only ever
+compared with the object embeddings it was fitted to. The checkpoint
+(``<out>/ridge-fgw/model.safetensors``) stores :math:`W, b, \mu, T V_r` and the mapped reference
+phrases; its ``config.json`` the fit's configuration, the store's fingerprint and the training
+manifest's hash, so a fit on other data or features is never mistaken for this one.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -71,6 +82,7 @@ from pipeline.scorers.geometry.objects import (
 )
 
 VARIANT = "ridge-fgw"
+REFERENCE_MAX = 4096  # the inverted softmax's reference: at most this many distinct training phrases, the most frequent
 
 
 def distinct_image_items(index: dict[str, np.ndarray], n_items: int) -> np.ndarray:
@@ -134,13 +146,15 @@ def whitening(residuals: torch.Tensor, shrinkage: float) -> torch.Tensor:
 
 class RidgeMap(NamedTuple):
     """A fitted map and the space it compares in: ``weight`` [D, D_o], ``bias`` [D_o], the
-    training objects' mean ``centre`` [D_o] and the ``whiten`` matrix [D_o, r] (whitening
-    times the map's range, :math:`T V_r`)."""
+    training objects' mean ``centre`` [D_o], the ``whiten`` matrix [D_o, r] (whitening
+    times the map's range, :math:`T V_r`) and the ``reference`` phrases [V, r] of the hub
+    offset, mapped (:func:`with_reference`; None: no reference, no offset)."""
 
     weight: torch.Tensor
     bias: torch.Tensor
     centre: torch.Tensor
     whiten: torch.Tensor
+    reference: torch.Tensor | None = None
 
     def phrases(self, P: torch.Tensor) -> torch.Tensor:
         """[..., D] phrase embeddings -> unit [..., r] mapped, centred and whitened."""
@@ -149,6 +163,34 @@ class RidgeMap(NamedTuple):
     def objects(self, Y: torch.Tensor) -> torch.Tensor:
         """[..., D_o] object embeddings -> unit [..., r] centred and whitened."""
         return F.normalize((Y - self.centre) @ self.whiten, dim=-1)
+
+    def hub_offset(self, objects: torch.Tensor, beta: float) -> torch.Tensor:
+        """[...] the hub offset :math:`h(o)` of mapped objects [..., r] (:meth:`objects`): the
+        inverted softmax's log-normaliser over the reference phrases at inverse temperature
+        ``beta``, divided by it; 0 for ``beta`` 0 or without reference phrases."""
+        if beta < 0:
+            raise ValueError(f"the inverted softmax's beta must be >= 0 (0: no hub offset), got {beta}")
+        if beta == 0 or self.reference is None or len(self.reference) == 0:
+            return torch.zeros(objects.shape[:-1], dtype=objects.dtype)
+        return torch.logsumexp(beta * (objects @ self.reference.to(objects.dtype).T), dim=-1) / beta
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The map's tensors by name (the checkpoint's ``model.safetensors``)."""
+        return {name: t.contiguous() for name, t in self._asdict().items() if t is not None}
+
+
+def reference_phrases(P: torch.Tensor, limit: int = REFERENCE_MAX) -> torch.Tensor:
+    """[V, D] the distinct rows of the phrase embeddings ``P`` [N, D], at most ``limit`` of
+    them, the most frequent first (equals in the order ``torch.unique`` sorts them)."""
+    distinct, counts = torch.unique(P, dim=0, return_counts=True)
+    order = torch.sort(counts, descending=True, stable=True).indices[:limit]
+    return distinct[order]
+
+
+def with_reference(fitted: RidgeMap, P: torch.Tensor) -> RidgeMap:
+    """``fitted`` with its reference set: the distinct training phrases of ``P``
+    (:func:`reference_phrases`) mapped into its compared space (:meth:`RidgeMap.phrases`)."""
+    return fitted._replace(reference=fitted.phrases(reference_phrases(P)))
 
 
 def fit_map(P: torch.Tensor, Y: torch.Tensor, lam: float, shrinkage: float, rank: int = 0) -> RidgeMap:
@@ -162,15 +204,16 @@ def fit_map(P: torch.Tensor, Y: torch.Tensor, lam: float, shrinkage: float, rank
 
 def restrict_rank(fitted: RidgeMap, P: torch.Tensor, rank: int) -> RidgeMap:
     """``fitted`` comparing along the top ``rank`` principal directions of its whitened,
-    centred fitted values on the phrases ``P`` (``whiten`` T becomes T V_r); ``rank`` 0, or one
-    at least the space's dimension, leaves it as it is."""
+    centred fitted values on the phrases ``P`` (``whiten`` T becomes T V_r; ``rank`` 0, or one
+    at least the space's dimension, keeps every direction), with the reference phrases of
+    ``P`` mapped into that space (:func:`with_reference`)."""
     if rank < 0:
         raise ValueError(f"rank must be >= 0 (0: every direction), got {rank}")
     if rank == 0 or rank >= fitted.whiten.shape[1]:
-        return fitted
+        return with_reference(fitted, P)
     values = (P @ fitted.weight + fitted.bias - fitted.centre) @ fitted.whiten  # [N, D_o]
     directions = torch.linalg.svd(values.double(), full_matrices=False).Vh[:rank].T  # [D_o, r]
-    return fitted._replace(whiten=(fitted.whiten.double() @ directions).float())
+    return with_reference(fitted._replace(whiten=(fitted.whiten.double() @ directions).float()), P)
 
 
 def r_squared(P: torch.Tensor, Y: torch.Tensor, W: torch.Tensor, b: torch.Tensor) -> float:
@@ -179,21 +222,23 @@ def r_squared(P: torch.Tensor, Y: torch.Tensor, W: torch.Tensor, b: torch.Tensor
     return float(1 - resid.pow(2).sum() / (Y - Y.mean(0)).pow(2).sum())
 
 
-def ranking_auc(P: torch.Tensor, Y: torch.Tensor, fitted: RidgeMap, pairs: torch.Tensor | None = None) -> float:
-    """How often a mapped phrase is closer (cosine in the map's whitened space) to its own
-    object than to another object of a different phrase, over every such pair, or over the
-    pairs (i, j) that ``pairs`` [N, N] marks (e.g. phrases sharing a word): 1 is perfect,
-    0.5 chance, NaN when there is no such pair (nothing measured)."""
-    S = fitted.phrases(P) @ fitted.objects(Y).T  # [N, N]
+def ranking_auc(P: torch.Tensor, Y: torch.Tensor, fitted: RidgeMap, pairs: torch.Tensor | None = None, beta: float = 0.0) -> float:
+    """How often a mapped phrase is closer (cosine in the map's whitened space, less each
+    object's hub offset at ``beta``: the reranker's cost) to its own object than to another
+    object of a different phrase, over every such pair, or over the pairs (i, j) that
+    ``pairs`` [N, N] marks (e.g. phrases sharing a word): 1 is perfect, 0.5 chance, NaN when
+    there is no such pair (nothing measured)."""
+    objects = fitted.objects(Y)
+    S = fitted.phrases(P) @ objects.T - fitted.hub_offset(objects, beta)[None, :]  # [N, N]
     other = (P @ P.T) < 1 - 1e-6 if pairs is None else pairs  # pairs of different phrases
     if not other.any():
         return float("nan")
     return float(((S < S.diag()[:, None]) & other).sum() / other.sum())
 
 
-def heldout_aucs(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str, lam: float, shrinkage: float, ranks: list[int], layer: str = "final", objects: str = "box-mean") -> dict[int, float]:
+def heldout_aucs(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str, lam: float, shrinkage: float, ranks: list[int], layer: str = "final", objects: str = "box-mean", betas: Sequence[float] = (0.0,)) -> dict[int, dict[float, float]]:
     """Ranking AUC on every fifth training image of the map (and whitening) fitted on the
-    others, for each rank of ``ranks``.
+    others, for each rank of ``ranks`` and each inverted-softmax ``beta`` of ``betas``.
 
     Raises:
         ValueError: either side of that split has no object the encoder sees (too few
@@ -209,25 +254,28 @@ def heldout_aucs(store: FeatureStore, manifest, index: dict[str, np.ndarray], su
             f"Use a training suite with more annotated images (ridge.suite)"
         )
     full = fit_map(P[~held], Y[~held], lam, shrinkage)
-    return {r: ranking_auc(P[held], Y[held], restrict_rank(full, P[~held], r)) for r in ranks}
+    cut = {r: restrict_rank(full, P[~held], r) for r in ranks}
+    return {r: {b: ranking_auc(P[held], Y[held], cut[r], beta=b) for b in betas} for r in ranks}
 
 
-def choose_space(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str, lam: float, shrinkage: float, ranks: list[int], layers: tuple[str, ...] = OBJECT_LAYERS, objects: str = "box-mean") -> tuple[str, int, dict[str, dict[str, float]]]:
-    """The (grid, rank) whose held-out ranking AUC is highest (every fifth image held out;
-    the first of equals in ``layers`` and ``ranks`` order), and the AUC of each."""
-    aucs = {layer: heldout_aucs(store, manifest, index, suite, lam, shrinkage, ranks, layer, objects) for layer in layers}
-    if any(np.isnan(a) for by_rank in aucs.values() for a in by_rank.values()):
+def choose_space(store: FeatureStore, manifest, index: dict[str, np.ndarray], suite: str, lam: float, shrinkage: float, ranks: list[int], layers: tuple[str, ...] = OBJECT_LAYERS, objects: str = "box-mean", betas: Sequence[float] = (0.0,)) -> tuple[str, int, float, dict[str, dict[str, dict[str, float]]]]:
+    """The (grid, rank, beta) whose held-out ranking AUC is highest (every fifth image held
+    out; the first of equals in ``layers``, ``ranks`` and ``betas`` order), and the AUC of
+    each, by grid, rank and beta."""
+    aucs = {layer: heldout_aucs(store, manifest, index, suite, lam, shrinkage, ranks, layer, objects, betas) for layer in layers}
+    if any(np.isnan(a) for by_rank in aucs.values() for by_beta in by_rank.values() for a in by_beta.values()):
         raise ValueError(
             f"{suite}: the held-out training images (every fifth) hold no two objects with different phrases, so "
             f"ridge-fgw's grid and rank cannot be chosen; use a training suite with more annotated images (ridge.suite)"
         )
-    layer, rank = max(((layer, r) for layer in layers for r in ranks), key=lambda lr: aucs[lr[0]][lr[1]])
-    return layer, rank, {layer: {str(r): auc for r, auc in by_rank.items()} for layer, by_rank in aucs.items()}
+    layer, rank, beta = max(((layer, r, b) for layer in layers for r in ranks for b in betas), key=lambda c: aucs[c[0]][c[1]][c[2]])
+    record = {layer: {str(r): {f"{b:g}": auc for b, auc in by_beta.items()} for r, by_beta in by_rank.items()} for layer, by_rank in aucs.items()}
+    return layer, rank, beta, record
 
 
 def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], manifest_sha256: str) -> dict[str, Any]:
-    """Choose the grid (box means; crops, ``cfg.objects``, have one) and the rank on held-out
-    training images, fit on ``cfg.suite`` and write
+    """Choose the grid (box means; crops, ``cfg.objects``, have one), the rank and the
+    inverted softmax's beta on held-out training images, fit on ``cfg.suite`` and write
     ``<cfg.out>/ridge-fgw/{model.safetensors, config.json}``; returns the config record.
     ``cfg``: :class:`pipeline.config.RidgeConfig`."""
     from safetensors.torch import save_file
@@ -237,14 +285,14 @@ def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], m
     objects = getattr(cfg, "objects", "box-mean")
     check_source(objects)
     layers = ("final",) if objects == "crops" else OBJECT_LAYERS  # crops: one space, the pooled embedding
-    layer, rank, aucs = choose_space(store, manifest, index, cfg.suite, cfg.lam, cfg.shrinkage, cfg.ranks, layers, objects)
+    layer, rank, beta, aucs = choose_space(store, manifest, index, cfg.suite, cfg.lam, cfg.shrinkage, cfg.ranks, layers, objects, cfg.inverted_softmax)
     if objects == "crops":
         aucs = {"crops": aucs["final"]}
     P, Y, _ = training_pairs(store, manifest, index, cfg.suite, layer, objects)
     fitted = fit_map(P, Y, cfg.lam, cfg.shrinkage, rank)
     out = Path(cfg.out) / VARIANT
     out.mkdir(parents=True, exist_ok=True)
-    save_file({name: t.contiguous() for name, t in fitted._asdict().items()}, str(out / "model.safetensors"))
+    save_file(fitted.tensors(), str(out / "model.safetensors"))
     record = {
         "variant": VARIANT,
         "ridge": asdict(cfg),
@@ -252,12 +300,19 @@ def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], m
         "train_r2": r_squared(P, Y, fitted.weight, fitted.bias),
         "layer": layer,
         "rank": rank,
+        "beta": beta,
         "objects": objects,
         "heldout_auc": aucs,
         "store_fingerprint": store.root.attrs.get("fingerprint_id"),
         "train_suite": cfg.suite,
         "manifest_sha256": manifest_sha256,
-        "scorer_kwargs": {"layer": layer, "rank": int(fitted.whiten.shape[1]), **({"objects": "crops"} if objects == "crops" else {})},
+        "scorer_kwargs": {
+            "layer": layer,
+            "rank": int(fitted.whiten.shape[1]),
+            "beta": float(beta),
+            "n_reference": len(fitted.reference),
+            **({"objects": "crops"} if objects == "crops" else {}),
+        },
         WEIGHTS_KEY: weights_sha256_of(out),  # load_scorer refuses weights that are not these bytes
     }
     (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
