@@ -73,6 +73,8 @@ def main() -> None:
     store = open_store(load_config(ExtractConfig, args.params, "extract"))
     if (args.shrinkage is not None or args.inverse or args.rank or args.beta or args.plain) and args.lam is None:
         raise SystemExit("--shrinkage, --rank, --beta, --inverse and --plain refit the map: pass --lam too")
+    if args.beta and (args.plain or args.inverse):
+        raise SystemExit("--beta offsets the objects against the reference phrases of the map's own space: not with --plain or --inverse")
     if args.lam is None:
         scorer = load_scorer(args.variant, store, score.checkpoints, options=options)
     else:

@@ -199,7 +199,15 @@ def test_bindclips_measurements_that_are_not_ones_are_named_with_their_command(t
             parameters(tmp_path / "bench" / "scoring.json")
 
 
-@pytest.mark.parametrize("content", ["[1]", "{bad"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "[1]",
+        "{bad",
+        '{"rank": 8, "heldout_auc": {"early": {"8": 0.97}}}',  # an older record: no beta level
+        '{"rank": 8, "heldout_auc": {"early": {"8": {"0": 0.9, "3": 0.95}, "0": {"0": 0.9}}}}',  # a beta missing for one rank
+    ],
+)
 def test_a_ridge_record_that_is_not_one_is_named_with_its_command(tmp_path, content):
     from pipeline.report import ReportContext
     from pipeline.scorers.geometry.report import RIDGE_RECORD, ridge_record

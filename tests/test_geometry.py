@@ -401,14 +401,19 @@ def test_object_sets_take_new_embeddings_zero_where_padded():
     assert torch.equal(offset.index(torch.tensor([0, 0])).offset, offset.offset.expand(2, 3))
 
 
-def test_hub_offset_is_the_inverted_softmax_log_normaliser_over_the_reference():
-    """h(o) = log(sum_v exp(beta r_v . o)) / beta, by hand on two reference phrases; 0 at beta
-    0 or with no reference; a negative beta refused."""
+def test_hub_offset_is_the_inverted_softmax_log_normaliser_over_the_reference(monkeypatch):
+    """h(o) = log(sum_v exp(beta r_v . o)) / beta, by hand on two reference phrases, whatever
+    number of objects is held at once; 0 at beta 0 or with no reference; a negative beta
+    refused."""
+    import pipeline.scorers.geometry.ridge as ridge
+
     reference = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     fitted = RidgeMap(torch.eye(2), torch.zeros(2), torch.zeros(2), torch.eye(2), reference)
     objects = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
     want = torch.tensor([np.log(np.exp(2.0) + 1.0) / 2, np.log(np.exp(1.2) + np.exp(1.6)) / 2], dtype=torch.float32)
     torch.testing.assert_close(fitted.hub_offset(objects, 2.0), want)
+    monkeypatch.setattr(ridge, "OFFSET_ROWS", 1)  # one object at a time
+    torch.testing.assert_close(fitted.hub_offset(objects[None], 2.0), want[None])
     assert fitted.hub_offset(objects, 0.0).eq(0).all() and fitted.hub_offset(objects[None], 0.0).shape == (1, 2)
     assert _identity_map(2).hub_offset(objects, 2.0).eq(0).all()  # no reference phrases
     with pytest.raises(ValueError, match="beta must be >= 0"):
@@ -420,8 +425,12 @@ def test_reference_phrases_are_the_distinct_phrases_most_frequent_first():
     P = torch.stack([c, b, a, a, b, a])
     assert torch.equal(reference_phrases(P), torch.stack([a, b, c]))
     assert torch.equal(reference_phrases(P, limit=2), torch.stack([a, b]))
-    fitted = fit_map(torch.randn(20, 3, generator=torch.Generator().manual_seed(0)).round(), torch.randn(20, 4), 0.1, 0.5, rank=2)
-    assert fitted.reference.shape[1] == 2  # mapped into the compared space
+    g = torch.Generator().manual_seed(0)
+    P, Y = torch.randn(20, 3, generator=g).round(), torch.randn(20, 4, generator=g)
+    for rank in (2, 0):  # the reference is mapped into the compared space, after the rank cut
+        fitted = fit_map(P, Y, 0.1, 0.5, rank=rank)
+        torch.testing.assert_close(fitted.reference, fitted.phrases(reference_phrases(P)))
+        assert fitted.reference.shape[1] == (rank or 4)
 
 
 def test_hub_offset_ranks_an_object_near_every_phrase_below_the_one_its_phrase_explains():
@@ -434,6 +443,16 @@ def test_hub_offset_ranks_an_object_near_every_phrase_below_the_one_its_phrase_e
     Y = torch.stack([torch.stack([angle.cos(), -angle.sin()]), torch.tensor([1.0, 1.0]) / 2**0.5])  # a's object, the hub
     fitted = _identity_map(2)._replace(reference=P)
     assert ranking_auc(P, Y, fitted) == 0.5 and ranking_auc(P, Y, fitted, beta=5.0) == 1.0
+
+
+def test_the_ridge_stage_chooses_the_beta_the_held_out_images_prefer(monkeypatch):
+    """The (grid, rank, beta) of the highest held-out AUC wins, beta included."""
+    import pipeline.scorers.geometry.ridge as ridge
+
+    table = {"final": {0: {0.0: 0.90, 30.0: 0.93}, 8: {0.0: 0.95, 30.0: 0.94}}, "early": {0: {0.0: 0.91, 30.0: 0.97}, 8: {0.0: 0.96, 30.0: 0.92}}}
+    monkeypatch.setattr(ridge, "heldout_aucs", lambda *a, **k: table[a[7]])
+    layer, rank, beta, record = ridge.choose_space(None, None, {}, "s", 1.0, 0.1, [0, 8], ("final", "early"), "box-mean", [0.0, 30.0])
+    assert (layer, rank, beta) == ("early", 0, 30.0) and record["early"]["0"] == {"0": 0.91, "30": 0.97}
 
 
 def test_feature_cost_adds_each_objects_offset():

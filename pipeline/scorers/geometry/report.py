@@ -307,8 +307,23 @@ def ridge_record(ctx: ReportContext) -> dict[str, Any] | None:
     record = read_json(path, "pipeline ridge")
     if not isinstance(record, dict):
         raise ValueError(f"{path} is not the ridge stage's record; rerun `pipeline ridge` to rewrite it")
+    aucs = record.get("heldout_auc", {})
+    if not _nested_aucs(aucs):
+        raise ValueError(
+            f"{path} records its held-out AUCs in another form than the ridge stage writes (grid -> rank -> beta, "
+            f"the same betas throughout): it is from older code or was edited; rerun `pipeline ridge` to rewrite it"
+        )
     keys = ("ridge", "n_pairs", "train_r2", "layer", "rank", "beta", "objects", "heldout_auc")
     return {k: record[k] for k in keys if k in record}
+
+
+def _nested_aucs(aucs: Any) -> bool:
+    """Whether ``aucs`` is the ridge stage's table: grid -> rank -> beta -> AUC, every level
+    filled, the same betas for every (grid, rank)."""
+    if not isinstance(aucs, dict) or not all(isinstance(by_rank, dict) and by_rank for by_rank in aucs.values()):
+        return False
+    cells = [by_beta for by_rank in aucs.values() for by_beta in by_rank.values()]
+    return all(isinstance(c, dict) and c for c in cells) and len({tuple(c) for c in cells}) <= 1
 
 
 def ridge_space_part(record: dict[str, Any]) -> list[str]:

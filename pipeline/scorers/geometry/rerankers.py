@@ -27,7 +27,8 @@ objects :math:`O = (o_j)` at their box centres (:mod:`pipeline.scorers.geometry.
   the fit held out best (its checkpoint's ``layer``), or the re-encoded crops when the map
   was fitted on crops (``ridge.objects: crops``); each object's feature cost carries its hub
   offset, the inverted softmax over the training phrases at the fit's ``beta``
-  (:meth:`pipeline.scorers.geometry.ridge.RidgeMap.hub_offset`).
+  (:meth:`pipeline.scorers.geometry.ridge.RidgeMap.hub_offset`), which charges each candidate
+  :math:`1 - \alpha` times its objects' mean offset and leaves the coupling unchanged.
 
 Every reranker's image objects are box means of the cached grid by default (``objects:
 box-mean``) or the crops re-encoded at extract (``objects: crops``, which needs
@@ -285,7 +286,9 @@ class RidgeFGWReranker(FGWReranker):
     def map_objects(self, objects: ObjectSets) -> ObjectSets:
         fitted = self.fitted()
         mapped = fitted.objects(objects.embed)
-        return objects.with_embed(mapped, fitted.hub_offset(mapped, self.beta))
+        offset = torch.zeros(objects.mask.shape, dtype=mapped.dtype)
+        offset[objects.mask] = fitted.hub_offset(mapped[objects.mask], self.beta)  # the real objects only
+        return objects.with_embed(mapped, offset)
 
 
 def _options(kwargs: dict) -> dict:

@@ -35,14 +35,15 @@ centred fitted values :math:`(P W + b - \mu)\,T` on the training pairs (``ridge.
 With categorical phrases this is Fisher's discriminant space: within-phrase scatter whitened,
 between-phrase directions kept.
 
-Least-squares maps make hubs (Dinu et al., 2015): objects near many mapped phrases, which
-match every query about as well (here a box mean whose colour its neighbours wash out, near
-every phrase of its shape). So an object's cosine is read against the distinct training
-phrases mapped alike, :math:`\{\hat r_v\}`, by the inverted softmax (Smith et al., 2017):
-:math:`\mathrm{cost}(p, o) = 1 - \hat p^\top \hat o + h(o)`, with the hub offset
-:math:`h(o) = \tfrac1\beta \log \sum_v \exp(\beta\, \hat r_v^\top \hat o)`, which is
+Least-squares maps make hubs (Dinu et al., 2015): objects near many mapped phrases (a box
+mean whose colour its neighbours wash out is near every phrase of its shape). So an object's
+cosine is read against the distinct training phrases mapped alike, :math:`\{\hat r_v\}`, by
+the inverted softmax (Smith et al., 2017): :math:`\mathrm{cost}(p, o) = 1 - \hat p^\top \hat o
++ h(o)` with :math:`h(o) = \tfrac1\beta \log \sum_v \exp(\beta\, \hat r_v^\top \hat o)`, i.e.
 :math:`1 - \tfrac1\beta \log` of that softmax (:meth:`RidgeMap.hub_offset`; :math:`\beta = 0`:
-none; the :data:`REFERENCE_MAX` most frequent phrases).
+none; the :data:`REFERENCE_MAX` most frequent phrases). FGW's uniform weights give every
+object of a candidate its mass, so the offsets leave the coupling as it is and charge the
+candidate :math:`1 - \alpha` times its objects' mean offset: images of hubs rank lower.
 
 The grid the object embeddings read (:data:`~pipeline.scorers.geometry.objects.OBJECT_LAYERS`:
 the final layer in the joint space, the same patches before the projection, or the early
@@ -83,6 +84,7 @@ from pipeline.scorers.geometry.objects import (
 
 VARIANT = "ridge-fgw"
 REFERENCE_MAX = 4096  # the inverted softmax's reference: at most this many distinct training phrases, the most frequent
+OFFSET_ROWS = 8192  # objects whose similarities to the reference are held at once (8192 x 4096 floats: 128 MiB)
 
 
 def distinct_image_items(index: dict[str, np.ndarray], n_items: int) -> np.ndarray:
@@ -171,8 +173,10 @@ class RidgeMap(NamedTuple):
         if beta < 0:
             raise ValueError(f"the inverted softmax's beta must be >= 0 (0: no hub offset), got {beta}")
         if beta == 0 or self.reference is None or len(self.reference) == 0:
-            return torch.zeros(objects.shape[:-1], dtype=objects.dtype)
-        return torch.logsumexp(beta * (objects @ self.reference.to(objects.dtype).T), dim=-1) / beta
+            return torch.zeros(objects.shape[:-1], dtype=objects.dtype, device=objects.device)
+        flat, reference = objects.reshape(-1, objects.shape[-1]), self.reference.to(objects)
+        chunks = [torch.logsumexp(beta * (rows @ reference.T), dim=-1) for rows in flat.split(OFFSET_ROWS)]  # [rows, V] at a time
+        return (torch.cat(chunks) if chunks else flat.new_zeros(0)).reshape(objects.shape[:-1]) / beta
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The map's tensors by name (the checkpoint's ``model.safetensors``)."""
