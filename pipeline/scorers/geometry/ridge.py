@@ -36,11 +36,10 @@ With categorical phrases this is Fisher's discriminant space: within-phrase scat
 between-phrase directions kept.
 
 Least-squares maps make hubs (Dinu et al., 2015): objects near many mapped phrases (a box
-mean whose colour its neighbours wash out is near every phrase of its shape). So an object's
-cosine is read against the distinct training phrases mapped alike, :math:`\{\hat r_v\}`, by
-the inverted softmax (Smith et al., 2017): :math:`\mathrm{cost}(p, o) = 1 - \hat p^\top \hat o
-+ h(o)` with :math:`h(o) = \tfrac1\beta \log \sum_v \exp(\beta\, \hat r_v^\top \hat o)`, i.e.
-:math:`1 - \tfrac1\beta \log` of that softmax (:meth:`RidgeMap.hub_offset`; :math:`\beta = 0`:
+mean whose colour its neighbours wash out). So an object's cosine is read against the distinct
+training phrases mapped alike, :math:`\{\hat r_v\}`, by the inverted softmax (Smith et al.,
+2017): :math:`\mathrm{cost}(p, o) = 1 - \hat p^\top \hat o + h(o)`, :math:`h(o) = \tfrac1\beta
+\log \sum_v \exp(\beta\, \hat r_v^\top \hat o)` (:meth:`RidgeMap.hub_offset`; :math:`\beta = 0`:
 none; the :data:`REFERENCE_MAX` most frequent phrases). FGW's uniform weights give every
 object of a candidate its mass, so the offsets leave the coupling as it is and charge the
 candidate :math:`1 - \alpha` times its objects' mean offset: images of hubs rank lower.
