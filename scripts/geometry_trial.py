@@ -52,6 +52,10 @@ def main() -> None:
     ap.add_argument("--plain", action="store_true", help="with --lam: the spec's plain map (phrases mapped by W, b; cosine with the raw objects; no centring, whitening or rank cut)")
     ap.add_argument("--fuse", type=float, default=None, help="rank shortlists by the standardised reranker score + FUSE x the standardised CLIP cosine")
     args = ap.parse_intermixed_args()
+    if (args.shrinkage is not None or args.inverse or args.rank or args.beta or args.plain) and args.lam is None:
+        raise SystemExit("--shrinkage, --rank, --beta, --inverse and --plain refit the map: pass --lam too")
+    if args.beta and (args.plain or args.inverse):
+        raise SystemExit("--beta offsets the objects against the reference phrases of the map's own space: not with --plain or --inverse")
 
     import torch
 
@@ -71,10 +75,6 @@ def main() -> None:
             raise SystemExit(f"override {item!r}: expected key=YAML")
         options[key] = yaml.safe_load(value)
     store = open_store(load_config(ExtractConfig, args.params, "extract"))
-    if (args.shrinkage is not None or args.inverse or args.rank or args.beta or args.plain) and args.lam is None:
-        raise SystemExit("--shrinkage, --rank, --beta, --inverse and --plain refit the map: pass --lam too")
-    if args.beta and (args.plain or args.inverse):
-        raise SystemExit("--beta offsets the objects against the reference phrases of the map's own space: not with --plain or --inverse")
     if args.lam is None:
         scorer = load_scorer(args.variant, store, score.checkpoints, options=options)
     else:

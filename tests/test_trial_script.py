@@ -149,6 +149,22 @@ def test_a_trial_script_without_its_cache_ends_with_one_line_naming_the_fix(tmp_
     assert line.endswith("a row run with --params P reads P's store: `pipeline extract --params P` first)")
 
 
+@pytest.mark.parametrize(("script", "flags"), [("ridge_heldout.py", ["--inverse", "--beta", "30"]), ("geometry_trial.py", ["ridge-fgw", "--lam", "0.01", "--inverse", "--beta", "30"])])
+def test_the_hub_offset_is_refused_with_the_inverse_map(tmp_path, script, flags):
+    """The inverse map compares in the phrase space, which has no reference phrases: a
+    ``--beta`` there would be ignored, so both scripts refuse it before reading anything."""
+    import subprocess
+    import sys
+
+    params = tmp_path / "params.yaml"
+    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    doc["extract"]["out"] = str(tmp_path / "features")
+    params.write_text(yaml.safe_dump(doc))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *flags, "--params", str(params)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "not with" in done.stderr and "--inverse" in done.stderr
+
+
 def test_extract_cpu_writes_alone_fill_every_row_it_times(tmp_path):
     """scripts/extract_cpu.py times the writes through extract's writer: every planned row
     ends written and flagged, with the toy's shapes."""
