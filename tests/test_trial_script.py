@@ -199,3 +199,26 @@ def test_steering_directions_cosine_and_length_of_the_sum_by_hand():
     found = mod.direction_geometry(directions, valid)
     assert found["mean_cosine"] == pytest.approx([-1.0, 0.0], abs=1e-6)
     assert found["sum_over_first"] == pytest.approx([0.5, 3**0.5], abs=1e-6)
+
+
+def test_ridge_object_trials_other_objects_mean_and_auc_by_hand():
+    """scripts/ridge_object_trials.py: each object's other objects' mean is taken within its
+    own image (0 for an object alone), and its AUC on a score matrix is the pipeline's
+    ranking AUC on the same map."""
+    import torch
+
+    from pipeline.scorers.geometry.ridge import fit_map, ranking_auc
+
+    mod = _module("ridge_object_trials")
+    Y = torch.tensor([[1.0, 0.0], [3.0, 2.0], [5.0, 4.0], [7.0, 1.0]])
+    image = torch.tensor([0, 0, 0, 1])
+    expected = torch.tensor([[4.0, 3.0], [3.0, 2.0], [2.0, 1.0], [0.0, 0.0]])
+    assert torch.allclose(mod.others_mean(Y, image), expected)
+    g = torch.Generator().manual_seed(0)
+    P = torch.nn.functional.normalize(torch.randn(6, 5, generator=g), dim=-1).repeat(4, 1)  # 6 phrases, 4 objects each
+    Y = P @ torch.randn(5, 8, generator=g) + 3.0 * torch.randn(24, 8, generator=g)
+    fitted = fit_map(P, Y, 0.1, 0.1)
+    objects = fitted.objects(Y)
+    S = fitted.phrases(P) @ objects.T - fitted.hub_offset(objects, 10.0)[None, :]
+    assert 0.5 < mod.auc(S, P) < 1.0
+    assert mod.auc(S, P) == pytest.approx(ranking_auc(P, Y, fitted, beta=10.0))
