@@ -9,7 +9,8 @@ suite instead, onto the object embeddings the options name: ``objects=crops`` fi
 re-encoded crops of a store extracted with ``extract.object_crops: true``), scores it on each retrieval suite (default shapes-retrieval and shapes-multi)
 and prints R@1, R@5, R@10, nDCG@10 and mean rank with their 95% bootstrap CIs, and the paired
 difference to frozen CLIP; ``--misses`` also classifies the queries whose top-1 is not their
-own image; ``--shrinkage`` and ``--rank`` (with ``--lam``) set the whitening's shrinkage (default:
+own image, counts those whose own image CLIP left outside the shortlist and names the colour
+change of each one-colour miss inside it; ``--shrinkage`` and ``--rank`` (with ``--lam``) set the whitening's shrinkage (default:
 the ridge section's), the width of the compared space (the map's top directions; default 0,
 all of them) and the hub offset's inverse temperature (``--beta``; default 0, none); ``--inverse`` (with
 ``--lam``) fits the map the other way, from object embeddings to phrase embeddings, and compares
@@ -131,9 +132,10 @@ def main() -> None:
         manifest, index, _ = drop_missing(manifest, index)
         scores = score_retrieval(scorer, store, manifest, index, score.batch_size, suite=suite_name)
         units = suite.units(manifest, scores)
+        clip_scores = score_retrieval(clip, store, manifest, index, score.batch_size)
         if args.misses:
-            print(f"{suite_name:17s} misses    {json.dumps(misses(manifest, scores))}")
-        base = suite.units(manifest, score_retrieval(clip, store, manifest, index, score.batch_size))
+            print(f"{suite_name:17s} misses    {json.dumps(misses(manifest, scores, clip_scores, getattr(scorer, 'k', None)))}")
+        base = suite.units(manifest, clip_scores)
         rows = {}
         for metric, u in units.items():
             ci = bootstrap_ci(u.values, n_resamples=2000)
@@ -144,12 +146,17 @@ def main() -> None:
     print(json.dumps(out))
 
 
-def misses(manifest, scores) -> dict[str, int]:
+def misses(manifest, scores, clip_scores=None, k: int | None = None) -> dict:
     """Each query whose top-1 gallery image is not its own, by what that image changes: a
     near-duplicate of the query's scene (same ``group``) with other (colour, shape) objects or
     only another layout, or another scene sharing both, one or none of the query's shapes
-    (shapes-world manifests: ``scene`` JSON and ``group`` columns)."""
+    (shapes-world manifests: ``scene`` JSON and ``group`` columns). With CLIP's scores and the
+    shortlist's length ``k``: how many misses had their own image outside CLIP's top ``k`` (no
+    reranking of the shortlist can reach it), and, for the misses inside it whose image has
+    the query's shapes with exactly one colour changed, each change ("orange->yellow")."""
     from collections import Counter
+
+    import numpy as np
 
     from pipeline.benchmarks.base import gallery_images
     from pipeline.scorers.geometry.objects import gallery_rows_of
@@ -158,8 +165,11 @@ def misses(manifest, scores) -> dict[str, int]:
     gold = {manifest["image"].iloc[r]: g for g, r in enumerate(rows)}
     scene = [json.loads(x)["objects"] for x in manifest["scene"]]
     kinds: Counter = Counter()
+    changes: Counter = Counter()
+    outside = 0
     for q, top in enumerate(scores.argmax(1)):
-        if top == gold[manifest["image"].iloc[q]]:
+        own = gold[manifest["image"].iloc[q]]
+        if top == own:
             continue
         t = int(rows[top])
         objects = [{(o["colour"], o["shape"]) for o in scene[i]} for i in (q, t)]
@@ -168,8 +178,19 @@ def misses(manifest, scores) -> dict[str, int]:
         else:
             shared = len({s for _, s in objects[0]} & {s for _, s in objects[1]})
             kinds[f"another scene, {shared} shape(s) shared"] += 1
-    return {"queries": len(scores), "misses": sum(kinds.values()), **dict(sorted(kinds.items()))}
-
+        if clip_scores is None or k is None:
+            continue
+        row = np.asarray(clip_scores[q], dtype=float)
+        if (row > row[own]).sum() >= k:
+            outside += 1
+            continue
+        lost, gained = objects[0] - objects[1], objects[1] - objects[0]
+        if len(lost) == len(gained) == 1 and next(iter(lost))[1] == next(iter(gained))[1]:
+            changes[f"{next(iter(lost))[0]}->{next(iter(gained))[0]}"] += 1
+    found = {"queries": len(scores), "misses": sum(kinds.values()), **dict(sorted(kinds.items()))}
+    if clip_scores is not None and k is not None:
+        found |= {"outside the shortlist": outside, "one colour changed": dict(sorted(changes.items()))}
+    return found
 
 if __name__ == "__main__":
     run_main(main)

@@ -222,3 +222,36 @@ def test_ridge_object_trials_other_objects_mean_and_auc_by_hand():
     S = fitted.phrases(P) @ objects.T - fitted.hub_offset(objects, 10.0)[None, :]
     assert 0.5 < mod.auc(S, P) < 1.0
     assert mod.auc(S, P) == pytest.approx(ranking_auc(P, Y, fitted, beta=10.0))
+
+
+def test_geometry_trial_misses_by_hand():
+    """scripts/geometry_trial.py --misses: a miss whose own image CLIP put outside its top k
+    is counted there; one inside whose top image changes one colour of the query's shapes
+    names that change; a hit is no miss."""
+    import json
+
+    import numpy as np
+    import pandas as pd
+
+    mod = _module("geometry_trial")
+
+    def scene(*objects):
+        return json.dumps({"objects": [{"colour": c, "shape": s} for c, s in objects]})
+
+    manifest = pd.DataFrame({
+        "image": ["a", "b", "c", "d"],
+        "scene": [scene(("red", "star"), ("blue", "cross")), scene(("orange", "star"), ("blue", "cross")),
+                  scene(("red", "star"), ("green", "circle")), scene(("white", "square"), ("blue", "cross"))],
+        "group": ["a", "b", "c", "d"],
+    })  # fmt: skip
+    scores = np.array([[0.0, 9.0, 1.0, 2.0],  # query a: top b (red -> orange star), own image inside CLIP's top 2
+                       [0.0, 1.0, 9.0, 2.0],  # query b: top c, own image outside CLIP's top 2
+                       [0.0, 1.0, 9.0, 2.0],  # query c: a hit
+                       [0.0, 9.0, 1.0, 2.0]])  # fmt: skip
+    clip = np.array([[5.0, 4.0, 0.0, 0.0], [5.0, 0.0, 4.0, 3.0], [0.0, 0.0, 1.0, 0.0], [0.0, 5.0, 0.0, 4.0]])
+    found = mod.misses(manifest, scores, clip, k=2)
+    assert found["queries"] == 4 and found["misses"] == 3
+    assert found["outside the shortlist"] == 1
+    assert found["one colour changed"] == {"red->orange": 1}  # query d's top b changes a shape, not a colour
+    assert found["another scene, 2 shape(s) shared"] == 1 and found["another scene, 1 shape(s) shared"] == 2
+    assert "outside the shortlist" not in mod.misses(manifest, scores)
