@@ -338,6 +338,10 @@ def score_reranked(reranker: Reranker, base: Scorer, store: FeatureStore, galler
     The base scores the whole gallery; each query's top ``k`` (ties by gallery order) go
     to ``rerank``, in batches of ``max(1, batch_size // k)`` queries so that one call
     sees about ``batch_size`` (query, image) pairs; :func:`merge_reranked` merges them.
+    A reranker that reads no grids gets its candidates and queries from the gallery's and
+    the queries' pooled rows, read from the store once (a whole-gallery shortlist would
+    otherwise read every gallery image again for each query); one that reads grids gets
+    each batch's rows read for that batch only.
     """
     name = type(reranker).__name__
     if base.pairwise or base.reranker:
@@ -352,11 +356,15 @@ def score_reranked(reranker: Reranker, base: Scorer, store: FeatureStore, galler
     shortlist = stable_top_k(base_s, k)  # [Q, k] gallery positions
     reranked = torch.empty(shortlist.shape, dtype=torch.float64)  # [Q, k]
     step = max(1, batch_size // k)
+    pooled = None if reranker.uses_grids else (store.images(gallery_rows, grids=False), store.texts(query_rows, grids=False))
     for start in range(0, len(query_rows), step):
         listed = shortlist[start : start + step]  # [b, k]
         ids, rows = torch.unique(listed, return_inverse=True)  # [U] gallery positions, [b, k] rows of ids
-        candidates = store.images(gallery_rows[ids.numpy()], grids=reranker.uses_grids)  # U images
-        query = store.texts(query_rows[start : start + step], grids=reranker.uses_grids)
+        if pooled is None:
+            candidates = store.images(gallery_rows[ids.numpy()], grids=True)  # U images
+            query = store.texts(query_rows[start : start + step], grids=True)
+        else:
+            candidates, query = pooled[0].index(ids), pooled[1].index(torch.arange(start, start + len(listed)))
         r = reranker.rerank(query, candidates, rows, gallery=ids, queries=torch.arange(start, start + len(listed)))
         if tuple(r.shape) != tuple(listed.shape):
             raise ValueError(f"{name}.rerank returned shape {tuple(r.shape)}, expected [Q, K] = {tuple(listed.shape)}")

@@ -46,7 +46,8 @@ class ReverseReranker(Reranker):
 
     def rerank(self, query, candidates, shortlist, gallery=None, queries=None):
         self.calls.append({"n_query": len(query), "n_candidates": len(candidates), "shortlist": shortlist.clone(),
-                           "gallery": gallery, "embed": candidates.embed.clone()})  # fmt: skip
+                           "gallery": gallery, "embed": candidates.embed.clone(), "final": candidates.final.clone(),
+                           "tokens": query.tokens.clone()})  # fmt: skip
         Q, K = shortlist.shape
         return torch.arange(K, dtype=torch.float32).expand(Q, K)  # [Q, K] last shortlisted first
 
@@ -164,6 +165,59 @@ def test_reranker_reorders_the_shortlist_and_keeps_the_rest(retrieval_case, batc
             c["embed"][sl], gallery_embed[torch.as_tensor(want)], rtol=0, atol=0
         )
         start += c["n_query"]
+
+
+class GridReverseReranker(ReverseReranker):
+    """:class:`ReverseReranker` that reads the grids."""
+
+    uses_grids = True
+
+
+def _rows_read(store, monkeypatch) -> dict[str, list[int]]:
+    """Every image and text row the store hands out from now on, by modality."""
+    read: dict[str, list[int]] = {"images": [], "texts": []}
+    for name in read:
+        method = getattr(type(store), name)
+
+        def counted(self, rows, grids=True, _method=method, _name=name):
+            read[_name].extend(np.asarray(rows).tolist())
+            return _method(self, rows, grids=grids)
+
+        monkeypatch.setattr(type(store), name, counted)
+    return read
+
+
+def test_a_pooled_reranker_reads_the_gallery_once_however_many_calls(retrieval_case, monkeypatch):
+    """A whole-gallery shortlist (steering's over the gallery) reranked one query a call read
+    every gallery image again for each query; a reranker without grids now gets them from
+    the gallery's pooled rows, read once, so one call or sixteen read the same rows."""
+    store, manifest, index = retrieval_case
+    gallery_rows, query_rows = retrieval_rows(manifest, index)
+    read = _rows_read(store, monkeypatch)
+    counts = {}
+    for batch_size in (4, 256):
+        for rows in read.values():
+            rows.clear()
+        reranker = ReverseReranker(k=100)
+        score_retrieval(reranker, store, manifest, index, batch_size, base=_clip(store))
+        counts[batch_size] = (len(reranker.calls), len(read["images"]), len(read["texts"]))
+    assert counts[4][0] == 16 and counts[256][0] == 1
+    assert counts[4][1:] == counts[256][1:]
+    assert counts[4][1] <= 2 * len(gallery_rows) and counts[4][2] <= 2 * len(query_rows)  # the base's read and the reranker's
+
+
+def test_a_grid_reranker_gets_each_batchs_grids(retrieval_case):
+    """A reranker that reads grids gets the candidates' and queries' grids, row for row
+    the store's, and reorders its shortlist as the pooled path does."""
+    store, manifest, index = retrieval_case
+    gallery_rows, query_rows = retrieval_rows(manifest, index)
+    pooled, grids = ReverseReranker(k=5), GridReverseReranker(k=5)
+    np.testing.assert_array_equal(score_retrieval(pooled, store, manifest, index, 12), score_retrieval(grids, store, manifest, index, 12))
+    call = grids.calls[0]
+    assert call["n_query"] == 2 and call["n_candidates"] == len(torch.unique(call["shortlist"]))
+    want = store.images(gallery_rows[call["gallery"].numpy()], grids=True)
+    torch.testing.assert_close(call["final"], want.final, rtol=0, atol=0)
+    torch.testing.assert_close(call["tokens"], store.texts(query_rows[:2], grids=True).tokens, rtol=0, atol=0)
 
 
 def test_shortlist_as_large_as_the_gallery_reranks_everything(retrieval_case):
