@@ -192,5 +192,6 @@ def misses(manifest, scores, clip_scores=None, k: int | None = None) -> dict:
         found |= {"outside the shortlist": outside, "one colour changed": dict(sorted(changes.items()))}
     return found
 
+
 if __name__ == "__main__":
     run_main(main)
