@@ -151,15 +151,17 @@ def misses(manifest, scores, clip_scores=None, k: int | None = None) -> dict:
     near-duplicate of the query's scene (same ``group``) with other (colour, shape) objects or
     only another layout, or another scene sharing both, one or none of the query's shapes
     (shapes-world manifests: ``scene`` JSON and ``group`` columns). With CLIP's scores and the
-    shortlist's length ``k``: how many misses had their own image outside CLIP's top ``k`` (no
-    reranking of the shortlist can reach it), and, for the misses inside it whose image has
+    shortlist's length ``k``: how many misses had their own image outside CLIP's shortlist
+    (its top ``k``, ties by gallery order as the rerankers take it: no reranking can reach it), and, for the misses inside it whose image has
     the query's shapes with exactly one colour changed, each change ("orange->yellow")."""
     from collections import Counter
 
     import numpy as np
+    import torch
 
     from pipeline.benchmarks.base import gallery_images
     from pipeline.scorers.geometry.objects import gallery_rows_of
+    from pipeline.scoring import stable_top_k
 
     rows = gallery_rows_of(manifest, gallery_images(manifest))  # gallery index -> manifest row
     gold = {manifest["image"].iloc[r]: g for g, r in enumerate(rows)}
@@ -167,6 +169,7 @@ def misses(manifest, scores, clip_scores=None, k: int | None = None) -> dict:
     kinds: Counter = Counter()
     changes: Counter = Counter()
     outside = 0
+    listed = None if clip_scores is None or k is None else stable_top_k(torch.as_tensor(np.asarray(clip_scores)), min(k, len(rows))).numpy()  # [Q, k] CLIP's shortlists
     for q, top in enumerate(scores.argmax(1)):
         own = gold[manifest["image"].iloc[q]]
         if top == own:
@@ -178,17 +181,16 @@ def misses(manifest, scores, clip_scores=None, k: int | None = None) -> dict:
         else:
             shared = len({s for _, s in objects[0]} & {s for _, s in objects[1]})
             kinds[f"another scene, {shared} shape(s) shared"] += 1
-        if clip_scores is None or k is None:
+        if listed is None:
             continue
-        row = np.asarray(clip_scores[q], dtype=float)
-        if (row > row[own]).sum() >= k:
+        if own not in listed[q]:
             outside += 1
             continue
         lost, gained = objects[0] - objects[1], objects[1] - objects[0]
         if len(lost) == len(gained) == 1 and next(iter(lost))[1] == next(iter(gained))[1]:
             changes[f"{next(iter(lost))[0]}->{next(iter(gained))[0]}"] += 1
     found = {"queries": len(scores), "misses": sum(kinds.values()), **dict(sorted(kinds.items()))}
-    if clip_scores is not None and k is not None:
+    if listed is not None:
         found |= {"outside the shortlist": outside, "one colour changed": dict(sorted(changes.items()))}
     return found
 

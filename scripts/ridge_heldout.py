@@ -6,8 +6,8 @@ Every fifth training image of the ``ridge`` section's suite is held out; the map
 whitening are fitted on the rest (:func:`pipeline.scorers.geometry.ridge.fit_map`) and each
 held-out mapped phrase is compared with the held-out objects in the map's top ``--rank``
 directions (default: the ridge section's ranks; 0: all), each object's hub offset at each
-``--beta`` subtracted (default: the ridge section's ``inverted_softmax``; 0: none; refused with
-``--inverse``). Prints, per grid, shrinkage, rank and beta,
+``--beta`` subtracted (default: the ridge section's ``inverted_softmax``; 0: none; a non-zero one
+is refused with ``--inverse``). Prints, per grid, shrinkage, rank and beta,
 the AUC over every pair of different phrases (what the ridge stage selects the grid by) and
 over the hard pairs only — different phrases that share a word ("red circle" against "blue
 circle"), the confusions retrieval makes — each with the training split alone, never a test
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--inverse", action="store_true", help="fit objects -> phrases, compare in the phrase space")
     ap.add_argument("--objects", default=None, choices=["box-mean", "crops"], help="object embeddings (default: the ridge section's; crops: one grid)")
     args = ap.parse_args()
-    if args.inverse and args.beta:
+    if args.inverse and any(args.beta or []):
         raise SystemExit("--beta offsets the objects against the reference phrases of the map's own space: not with --inverse")
 
     import numpy as np

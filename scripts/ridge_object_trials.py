@@ -45,7 +45,8 @@ def main() -> None:
     ap.add_argument("--retrieval", action="store_true", help="others: also score ridge-fgw on shapes-retrieval at each gamma")
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     args = ap.parse_args()
-
+    if any(b < 0 for b in args.beta or []):
+        raise SystemExit("--beta must be >= 0 (0: no hub offset)")
 
     from pipeline.cache import open_store
     from pipeline.config import ExtractConfig, RidgeConfig, load_config
@@ -53,6 +54,8 @@ def main() -> None:
     from pipeline.scoring import suite_inputs
 
     ridge = load_config(RidgeConfig, args.params, "ridge")
+    if ridge.objects != "box-mean":
+        raise SystemExit(f"these trials are on box means; {args.params} fits the map on {ridge.objects!r}")
     store = open_store(load_config(ExtractConfig, args.params, "extract"))
     manifest, index = suite_inputs(store, ridge.suite)
     betas = args.beta or [100.0]
@@ -153,8 +156,9 @@ def size_trial(store, manifest, index, ridge, pairs, fit, betas) -> None:
     reference = reference_phrases(P[~held])
     for b in betas:
         S = torch.cat([(mapped(P[held], sh[j : j + 512]) * o[None, j : j + 512]).sum(-1) for j in range(0, len(o), 512)], 1)
-        offset = torch.cat([torch.logsumexp(b * (mapped(reference, sh[j : j + 512]) * o[None, j : j + 512]).sum(-1), 0) / b for j in range(0, len(o), 512)])
-        S = S - offset[None, :]
+        if b > 0:  # the inverted softmax's offset, mapped at each object's size (0: none)
+            offset = torch.cat([torch.logsumexp(b * (mapped(reference, sh[j : j + 512]) * o[None, j : j + 512]).sum(-1), 0) / b for j in range(0, len(o), 512)])
+            S = S - offset[None, :]
         print(f"size-conditioned   beta {b:<5g} AUC {auc(S, P[held]):.4f}  small {auc(S[small][:, small], P[held][small]):.4f}  large {auc(S[~small][:, ~small], P[held][~small]):.4f}", flush=True)
 
 

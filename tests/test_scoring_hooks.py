@@ -47,7 +47,7 @@ class ReverseReranker(Reranker):
     def rerank(self, query, candidates, shortlist, gallery=None, queries=None):
         self.calls.append({"n_query": len(query), "n_candidates": len(candidates), "shortlist": shortlist.clone(),
                            "gallery": gallery, "embed": candidates.embed.clone(), "final": candidates.final.clone(),
-                           "tokens": query.tokens.clone()})  # fmt: skip
+                           "tokens": query.tokens.clone(), "query_embed": query.embed.clone()})  # fmt: skip
         Q, K = shortlist.shape
         return torch.arange(K, dtype=torch.float32).expand(Q, K)  # [Q, K] last shortlisted first
 
@@ -150,8 +150,9 @@ def test_reranker_reorders_the_shortlist_and_keeps_the_rest(retrieval_case, batc
         final[np.arange(16)[:, None], rest], base[np.arange(16)[:, None], rest]
     )
     # (c) each call sees exactly k candidates per query, and only the shortlisted images
-    gallery_rows, _ = retrieval_rows(manifest, index)
+    gallery_rows, query_rows = retrieval_rows(manifest, index)
     gallery_embed = store.images(gallery_rows, grids=False).embed  # [12, D]
+    query_embed = store.texts(query_rows, grids=False).embed  # [16, D]
     assert sum(c["n_query"] for c in reranker.calls) == 16
     assert len(reranker.calls) == -(-16 // max(1, batch_size // k))
     start = 0
@@ -164,6 +165,7 @@ def test_reranker_reorders_the_shortlist_and_keeps_the_rest(retrieval_case, batc
         torch.testing.assert_close(
             c["embed"][sl], gallery_embed[torch.as_tensor(want)], rtol=0, atol=0
         )
+        torch.testing.assert_close(c["query_embed"], query_embed[start : start + c["n_query"]], rtol=0, atol=0)  # each batch its own queries
         start += c["n_query"]
 
 
