@@ -42,7 +42,6 @@ def main() -> None:
     if args.inverse and any(args.beta or []):
         raise SystemExit("--beta offsets the objects against the reference phrases of the map's own space: not with --inverse")
 
-    import numpy as np
     import torch
 
     from pipeline.cache import open_store
@@ -56,6 +55,7 @@ def main() -> None:
         training_pairs,
     )
     from pipeline.scoring import suite_inputs
+    from scripts.trials import shared_word_pairs
 
     ridge = load_config(RidgeConfig, args.params, "ridge")
     lam = ridge.lam if args.lam is None else args.lam
@@ -70,13 +70,7 @@ def main() -> None:
     for layer in ("final",) if objects == "crops" else OBJECT_LAYERS:
         P, Y, image = training_pairs(store, manifest, index, ridge.suite, layer, objects)
         held = image % 5 == 4
-        kept = [n for n, h in zip(names, held.tolist(), strict=True) if h]
-        vocab = {w: i for i, w in enumerate(sorted({w for n in kept for w in n.split()}))}
-        bag = torch.zeros(len(kept), len(vocab))  # [n, V] which words each held-out phrase has
-        for i, n in enumerate(kept):
-            bag[i, [vocab[w] for w in n.split()]] = 1.0
-        ids = torch.as_tensor(np.unique(kept, return_inverse=True)[1])
-        hard = ((bag @ bag.T) > 0) & (ids[:, None] != ids[None, :])  # share a word, differ as phrases
+        hard = shared_word_pairs([n for n, h in zip(names, held.tolist(), strict=True) if h])
         out[layer] = {}
         for s in args.shrinkage or [1.0, 0.3, 0.1, 0.03, 0.01]:
             full = fit_map(Y[~held], P[~held], lam, s) if args.inverse else fit_map(P[~held], Y[~held], lam, s)

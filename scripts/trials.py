@@ -31,6 +31,20 @@ def run_main(main: Callable[[], object]) -> None:
         sys.exit(f"error: {e}")
 
 
+def shared_word_pairs(names: list[str]):
+    """[n, n] bool: the pairs of different phrases among ``names`` that share a word ("red
+    circle" against "blue circle"), the hard pairs of the ridge map's held-out AUC."""
+    import numpy as np
+    import torch
+
+    vocab = {w: i for i, w in enumerate(sorted({w for n in names for w in n.split()}))}
+    bag = torch.zeros(len(names), len(vocab))  # [n, V] which words each phrase has
+    for i, n in enumerate(names):
+        bag[i, [vocab[w] for w in n.split()]] = 1.0
+    ids = torch.as_tensor(np.unique(names, return_inverse=True)[1])
+    return ((bag @ bag.T) > 0) & (ids[:, None] != ids[None, :])
+
+
 def write_trial_params(params: dict, out: Path, name: str) -> tuple[Path, Path]:
     """``(out/name, out/name/params.yaml)`` with ``params`` written there; the folder is made."""
     root = out / name

@@ -257,3 +257,102 @@ def test_geometry_trial_misses_by_hand():
     assert found["one colour changed"] == {"red->orange": 1}
     assert found["another scene, 2 shape(s) shared"] == 1 and found["another scene, 1 shape(s) shared"] == 2
     assert "outside the shortlist" not in mod.misses(manifest, scores)
+
+
+def test_shared_word_pairs_by_hand():
+    """scripts/trials.py: the hard pairs are different phrases that share a word; a phrase
+    against itself or against a phrase with no word in common is no such pair."""
+    import torch
+
+    from scripts.trials import shared_word_pairs
+
+    names = ["red circle", "blue circle", "red circle", "green square"]
+    expected = torch.tensor([
+        [False, True, False, False],
+        [True, False, True, False],
+        [False, True, False, False],
+        [False, False, False, False],
+    ])  # fmt: skip
+    assert torch.equal(shared_word_pairs(names), expected)
+
+
+def test_ridge_object_trials_relu_lift():
+    """The lift trial's objects: the standardised box means first (width 0: nothing else),
+    then non-negative random features drawn from the seed alone, or a seeded probe's
+    hidden layer."""
+    import torch
+
+    mod = _module("ridge_object_trials")
+    g = torch.Generator().manual_seed(1)
+    Y = 2.0 + 3.0 * torch.randn(50, 4, generator=g)
+    z = mod.relu_lift(Y, 0)(Y)
+    assert z.shape == (50, 4)
+    assert torch.allclose(z.mean(0), torch.zeros(4), atol=1e-5) and torch.allclose(z.std(0), torch.ones(4), atol=1e-5)
+    lifted = mod.relu_lift(Y, 7)(Y)
+    assert lifted.shape == (50, 11) and torch.allclose(lifted[:, :4], z) and (lifted[:, 4:] >= 0).all()
+    assert torch.equal(lifted, mod.relu_lift(Y, 7)(Y)) and not torch.equal(lifted, mod.relu_lift(Y, 7, seed=1)(Y))
+    learned = mod.learned_lift(Y, torch.arange(50) % 2, 2, hidden=5, epochs=2)(Y)
+    assert learned.shape == (50, 9) and torch.allclose(learned[:, :4], z)
+    assert torch.equal(learned, mod.learned_lift(Y, torch.arange(50) % 2, 2, hidden=5, epochs=2)(Y))
+
+
+def test_ridge_object_trials_lifted_patch_with_no_lift_is_the_pipelines_reranker():
+    """With the identity as its lift, the lift trial's patch maps phrases and objects (and
+    offsets the real objects) exactly as ``ridge-fgw`` does with the same fitted map."""
+    import torch
+
+    from pipeline.scorers.geometry.objects import ObjectSets
+    from pipeline.scorers.geometry.rerankers import RidgeFGWReranker
+    from pipeline.scorers.geometry.ridge import fit_map
+
+    mod = _module("ridge_object_trials")
+    g = torch.Generator().manual_seed(0)
+    P = torch.nn.functional.normalize(torch.randn(5, 6, generator=g), dim=-1).repeat(6, 1)
+    Y = P @ torch.randn(6, 4, generator=g) + 0.5 * torch.randn(30, 4, generator=g)
+    fitted = fit_map(P, Y, 0.1, 0.1)
+    scorer = RidgeFGWReranker(6, 4, beta=30.0, n_reference=len(fitted.reference))
+    with torch.no_grad():
+        for name, value in fitted.tensors().items():
+            getattr(scorer, name).copy_(value)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    objects = ObjectSets(torch.randn(2, 3, 4, generator=g), mask, torch.zeros(2, 3, 2))
+    phrases = ObjectSets(torch.randn(2, 3, 6, generator=g), mask, torch.zeros(2, 3, 2))
+    expected_o, expected_p = scorer.map_objects(objects), scorer.map_phrases(phrases)
+    mod.lifted(fitted, lambda y: y, 30.0)(scorer)
+    found_o, found_p = scorer.map_objects(objects), scorer.map_phrases(phrases)
+    assert torch.allclose(found_o.embed, expected_o.embed) and torch.allclose(found_o.offset, expected_o.offset)
+    assert (found_o.offset[~mask] == 0).all() and (found_o.offset[mask] != 0).all()
+    assert torch.allclose(found_p.embed, expected_p.embed)
+
+
+def test_ridge_object_trials_probe_learns_and_its_cost_is_the_posterior():
+    """The probe trial: a seeded probe names separable classes on held-out points and comes
+    out the same from the same seed; as a feature cost each query phrase is read as its
+    class and pays 1 - (1/beta) log p(class | object)."""
+    import torch
+
+    from pipeline.scorers.geometry.objects import ObjectSets, feature_cost
+
+    mod = _module("ridge_object_trials")
+    g = torch.Generator().manual_seed(0)
+    centres = 4.0 * torch.eye(3, 5)
+    y = torch.arange(3).repeat(40)
+    X = centres[y] + 0.3 * torch.randn(120, 5, generator=g)
+    X_eval = centres[y[:9]] + 0.3 * torch.randn(9, 5, generator=g)
+    assert torch.equal(mod.train_probe(X, y, X_eval, 3, 16, epochs=200).argmax(1), y[:9])
+    for hidden in (0, 16):
+        assert torch.equal(mod.train_probe(X, y, X_eval, 3, hidden, epochs=5), mod.train_probe(X, y, X_eval, 3, hidden, epochs=5))
+    net = torch.nn.Linear(5, 3)
+    with torch.no_grad():
+        net.weight.copy_(torch.randn(3, 5, generator=g))
+        net.bias.zero_()
+    phrases = torch.nn.functional.normalize(torch.randn(3, 4, generator=g), dim=-1)
+    scorer = type("Scorer", (), {})()
+    mod.probe_cost(net, torch.zeros(5), torch.ones(5), phrases, 10.0)(scorer)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    q = scorer.map_phrases(ObjectSets(phrases[[2, 0]][None] * 3.0, mask, torch.zeros(1, 2, 2)))
+    objects = torch.randn(1, 2, 5, generator=g)
+    c = scorer.map_objects(ObjectSets(objects, mask, torch.zeros(1, 2, 2)))
+    with torch.no_grad():
+        expected = 1.0 - net(objects[0]).log_softmax(-1)[:, [2, 0]].T / 10.0  # [phrases, objects]
+    assert torch.allclose(feature_cost(q, c)[0], expected, atol=1e-6)
