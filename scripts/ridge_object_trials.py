@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--beta", type=float, action="append", default=None, help="hub offset's inverse temperature (default: 100)")
     ap.add_argument("--gamma", type=float, action="append", default=None, help="others: the share of the other objects' mean removed (default: 0, 0.25, 0.5, 0.75, 1)")
     ap.add_argument("--width", type=int, action="append", default=None, help="lift: random ReLU features (default: 0, 1024, 2048, 4096)")
-    ap.add_argument("--learned", action="store_true", help="lift: the probe's MLP hidden layer instead of random features")
+    ap.add_argument("--learned", action="store_true", help="lift: the probe's MLP hidden layer in place of --width's random features")
     ap.add_argument("--retrieval", action="store_true", help="others, probe, lift: also score ridge-fgw so built on shapes-retrieval")
     ap.add_argument("--params", default=str(ROOT / "params.yaml"))
     args = ap.parse_args()
@@ -69,6 +69,10 @@ def main() -> None:
         raise SystemExit("--beta must be >= 0 (0: no hub offset)")
     if any(w < 0 for w in args.width or []):
         raise SystemExit("--width must be >= 0 (0: the standardised box means alone)")
+    if args.learned and (args.trial != "lift" or args.width):
+        raise SystemExit("--learned is the lift trial's learned lift, in place of --width's random features")
+    if args.trial == "probe" and args.retrieval and 0 in (args.beta or []):
+        raise SystemExit("probe --retrieval divides the probe's log posterior by --beta: give beta > 0")
 
     from pipeline.cache import open_store
     from pipeline.config import ExtractConfig, RidgeConfig, load_config
@@ -233,19 +237,11 @@ def probe_trial(names, pairs, fit, betas, scored=None, epochs: int = 200, hidden
     label = torch.as_tensor(label)
     held_names = [n for n, h in zip(names, held.tolist(), strict=True) if h]
     hard = shared_word_pairs(held_names)
-    same_phrase = label[held][:, None] == label[held][None, :]
     shape = torch.as_tensor(np.unique([n.split()[-1] for n in classes], return_inverse=True)[1])
 
     def report(name: str, S: torch.Tensor, top: torch.Tensor) -> None:
-        """S [phrases, objects] over the held-out pairs; top [objects] each object's top-1 class."""
-        own = S.diag()[:, None]
-        every = float(((S < own) & ~same_phrase).sum() / (~same_phrase).sum())
-        shared = float(((S < own) & hard).sum() / hard.sum())
-        truth = label[held]
-        wrong = top != truth
-        colour = wrong & (shape[top] == shape[truth])
-        print(f"  {name:22s} AUC {every:.4f}  hard pairs {shared:.4f}  top-1 {1 - float(wrong.float().mean()):.4f}  "
-              f"errors keeping the shape {int(colour.sum())} of {int(wrong.sum())}", flush=True)
+        every, shared, top1, colour, wrong = readout_figures(S, top, label[held], hard, shape)
+        print(f"  {name:22s} AUC {every:.4f}  hard pairs {shared:.4f}  top-1 {top1:.4f}  errors keeping the shape {colour} of {wrong}", flush=True)
 
     for grid, layers in grids.items():
         Y = torch.cat([loaded[layer][1] for layer in layers], 1)
@@ -267,8 +263,23 @@ def probe_trial(names, pairs, fit, betas, scored=None, epochs: int = 200, hidden
         Y = loaded["early"][1]
         mean, std = Y.mean(0), Y.std(0).clamp_min(1e-6)
         net = train_probe(((Y - mean) / std), label, None, len(classes), hidden, epochs)
+        plain = fit(P, Y)  # builds the scorer, whose mapping the patch replaces
         for b in betas:
-            retrieval(*scored, fit(P, Y), b, f"MLP probe, beta {b:g}", probe_cost(net, mean, std, P[first], b))
+            retrieval(*scored, plain, b, f"MLP probe, beta {b:g}", probe_cost(net, mean, std, P[first], b))
+
+
+def readout_figures(S, top, truth, hard, shape) -> tuple[float, float, float, int, int]:
+    """(AUC, hard-pair AUC, top-1, errors keeping the shape, errors) of one readout of the
+    held-out objects: ``S`` [n, n] scores phrase i (rows) against object j (columns),
+    object i's own phrase on the diagonal; ``top`` [n] each object's top-1 class, ``truth``
+    [n] its own; ``hard`` [n, n] the hard pairs; ``shape`` [classes] each class's shape.
+    The AUCs are :func:`pipeline.scorers.geometry.ridge.ranking_auc`'s, over the pairs of
+    different phrases (told apart by class) and over the hard pairs."""
+    own = S.diag()[:, None]
+    other = truth[:, None] != truth[None, :]
+    wrong = top != truth
+    return (float(((S < own) & other).sum() / other.sum()), float(((S < own) & hard).sum() / hard.sum()),
+            1 - float(wrong.float().mean()), int((wrong & (shape[top] == shape[truth])).sum()), int(wrong.sum()))  # fmt: skip
 
 
 def relu_lift(Y_fit, width: int, seed: int = 0):
@@ -315,11 +326,12 @@ def lift_trial(names, pairs, fit, betas, widths, scored=None) -> None:
         fitted = fit(P[~held], Yl[~held])
         print(f"{'learned' if width < 0 else f'width {width}':11s} " + "  ".join(f"beta {b:g} AUC {ranking_auc(P[held], Yl[held], fitted, beta=b):.4f} hard pairs {ranking_auc(P[held], Yl[held], fitted, pairs=hard, beta=b):.4f}" for b in betas), flush=True)
     if scored is not None:
+        plain = fit(P, Y)  # builds the scorer, whose mapping the patch replaces
         for width in widths:
             lift = make_lift(everything, width)
             fitted = fit(P, lift(Y))
             for b in betas:
-                retrieval(*scored, fit(P, Y), b, f"{'learned' if width < 0 else f'width {width}'} beta {b:g}", lifted(fitted, lift, b))
+                retrieval(*scored, plain, b, f"{'learned' if width < 0 else f'width {width}'} beta {b:g}", lifted(fitted, lift, b))
 
 
 def learned_lift(Y_fit, y_fit, n_classes: int, hidden: int = 512, epochs: int = 200):
@@ -388,13 +400,17 @@ def probe_cost(net, mean, std, phrases, beta: float):
     """A patch of the scorer (:func:`retrieval`): the feature cost 1 - (1/beta) log p(c | o),
     with p the probe's posterior over the phrases ``phrases`` [C, D] (its classes, in order)
     and each query phrase read as the class whose embedding it equals (the inverted
-    softmax's cost has this form, with the map's posterior)."""
+    softmax's cost has this form, with the map's posterior). A query phrase that is none
+    of the classes is refused: the closed-set probe cannot score it."""
     import torch
     import torch.nn.functional as F
 
     def patch(scorer) -> None:
         def map_phrases(sets):
-            cls = (sets.embed @ F.normalize(phrases, dim=-1).T).argmax(-1)  # [N, n]
+            cosine = F.normalize(sets.embed, dim=-1) @ F.normalize(phrases, dim=-1).T  # [N, n, C]
+            best, cls = cosine.max(-1)
+            if (best[sets.mask] < 1 - 1e-4).any():
+                raise ValueError("a query phrase is none of the probe's classes: the closed-set probe cannot score it")
             return sets.with_embed(F.one_hot(cls, len(phrases)).to(sets.embed.dtype))
 
         def map_objects(sets):

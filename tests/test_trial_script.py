@@ -165,6 +165,22 @@ def test_the_hub_offset_is_refused_with_the_inverse_map(tmp_path, script, flags)
     assert "not with" in done.stderr and "--inverse" in done.stderr
 
 
+@pytest.mark.parametrize(("flags", "message"), [(["lift", "--learned", "--width", "8"], "--learned"), (["probe", "--retrieval", "--beta", "0"], "beta > 0"), (["lift", "--width", "-1"], "--width must be")])
+def test_ridge_object_trials_refuses_flags_it_cannot_honour(tmp_path, flags, message):
+    """The learned lift has no width; the probe's cost divides by beta; a negative width is
+    no lift: each is refused before the store is read."""
+    import subprocess
+    import sys
+
+    params = tmp_path / "params.yaml"
+    doc = yaml.safe_load((ROOT / "params.yaml").read_text())
+    doc["extract"]["out"] = str(tmp_path / "features")
+    params.write_text(yaml.safe_dump(doc))
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "ridge_object_trials.py"), *flags, "--params", str(params)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert message in done.stderr and "no feature store" not in done.stderr
+
+
 def test_extract_cpu_writes_alone_fill_every_row_it_times(tmp_path):
     """scripts/extract_cpu.py times the writes through extract's writer: every planned row
     ends written and flagged, with the toy's shapes."""
@@ -285,15 +301,15 @@ def test_ridge_object_trials_relu_lift():
     mod = _module("ridge_object_trials")
     g = torch.Generator().manual_seed(1)
     Y = 2.0 + 3.0 * torch.randn(50, 4, generator=g)
-    z = mod.relu_lift(Y, 0)(Y)
-    assert z.shape == (50, 4)
-    assert torch.allclose(z.mean(0), torch.zeros(4), atol=1e-5) and torch.allclose(z.std(0), torch.ones(4), atol=1e-5)
-    lifted = mod.relu_lift(Y, 7)(Y)
-    assert lifted.shape == (50, 11) and torch.allclose(lifted[:, :4], z) and (lifted[:, 4:] >= 0).all()
-    assert torch.equal(lifted, mod.relu_lift(Y, 7)(Y)) and not torch.equal(lifted, mod.relu_lift(Y, 7, seed=1)(Y))
-    learned = mod.learned_lift(Y, torch.arange(50) % 2, 2, hidden=5, epochs=2)(Y)
-    assert learned.shape == (50, 9) and torch.allclose(learned[:, :4], z)
-    assert torch.equal(learned, mod.learned_lift(Y, torch.arange(50) % 2, 2, hidden=5, epochs=2)(Y))
+    other = torch.randn(6, 4, generator=g)  # standardised by Y's statistics, not its own
+    z = (other - Y.mean(0)) / Y.std(0)
+    assert torch.allclose(mod.relu_lift(Y, 0)(other), z, atol=1e-6)
+    lifted = mod.relu_lift(Y, 7)(other)
+    assert lifted.shape == (6, 11) and torch.allclose(lifted[:, :4], z, atol=1e-6) and (lifted[:, 4:] >= 0).all() and (lifted[:, 4:] > 0).any()
+    assert torch.equal(lifted, mod.relu_lift(Y, 7)(other)) and not torch.equal(lifted, mod.relu_lift(Y, 7, seed=1)(other))
+    learned = mod.learned_lift(Y, torch.arange(50) % 2, 2, hidden=5, epochs=2)(other)
+    assert learned.shape == (6, 9) and torch.allclose(learned[:, :4], z, atol=1e-6)
+    assert torch.equal(learned, mod.learned_lift(Y, torch.arange(50) % 2, 2, hidden=5, epochs=2)(other))
 
 
 def test_ridge_object_trials_lifted_patch_with_no_lift_is_the_pipelines_reranker():
@@ -321,7 +337,7 @@ def test_ridge_object_trials_lifted_patch_with_no_lift_is_the_pipelines_reranker
     mod.lifted(fitted, lambda y: y, 30.0)(scorer)
     found_o, found_p = scorer.map_objects(objects), scorer.map_phrases(phrases)
     assert torch.allclose(found_o.embed, expected_o.embed) and torch.allclose(found_o.offset, expected_o.offset)
-    assert (found_o.offset[~mask] == 0).all() and (found_o.offset[mask] != 0).all()
+    assert (found_o.offset[mask] != 0).all()
     assert torch.allclose(found_p.embed, expected_p.embed)
 
 
@@ -348,11 +364,37 @@ def test_ridge_object_trials_probe_learns_and_its_cost_is_the_posterior():
         net.bias.zero_()
     phrases = torch.nn.functional.normalize(torch.randn(3, 4, generator=g), dim=-1)
     scorer = type("Scorer", (), {})()
-    mod.probe_cost(net, torch.zeros(5), torch.ones(5), phrases, 10.0)(scorer)
+    mean, std = torch.randn(5, generator=g), 0.5 + torch.rand(5, generator=g)
+    mod.probe_cost(net, mean, std, phrases, 10.0)(scorer)
     mask = torch.ones(1, 2, dtype=torch.bool)
     q = scorer.map_phrases(ObjectSets(phrases[[2, 0]][None] * 3.0, mask, torch.zeros(1, 2, 2)))
     objects = torch.randn(1, 2, 5, generator=g)
     c = scorer.map_objects(ObjectSets(objects, mask, torch.zeros(1, 2, 2)))
     with torch.no_grad():
-        expected = 1.0 - net(objects[0]).log_softmax(-1)[:, [2, 0]].T / 10.0  # [phrases, objects]
+        expected = 1.0 - net((objects[0] - mean) / std).log_softmax(-1)[:, [2, 0]].T / 10.0  # [phrases, objects]
     assert torch.allclose(feature_cost(q, c)[0], expected, atol=1e-6)
+    unseen = ObjectSets(torch.stack([phrases[0], phrases[0] + phrases[1]])[None], mask, torch.zeros(1, 2, 2))
+    with pytest.raises(ValueError, match="none of the probe's classes"):
+        scorer.map_phrases(unseen)
+
+
+def test_ridge_object_trials_readout_figures_by_hand():
+    """The probe trial's figures of one readout: the AUC over pairs of different phrases and
+    over the hard pairs (phrases on rows, objects on columns), the top-1 rate and the errors
+    that keep the shape."""
+    import torch
+
+    mod = _module("ridge_object_trials")
+    truth = torch.tensor([0, 1, 2])  # classes: red circle, blue circle, red square
+    shape = torch.tensor([0, 0, 1])
+    S = torch.tensor([
+        [0.9, 0.1, 0.2],
+        [0.8, 0.5, 0.0],
+        [0.1, 0.3, 0.7],
+    ])  # fmt: skip  # row 1's own object (0.5) loses to object 0 (0.8)
+    hard = torch.tensor([[False, True, True], [True, False, False], [True, False, False]])
+    top = torch.tensor([1, 1, 0])  # object 0 named blue circle (same shape), object 2 red circle (other shape)
+    every, shared, top1, colour, wrong = mod.readout_figures(S, top, truth, hard, shape)
+    assert every == pytest.approx(5 / 6) and shared == pytest.approx(3 / 4)
+    assert top1 == pytest.approx(1 / 3) and (colour, wrong) == (1, 2)
+    assert mod.readout_figures(S.T, top, truth, hard, shape)[0] == pytest.approx(1.0)  # objects on rows: another figure
