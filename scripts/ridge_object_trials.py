@@ -131,9 +131,22 @@ def main() -> None:
 
 
 def auc(S, P) -> float:
-    """:func:`ranking_auc`'s definition on a precomputed [N, N] score matrix."""
-    other = (P @ P.T) < 1 - 1e-6
-    return float(((S < S.diag()[:, None]) & other).sum() / other.sum())
+    """:func:`ranking_auc`'s definition on a precomputed [N, N] score matrix: over every pair
+    of different phrases ``P``."""
+    return auc_over(S, (P @ P.T) < 1 - 1e-6)
+
+
+def auc_over(S, pairs) -> float:
+    """How often phrase i (row) scores its own object (the diagonal) above object j, over
+    the pairs (i, j) that ``pairs`` [N, N] marks."""
+    return float(((S < S.diag()[:, None]) & pairs).sum() / pairs.sum())
+
+
+def standardise(Y_fit):
+    """The map Y -> (Y - mean) / std with ``Y_fit``'s per-dimension mean and standard
+    deviation (floored at 1e-6)."""
+    mean, std = Y_fit.mean(0), Y_fit.std(0).clamp_min(1e-6)
+    return lambda Y: (Y - mean) / std
 
 
 def others_mean(Y, image):
@@ -254,18 +267,17 @@ def probe_trial(names, pairs, fit, betas, scored=None, epochs: int = 200, hidden
             S = fitted.phrases(P[held]) @ objects.T - offset[None, :]
             top = (objects @ prototypes.T).argmax(1)  # an object's offset is the same for every phrase
             report(f"ridge map, beta {b:g}", S, top)
-        mean, std = Y[~held].mean(0), Y[~held].std(0).clamp_min(1e-6)
-        X = (Y - mean) / std
+        X = standardise(Y[~held])(Y)
         for width in (0, hidden):
             log_post = train_probe(X[~held], label[~held], X[held], len(classes), width, epochs)  # [objects, classes]
             report("logistic probe" if width == 0 else f"MLP probe ({width})", log_post[:, label[held]].T, log_post.argmax(1))
     if scored is not None:
         Y = loaded["early"][1]
-        mean, std = Y.mean(0), Y.std(0).clamp_min(1e-6)
-        net = train_probe(((Y - mean) / std), label, None, len(classes), hidden, epochs)
+        z = standardise(Y)
+        net = train_probe(z(Y), label, None, len(classes), hidden, epochs)
         plain = fit(P, Y)  # builds the scorer, whose mapping the patch replaces
         for b in betas:
-            retrieval(*scored, plain, b, f"MLP probe, beta {b:g}", probe_cost(net, mean, std, P[first], b))
+            retrieval(*scored, plain, b, f"MLP probe, beta {b:g}", probe_cost(net, z, P[first], b))
 
 
 def readout_figures(S, top, truth, hard, shape) -> tuple[float, float, float, int, int]:
@@ -275,11 +287,9 @@ def readout_figures(S, top, truth, hard, shape) -> tuple[float, float, float, in
     [n] its own; ``hard`` [n, n] the hard pairs; ``shape`` [classes] each class's shape.
     The AUCs are :func:`pipeline.scorers.geometry.ridge.ranking_auc`'s, over the pairs of
     different phrases (told apart by class) and over the hard pairs."""
-    own = S.diag()[:, None]
-    other = truth[:, None] != truth[None, :]
     wrong = top != truth
-    return (float(((S < own) & other).sum() / other.sum()), float(((S < own) & hard).sum() / hard.sum()),
-            1 - float(wrong.float().mean()), int((wrong & (shape[top] == shape[truth])).sum()), int(wrong.sum()))  # fmt: skip
+    return (auc_over(S, truth[:, None] != truth[None, :]), auc_over(S, hard), 1 - float(wrong.float().mean()),
+            int((wrong & (shape[top] == shape[truth])).sum()), int(wrong.sum()))  # fmt: skip
 
 
 def relu_lift(Y_fit, width: int, seed: int = 0):
@@ -288,13 +298,13 @@ def relu_lift(Y_fit, width: int, seed: int = 0):
     ~ N(0, 1/D) and b ~ N(0, 1/4) drawn from ``seed``; width 0 gives z alone."""
     import torch
 
-    mean, std = Y_fit.mean(0), Y_fit.std(0).clamp_min(1e-6)
+    standard = standardise(Y_fit)
     g = torch.Generator().manual_seed(seed)
     W = torch.randn(Y_fit.shape[1], width, generator=g) / Y_fit.shape[1] ** 0.5
     b = torch.randn(width, generator=g) * 0.5
 
     def lift(Y):
-        z = (Y - mean) / std
+        z = standard(Y)
         return torch.cat([z, torch.relu(z @ W + b)], -1)
 
     return lift
@@ -341,11 +351,11 @@ def learned_lift(Y_fit, y_fit, n_classes: int, hidden: int = 512, epochs: int = 
     (:func:`train_probe`)."""
     import torch
 
-    mean, std = Y_fit.mean(0), Y_fit.std(0).clamp_min(1e-6)
-    net = train_probe((Y_fit - mean) / std, y_fit, None, n_classes, hidden, epochs)
+    standard = standardise(Y_fit)
+    net = train_probe(standard(Y_fit), y_fit, None, n_classes, hidden, epochs)
 
     def lift(Y):
-        z = (Y - mean) / std
+        z = standard(Y)
         with torch.no_grad():
             return torch.cat([z, net[1](net[0](z))], -1)
 
@@ -396,9 +406,10 @@ def train_probe(X, y, X_eval, n_classes: int, hidden: int, epochs: int, batch: i
         return net(X_eval).log_softmax(1)
 
 
-def probe_cost(net, mean, std, phrases, beta: float):
+def probe_cost(net, standard, phrases, beta: float):
     """A patch of the scorer (:func:`retrieval`): the feature cost 1 - (1/beta) log p(c | o),
-    with p the probe's posterior over the phrases ``phrases`` [C, D] (its classes, in order)
+    with p the posterior of the probe ``net`` over the object's box mean standardised by
+    ``standard`` (:func:`standardise`), over the phrases ``phrases`` [C, D] (its classes, in order)
     and each query phrase read as the class whose embedding it equals (the inverted
     softmax's cost has this form, with the map's posterior). A query phrase that is none
     of the classes is refused: the closed-set probe cannot score it."""
@@ -415,7 +426,7 @@ def probe_cost(net, mean, std, phrases, beta: float):
 
         def map_objects(sets):
             with torch.no_grad():
-                log_post = net(((sets.embed - mean) / std).float()).log_softmax(-1)
+                log_post = net(standard(sets.embed.float())).log_softmax(-1)
             return sets.with_embed(log_post.to(sets.embed.dtype) / beta)
 
         scorer.map_phrases, scorer.map_objects = map_phrases, map_objects

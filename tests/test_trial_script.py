@@ -365,7 +365,7 @@ def test_ridge_object_trials_probe_learns_and_its_cost_is_the_posterior():
     phrases = torch.nn.functional.normalize(torch.randn(3, 4, generator=g), dim=-1)
     scorer = type("Scorer", (), {})()
     mean, std = torch.randn(5, generator=g), 0.5 + torch.rand(5, generator=g)
-    mod.probe_cost(net, mean, std, phrases, 10.0)(scorer)
+    mod.probe_cost(net, lambda x: (x - mean) / std, phrases, 10.0)(scorer)
     mask = torch.ones(1, 2, dtype=torch.bool)
     q = scorer.map_phrases(ObjectSets(phrases[[2, 0]][None] * 3.0, mask, torch.zeros(1, 2, 2)))
     objects = torch.randn(1, 2, 5, generator=g)
