@@ -27,7 +27,8 @@ every pair of different phrases, each object's hub offset at ``--beta`` subtract
   readout's top-1 phrase on the held-out objects and how many of its errors keep the shape
   and change the colour. ``--retrieval`` also scores ``ridge-fgw`` on shapes-retrieval with
   the early grid's MLP probe (trained on every shapes-train object) as its feature cost,
-  1 − (1/β) log p(phrase | object), the inverted softmax's form with the probe's posterior.
+  1 − (1/β) log p(phrase | object), the inverted softmax's form with the probe's posterior,
+  and its R@1 against the plain map's (the pipeline's at β 100), paired over queries.
 * ``lift``: the map fitted in closed form onto lifted objects, each box mean standardised
   (z) and joined by ``--width`` seeded random ReLU features of it, relu(z W + b) with
   W ~ N(0, 1/D) and b ~ N(0, 1/4): a random-feature kernel on the object side, compared
@@ -35,7 +36,7 @@ every pair of different phrases, each object's hub offset at ``--beta`` subtract
   is z alone. ``--learned`` lifts by the hidden layer of the probe trial's MLP instead,
   trained on the fitting objects to name their phrases (a learned object map, still read
   by the closed-form map from phrase embeddings). ``--retrieval`` also scores it on
-  shapes-retrieval.
+  shapes-retrieval, R@1 paired against the plain map's.
 
 ``docs/trials.md`` ("The ridge map's hubs") holds the figures. It reads the store and never
 writes there.
@@ -275,9 +276,10 @@ def probe_trial(names, pairs, fit, betas, scored=None, epochs: int = 200, hidden
         Y = loaded["early"][1]
         z = standardise(Y)
         net = train_probe(z(Y), label, None, len(classes), hidden, epochs)
-        plain = fit(P, Y)  # builds the scorer, whose mapping the patch replaces
+        plain = fit(P, Y)  # the plain map: the pipeline's, and the scorer each patch replaces the mapping of
         for b in betas:
-            retrieval(*scored, plain, b, f"MLP probe, beta {b:g}", probe_cost(net, z, P[first], b))
+            base = retrieval(*scored, plain, b, f"the plain map, beta {b:g}")
+            retrieval(*scored, plain, b, f"MLP probe, beta {b:g}", probe_cost(net, z, P[first], b), base)
 
 
 def readout_figures(S, top, truth, hard, shape) -> tuple[float, float, float, int, int]:
@@ -336,12 +338,13 @@ def lift_trial(names, pairs, fit, betas, widths, scored=None) -> None:
         fitted = fit(P[~held], Yl[~held])
         print(f"{'learned' if width < 0 else f'width {width}':11s} " + "  ".join(f"beta {b:g} AUC {ranking_auc(P[held], Yl[held], fitted, beta=b):.4f} hard pairs {ranking_auc(P[held], Yl[held], fitted, pairs=hard, beta=b):.4f}" for b in betas), flush=True)
     if scored is not None:
-        plain = fit(P, Y)  # builds the scorer, whose mapping the patch replaces
+        plain = fit(P, Y)  # the plain map: the pipeline's, and the scorer each patch replaces the mapping of
+        bases = {b: retrieval(*scored, plain, b, f"the plain map, beta {b:g}") for b in betas}
         for width in widths:
             lift = make_lift(everything, width)
             fitted = fit(P, lift(Y))
             for b in betas:
-                retrieval(*scored, plain, b, f"{'learned' if width < 0 else f'width {width}'} beta {b:g}", lifted(fitted, lift, b))
+                retrieval(*scored, plain, b, f"{'learned' if width < 0 else f'width {width}'} beta {b:g}", lifted(fitted, lift, b), bases[b])
 
 
 def learned_lift(Y_fit, y_fit, n_classes: int, hidden: int = 512, epochs: int = 200):
@@ -434,17 +437,18 @@ def probe_cost(net, standard, phrases, beta: float):
     return patch
 
 
-def retrieval(store, params: str, fitted, beta: float, label: str, patch=None) -> None:
+def retrieval(store, params: str, fitted, beta: float, label: str, patch=None, base=None):
     """``ridge-fgw`` built with the map ``fitted`` at ``beta``, then changed by
     ``patch(scorer)`` (which may replace how it maps phrases and objects), scored on
-    shapes-retrieval (each line names ``label``)."""
+    shapes-retrieval (each line names ``label``), and with ``base`` (another call's result)
+    its R@1 against base's, paired over queries. Returns the per-query units."""
     import torch
 
     from pipeline.benchmarks import SUITES
     from pipeline.config import ScoreConfig, load_config
     from pipeline.scorers import create_scorer
     from pipeline.scoring import drop_missing, score_retrieval, suite_inputs
-    from pipeline.stats import bootstrap_ci
+    from pipeline.stats import bootstrap_ci, paired_bootstrap
 
     score = load_config(ScoreConfig, params, "score")
     options = {**score.options.get("ridge-fgw", {}), "layer": "early"}
@@ -460,6 +464,10 @@ def retrieval(store, params: str, fitted, beta: float, label: str, patch=None) -
     for metric in ("R@1", "R@10", "nDCG@10"):
         ci = bootstrap_ci(units[metric].values, n_resamples=2000)
         print(f"  shapes-retrieval {label} {metric:8s} {ci.estimate:.3f} [{ci.lo:.3f}, {ci.hi:.3f}]", flush=True)
+    if base is not None:
+        delta = paired_bootstrap(units["R@1"].values, base["R@1"].values, n_resamples=2000)
+        print(f"  shapes-retrieval {label} R@1 against the plain map {delta.diff:+.3f} [{delta.lo:+.3f}, {delta.hi:+.3f}], p {delta.p:.3f}", flush=True)
+    return units
 
 
 if __name__ == "__main__":
