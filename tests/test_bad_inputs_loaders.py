@@ -305,16 +305,16 @@ def test_a_whatsup_qa_caption_that_is_not_text_is_named(tmp_path, value, shown_a
     refused(manifest("whatsup-coco", tmp_path, tmp_path / "q.parquet"), str(path), f"entry 1: its third (the wrong caption) value is {shown_as}; expected a non-empty string")
 
 
-@pytest.mark.parametrize(("value", "shown_as"), [(None, "null"), (1.5, "1.5"), ("12a", '"12a"'), (True, "true")])
+@pytest.mark.parametrize(("value", "shown_as"), [(None, "null"), (1.5, "1.5"), ("12a", '"12a"'), (True, "true"), (-3, "-3")])
 def test_a_whatsup_qa_image_id_that_is_not_an_id_is_named(tmp_path, value, shown_as):
-    """A QA entry's image id must be an integer (or its digits): null would make the path
-    ``val2017/00000000None.jpg``."""
+    """A QA entry's image id must be a non-negative integer (or its digits): null would make
+    the path ``val2017/00000000None.jpg``, -3 ``val2017/-00000000003.jpg``."""
     from tests.test_benchmarks_whatsup import _qa
 
     _qa(tmp_path, "coco")
     path = tmp_path / "coco_qa_one_obj.json"
     edit_json(path, lambda d: d[0].__setitem__(0, value))
-    refused(manifest("whatsup-coco", tmp_path, tmp_path / "q.parquet"), str(path), f"entry 0: its first value (the image id) is {shown_as}; expected an integer id")
+    refused(manifest("whatsup-coco", tmp_path, tmp_path / "q.parquet"), str(path), f"entry 0: its first value (the image id) is {shown_as}; expected a non-negative integer id")
 
 
 def test_an_order_entry_with_no_caption_is_named(tmp_path):

@@ -193,6 +193,14 @@ def test_a_repeated_sugarcrepe_pp_id_names_the_json_file_not_the_output(tmp_path
     assert "pp.parquet" not in line and not (tmp_path / "pp.parquet").exists()
 
 
+@pytest.mark.parametrize(("value", "shown_as"), [(None, "null"), ([1], "[1]"), ("7", '"7"')])
+def test_a_sugarcrepe_pp_id_that_is_not_an_integer_is_named(tmp_path, value, shown_as):
+    """The item id is built from ``id``: null or a list would give ids such as
+    ``swap-att/None``, so the entry is refused with the file and the value."""
+    path, result = pp_cmd(tmp_path, [pp_entry(0), {**pp_entry(1), "id": value}])
+    refused(result, str(path), f"entry 1: 'id' is {shown_as}; expected an integer id")
+
+
 def test_a_field_missing_from_an_aro_file_names_the_file_and_the_field(tmp_path):
     (tmp_path / "aro").mkdir()
     path = tmp_path / "aro" / "visual_genome_relation.json"

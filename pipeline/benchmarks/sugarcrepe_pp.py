@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks.base import SUITES, Suite, Units
-from pipeline.benchmarks.intake import read_json, relative_image_path, text_field
+from pipeline.benchmarks.intake import integer_field, read_json, relative_image_path, text_field
 from pipeline.benchmarks.sugarcrepe import read_present_categories
 
 CATEGORIES = ("replace-obj", "replace-att", "replace-rel", "swap-obj", "swap-att")
@@ -44,8 +44,9 @@ def read_category(path: Path, category: str) -> pd.DataFrame:
 
     Raises:
         ValueError: naming ``path``: not a JSON list, no entry in it (``[]``), an entry
-            without one of its fields, or two entries with one ``id`` (the item id is built
-            from it, so the manifest would list one item twice).
+            without one of its fields, an ``id`` that is not a JSON integer, or two entries
+            with one ``id`` (the item id is built from it, so the manifest would list one
+            item twice).
     """
     data = read_json(path)
     if not isinstance(data, list):
@@ -54,7 +55,8 @@ def read_category(path: Path, category: str) -> pd.DataFrame:
         raise ValueError(f"{path}: holds no entry (an empty JSON list); replace it with the official file: {SOURCE}")
     rows = []
     for i, v in enumerate(data):
-        item = f"{category}/{v.get('id', i) if isinstance(v, dict) else i}"
+        ident = integer_field(v, "id", path, f"entry {i}") if isinstance(v, dict) and "id" in v else i
+        item = f"{category}/{ident}"
         rows.append(
             {
                 "item_id": item,

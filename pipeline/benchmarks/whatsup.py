@@ -165,8 +165,10 @@ def whatsup_units(manifest: pd.DataFrame, scores: np.ndarray) -> dict[str, Units
     if unknown:
         raise ValueError(f"unknown arrangements {unknown}; valid: {ARRANGEMENTS}")
     # a pair is one axis of a key, a set both axes: Controlled A's and B's from their subset
-    # (item ids "a/<i>", "b/<i>"), so a pair or set whose images were all skipped at extract
-    # still counts as wrong, as in the official eval_dict; other suites' from the arrangements
+    # (item ids "a/<i>", "b/<i>"), so a pair or set with some of its images skipped at extract
+    # counts as wrong, as a missing arrangement does in the official eval_dict (a key whose
+    # images were all skipped leaves no row: the score stage reports the items it leaves
+    # out); other suites' axes from the arrangements
     subsets = {str(i).split("/")[0] for i in manifest["item_id"]}
     if len(subsets) == 1 and (subset := subsets.pop()) in CONTROLLED_AXES:
         axes = list(CONTROLLED_AXES[subset])
@@ -255,8 +257,8 @@ def read_qa(path: Path, subset: str, dataset: str) -> pd.DataFrame:
         for place, caption in (("second (the correct caption)", good), ("third (the wrong caption)", bad)):
             if not isinstance(caption, str) or not caption.strip():
                 raise ValueError(f"{path}: entry {i}: its {place} value is {shown(caption)}; expected a non-empty string; {OFFICIAL}")
-        if not (isinstance(image_id, int) and not isinstance(image_id, bool) or isinstance(image_id, str) and image_id.isdigit()):
-            raise ValueError(f"{path}: entry {i}: its first value (the image id) is {shown(image_id)}; expected an integer id; {OFFICIAL}")
+        if not (isinstance(image_id, int) and not isinstance(image_id, bool) and image_id >= 0 or isinstance(image_id, str) and image_id.isdigit()):
+            raise ValueError(f"{path}: entry {i}: its first value (the image id) is {shown(image_id)}; expected a non-negative integer id; {OFFICIAL}")
         image = (
             f"val2017/{str(image_id).zfill(12)}.jpg"
             if dataset == "coco"
