@@ -9,6 +9,7 @@ import json
 import logging
 
 import pytest
+import torch
 import yaml
 
 from pipeline.config import ParamsError, RidgeConfig, ScoreConfig, load_config, load_train_config
@@ -61,8 +62,6 @@ def test_a_loss_that_is_not_finite_stops_training_naming_the_step(tmp_path, tiny
 
 @pytest.mark.parametrize("content", ["garbage", "tensor", "list", "truncated"])
 def test_an_unreadable_resume_snapshot_is_reported_and_the_seed_restarts(tmp_path, tiny_store, caplog, content):
-    import torch
-
     from pipeline.training.loop import train_variant
 
     train_variant(_cfg(tmp_path / "a"), tiny_store, progress=False)
@@ -82,6 +81,92 @@ def test_an_unreadable_resume_snapshot_is_reported_and_the_seed_restarts(tmp_pat
     assert f"{resume} is unreadable" in caplog.text and "starts again at step 0" in caplog.text
     again = _weights(tmp_path / "b" / "bindclip" / "seed0" / "model.safetensors")
     assert all(torch.equal(again[k], clean[k]) for k in clean)  # restarted from step 0: the clean run's weights
+
+
+@pytest.mark.parametrize("damage", ["cut", "not-an-object", "other-weights"])
+def test_a_finished_seed_that_cannot_be_trusted_is_trained_again(tmp_path, tiny_store, caplog, damage):
+    """A rerun keeps a finished seed only when its ``config.json`` reads and its weights are
+    the bytes that record names: a cut record, or weights another run wrote, are reported
+    and trained again (load_scorer refuses such weights, so keeping them left a seed no
+    rerun could fix)."""
+    from pipeline.training.loop import train_variant
+
+    train_variant(_cfg(tmp_path / "a"), tiny_store, progress=False)
+    seed = tmp_path / "a" / "bindclip" / "seed0"
+    clean = {k: v.clone() for k, v in _weights(seed / "model.safetensors").items()}  # not a view of the file overwritten below
+    config = seed / "config.json"
+    if damage == "cut":
+        config.write_text(config.read_text()[:200])
+    elif damage == "not-an-object":
+        config.write_text("[1, 2]\n")
+    else:
+        train_variant(_cfg(tmp_path / "b", lr=5e-2), tiny_store, progress=False)
+        (seed / "model.safetensors").write_bytes((tmp_path / "b" / "bindclip" / "seed0" / "model.safetensors").read_bytes())
+    with caplog.at_level(logging.WARNING, logger="pipeline.training.loop"):
+        train_variant(_cfg(tmp_path / "a"), tiny_store, progress=False)
+    said = "is unreadable" if damage != "other-weights" else "is not the file its config.json records"
+    assert said in caplog.text and "seed 0 is trained again" in caplog.text
+    again = _weights(seed / "model.safetensors")
+    assert all(torch.equal(again[k], clean[k]) for k in clean)
+
+
+def test_a_run_killed_while_writing_its_model_leaves_no_seed_a_rerun_keeps(tmp_path, tiny_store, monkeypatch):
+    """Trained under one learning rate, then killed under another after the new weights are
+    written but before their ``config.json``: the old record is gone first, so a rerun under
+    the first learning rate trains again instead of keeping the other run's weights."""
+    import pipeline.training.resume as resume
+    from pipeline.training.loop import train_variant
+
+    train_variant(_cfg(tmp_path), tiny_store, progress=False)
+    seed = tmp_path / "bindclip" / "seed0"
+    clean = {k: v.clone() for k, v in _weights(seed / "model.safetensors").items()}
+    clean_log = (seed / "train_log.json").read_text()
+    write = resume.write_atomically
+
+    def killed_at_the_record(path, fn):
+        if path.name == "config.json":
+            raise KeyboardInterrupt("killed")
+        write(path, fn)
+
+    monkeypatch.setattr(resume, "write_atomically", killed_at_the_record)
+    with pytest.raises(KeyboardInterrupt):
+        train_variant(_cfg(tmp_path, lr=5e-2), tiny_store, progress=False)
+    monkeypatch.setattr(resume, "write_atomically", write)
+    assert not (seed / "config.json").exists() and not list(seed.glob("*.tmp"))
+    assert not all(torch.equal(v, clean[k]) for k, v in _weights(seed / "model.safetensors").items())  # the other run's
+    train_variant(_cfg(tmp_path), tiny_store, progress=False)
+    again = _weights(seed / "model.safetensors")
+    assert all(torch.equal(again[k], clean[k]) for k in clean)
+    assert (seed / "train_log.json").read_text() == clean_log  # not the killed run's
+
+
+def test_an_atomic_write_that_fails_leaves_the_old_file_whole(tmp_path):
+    from pipeline.training.resume import write_atomically
+
+    path = tmp_path / "config.json"
+    path.write_text("old\n")
+
+    def half_then_fail(p):
+        p.write_text("ne")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomically(path, half_then_fail)
+    assert path.read_text() == "old\n" and list(tmp_path.iterdir()) == [path]
+    write_atomically(path, lambda p: p.write_text("new\n"))
+    assert path.read_text() == "new\n" and list(tmp_path.iterdir()) == [path]
+
+
+def test_a_toyclip_model_whose_config_is_cut_is_not_kept(tmp_path):
+    from pipeline.encoders.toyclip import _identity_sha256, finished_model
+    from pipeline.training.resume import write_finished
+
+    identity = {"code": "x"}
+    write_finished(tmp_path, {"w": torch.zeros(2)}, "{}", lambda: json.dumps({"identity_sha256": _identity_sha256(identity)}, indent=2))
+    assert finished_model(tmp_path, identity) == tmp_path / "model.safetensors"
+    assert finished_model(tmp_path, {"code": "y"}) is None
+    (tmp_path / "config.json").write_bytes(b"\xff\xfe{")  # neither JSON nor UTF-8
+    assert finished_model(tmp_path, identity) is None
 
 
 def test_a_toyclip_resume_snapshot_that_is_unreadable_is_not_resumed(tmp_path):

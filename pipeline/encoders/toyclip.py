@@ -47,7 +47,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -60,7 +59,7 @@ import torch.nn.functional as F
 
 from pipeline.config import ToyClipConfig
 from pipeline.encoders.stem import VISION_STEMS
-from pipeline.training.resume import read_resume
+from pipeline.training.resume import read_finished, read_resume, write_atomically, write_finished
 from pipeline.training.schedule import warmup_cosine
 
 BatchFn = Callable[[int, np.ndarray, int], tuple[np.ndarray, list[str]]]
@@ -172,14 +171,10 @@ def _identity_sha256(identity: dict[str, Any]) -> str:
 def finished_model(out: Path, identity: dict[str, Any]) -> Path | None:
     """``out/model.safetensors`` when it was trained under ``identity`` (its ``config.json``
     records the identity's hash), so a rerun with nothing changed keeps it; else None."""
-    model, config = out / "model.safetensors", out / "config.json"
-    if not (model.exists() and config.exists()):
+    record, _ = read_finished(out)  # an unreadable config.json: trained again
+    if record is None or record.get("identity_sha256") != _identity_sha256(identity):
         return None
-    try:
-        recorded = json.loads(config.read_text()).get("identity_sha256")
-    except (json.JSONDecodeError, AttributeError):
-        return None
-    return model if recorded == _identity_sha256(identity) else None
+    return out / "model.safetensors"
 
 
 def _render_pool(
@@ -202,12 +197,6 @@ def _render_pool(
         images.append(im)
         captions.extend(cap)
     return np.concatenate(images), captions
-
-
-def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------ training
@@ -237,7 +226,6 @@ def train_toyclip(
         A summary: output paths, steps run, final loss, wall time, whether it resumed.
     """
     import open_clip
-    from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
     if batch_fn is None:
@@ -302,9 +290,10 @@ def train_toyclip(
     n_tok = (ids["full"] != 0).sum(1)
 
     def save_resume(step: int) -> None:
-        _atomic_save({"identity": identity, "step": step, "model": model.state_dict(),
-                      "optimizers": [o.state_dict() for o in opts], "log": log,
-                      "elapsed": elapsed + time.perf_counter() - t0}, resume_path)  # fmt: skip
+        snapshot = {"identity": identity, "step": step, "model": model.state_dict(),
+                    "optimizers": [o.state_dict() for o in opts], "log": log,
+                    "elapsed": elapsed + time.perf_counter() - t0}  # fmt: skip
+        write_atomically(resume_path, lambda p: torch.save(snapshot, p))
 
     bar = tqdm(range(start, cfg.steps), desc="toyclip: train", initial=start, total=cfg.steps,
                disable=not progress)  # fmt: skip
@@ -344,16 +333,16 @@ def train_toyclip(
     wall = elapsed + time.perf_counter() - t0
     model_path = out / "model.safetensors"
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(model_path))
-    (out / "config.json").write_text(json.dumps(
+    config = json.dumps(
         {"toyclip": asdict(cfg), "open_clip_model": cfg.model,
          "identity_sha256": _identity_sha256(identity), "code": identity["code"],
          "open_clip_config": identity["open_clip_config"], "vision_stem": identity["vision_stem"],
          "open_clip_version": open_clip.__version__, "torch_version": torch.__version__},
-        indent=2))  # fmt: skip
-    (out / "train_log.json").write_text(json.dumps(
+        indent=2)  # fmt: skip
+    train_log = json.dumps(
         {"log": log, "wall_time_s": wall, "steps": cfg.steps, "resumed_from": resumed,
-         "pool_size": len(ids["full"]), "max_caption_tokens": int(n_tok.max())}, indent=2))  # fmt: skip
+         "pool_size": len(ids["full"]), "max_caption_tokens": int(n_tok.max())}, indent=2)  # fmt: skip
+    write_finished(out, state, train_log, lambda: config)
     resume_path.unlink(missing_ok=True)
     return {"model": str(model_path), "steps": cfg.steps, "final_loss": loss.item(),
             "wall_time_s": wall, "resumed_from": resumed}  # fmt: skip

@@ -72,7 +72,7 @@ from pipeline.config import OptionsError, TrainConfig
 from pipeline.features import to_device
 from pipeline.scorers import Scorer, create_scorer
 from pipeline.scorers.checkpoints import WEIGHTS_KEY, checkpoint_owner, weights_sha256_of
-from pipeline.training.resume import read_resume
+from pipeline.training.resume import read_finished, read_resume, write_atomically, write_finished
 from pipeline.training.schedule import warmup_cosine
 from pipeline.training.trainer import FamilyTrainer
 
@@ -151,12 +151,14 @@ def train_seed(
     """
     out.mkdir(parents=True, exist_ok=True)
     fp = _fingerprint(cfg, seed, store, data_identity(store, cfg))
-    done = out / "config.json"
-    if done.is_file() and (out / "model.safetensors").is_file():
-        record = json.loads(done.read_text())
-        if record.get("fingerprint") == fp:
+    record, unreadable = read_finished(out)
+    if unreadable:
+        log.warning("%s is unreadable (%s); seed %d is trained again", out / "config.json", unreadable, seed)
+    if record is not None and record.get("fingerprint") == fp:
+        if record.get(WEIGHTS_KEY) == weights_sha256_of(out):
             log.info("%s seed %d: already trained under this configuration and data (%s); kept", cfg.variant, seed, out)
             return record
+        log.warning("%s is not the file its config.json records; seed %d is trained again", out / "model.safetensors", seed)
     torch.manual_seed(seed)
     model = build_model(cfg, store).to(cfg.device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -181,21 +183,17 @@ def train_seed(
             log.warning("%s: written under another configuration or other data; seed %d starts again at step 0", resume, seed)
 
     def save_resume() -> None:
-        tmp = resume.with_suffix(".tmp")
-        torch.save(
-            {
-                "fingerprint": fp,
-                "step": step,
-                "model": model.state_dict(),
-                "optim": opt.state_dict(),
-                "generator": gen.get_state(),
-                "torch_rng": torch.get_rng_state(),
-                "log": history,
-                "best": best,
-            },
-            tmp,
-        )
-        tmp.replace(resume)
+        snapshot = {
+            "fingerprint": fp,
+            "step": step,
+            "model": model.state_dict(),
+            "optim": opt.state_dict(),
+            "generator": gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "log": history,
+            "best": best,
+        }
+        write_atomically(resume, lambda p: torch.save(snapshot, p))
 
     dev_suite = SuiteSelection.parse(cfg.dev_suite).suite  # the registry name scores the rows
 
@@ -250,9 +248,7 @@ def train_seed(
         chosen = trainer.select(model.eval(), dev, dev_suite)
     final_dev = _quiet_dev(trainer, model, dev, dev_suite)
 
-    from safetensors.torch import save_file
-
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     record = {
         "variant": cfg.variant,
         "seed": seed,
@@ -267,10 +263,13 @@ def train_seed(
         "store_encoder": encoder_id(store.fingerprint),  # load_scorer refuses another encoder's store
         "fingerprint": fp,  # a rerun under the same one keeps this seed
         "train_seconds": round(train_seconds, 1),
-        WEIGHTS_KEY: weights_sha256_of(out),  # load_scorer refuses weights that are not these bytes
     }
-    (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
-    (out / "train_log.json").write_text(json.dumps(history) + "\n")
+
+    def config_text() -> str:
+        record[WEIGHTS_KEY] = weights_sha256_of(out)  # load_scorer refuses weights that are not these bytes
+        return json.dumps(record, indent=2) + "\n"
+
+    write_finished(out, weights, json.dumps(history) + "\n", config_text)
     if resume.is_file():
         resume.unlink()
     return record
