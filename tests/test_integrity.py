@@ -329,6 +329,29 @@ def test_repair_reencodes_exactly_the_damaged_rows(damaged, reference, tiny_enco
     assert_same_store(store, reference)
 
 
+def test_a_repair_killed_after_writing_its_zeros_leaves_the_rows_due(damaged, reference, tiny_encoder, monkeypatch):
+    """`--repair` unflags a damaged file's rows before it rewrites the file with zeros: killed
+    right after the zeros are written, the store holds no zeros flagged as encoded (a valid
+    file of zeros that every later check would pass), and the next run re-encodes them."""
+    cfg, store = damaged
+    _flip(_file(store, "image/embed", 0), at=30)
+    write = zarr.Array.__setitem__
+
+    def killed_after_the_zeros(self, selection, value):
+        write(self, selection, value)
+        if self.path == "image/embed":
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(zarr.Array, "__setitem__", killed_after_the_zeros)
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg, progress=False, encoder=tiny_encoder, repair=True)
+    monkeypatch.setattr(zarr.Array, "__setitem__", write)
+    assert not zarr.open_group(store, mode="r")["image/done"][:256].any()
+    summary = extract(cfg, progress=False, encoder=tiny_encoder, repair=True)
+    assert summary["images"]["encoded"] == 256
+    assert_same_store(store, reference)
+
+
 def test_a_lost_done_chunk_is_named_at_read_and_plain_extract_restores_the_store(damaged, reference, tiny_encoder):
     """A complete store that loses a chunk of its done flags reads those rows as not done:
     the reader refuses them (naming both causes and the command), and a plain extract

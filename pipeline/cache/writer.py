@@ -305,8 +305,9 @@ def write_rows(
 
 def clear_damage(root: zarr.Group, damage: list) -> dict[str, np.ndarray]:
     """Make every damaged chunk file of ``damage`` (:class:`pipeline.cache.integrity.Damage`)
-    whole again and its rows due for encoding: the file is deleted and rewritten with zeros,
-    and the rows it holds are unflagged in their modality's ``done``.
+    whole again and its rows due for encoding: the rows it holds are unflagged in their
+    modality's ``done`` first, then the file is deleted and rewritten with zeros, so a repair
+    killed midway leaves rows due for encoding, never zeros flagged as encoded.
 
     Returns:
         ``{modality: rows}`` whose keys were in a damaged file (zero now; the caller restores
@@ -323,9 +324,9 @@ def clear_damage(root: zarr.Group, damage: list) -> dict[str, np.ndarray]:
         per = file_rows(arr)
         for i in range(d.lo // per, (d.hi - 1) // per + 1):
             lo, hi = i * per, min((i + 1) * per, arr.shape[0])
+            root[f"{modality}/done"][lo:hi] = False
             sync(root.store.delete(row_file_key(arr, i)))
             arr[lo:hi] = np.zeros((hi - lo, *arr.shape[1:]), dtype=arr.dtype)
-            root[f"{modality}/done"][lo:hi] = False
             if d.array.endswith("/key"):
                 lost.setdefault(modality, []).append(np.arange(lo, hi))
         log.warning("%s: rows %d-%d cleared for re-encoding (%s)", d.array, d.lo, d.hi - 1, d.problem[:80])
