@@ -900,3 +900,33 @@ def test_a_number_yaml_reads_as_text_is_named_with_the_form_it_reads(tmp_path):
         load_config(RidgeConfig, params, "ridge")
     params.write_text("ridge:\n  lam: 1.0e-3\n")
     assert load_config(RidgeConfig, params, "ridge").lam == 1e-3
+
+
+def test_a_random_init_store_of_an_edited_shipped_config_is_refused_at_read(tmp_path, images, monkeypatch):
+    """A random init's weights are "random" whatever its config: the store records the
+    config's hash, so after ``configs/tiny-vit.json`` is edited (another depth) the reader
+    refuses the store, as the writer does, instead of serving the old architecture's
+    features."""
+    import copy
+
+    import open_clip
+
+    from pipeline.cache import ForeignCacheError, open_store
+    from pipeline.config import ExtractConfig, load_config
+
+    folder, names = images
+    params = write_params(tmp_path, write_manifest(tmp_path / "m.parquet", [item(i, n) for i, n in enumerate(names)]), folder)
+    ok(cli("extract", "--params", params, "--quiet"))
+    extract = load_config(ExtractConfig, params, "extract")
+    open_store(extract)
+    shipped = open_clip.get_model_config
+
+    def edited(name):
+        config = copy.deepcopy(shipped(name))
+        if name == "tiny-vit":
+            config["vision_cfg"]["layers"] += 1
+        return config
+
+    monkeypatch.setattr(open_clip, "get_model_config", edited)
+    with pytest.raises(ForeignCacheError, match="open_clip_config_sha256"):
+        open_store(extract)

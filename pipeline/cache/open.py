@@ -39,12 +39,13 @@ def writable_store_path(cfg: ExtractConfig) -> Path | str:
 def expected_fingerprint(store: FeatureStore, extract: ExtractConfig) -> dict[str, Any]:
     """The store's fingerprint with the fields the current configuration determines
     recomputed (encoder, open_clip config and version, weights identity, early layer, and a
-    random init's seed)."""
+    random init's seed and config hash)."""
     from pipeline.encoders import ENCODERS, configured_identity, open_clip_version
 
     spec = ENCODERS.get(extract.model)
     fp = store.fingerprint
-    fp.pop("init_seed", None)  # present only for a random init, which the config decides
+    for key in ("init_seed", "open_clip_config_sha256"):  # a random init's only, which the config decides
+        fp.pop(key, None)
     fp.update(
         configured_identity(spec, extract.pretrained, extract.checkpoint, extract.init_seed),
         open_clip_version=open_clip_version(),

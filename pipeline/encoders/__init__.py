@@ -12,7 +12,8 @@ Architectures are data (open_clip JSON configs), weights are a separate axis (``
   ``<name>-quickgelu`` the QuickGELU one. A weights path that names an open_clip pretrained
   entry (its tag, Hugging Face repo or file name) whose activation differs is refused, and so
   is a built model whose activation differs from its config. ``none`` is a random init seeded
-  by ``init_seed`` (recorded in the fingerprint): how the real architecture is tested offline.
+  by ``init_seed`` (recorded in the fingerprint with a hash of the open_clip config it builds,
+  so an edited shipped config is another store): how the real architecture is tested offline.
 * ``toy``: the shapes-world CLIP, config ``configs/toy-vit.json`` shipped here, weights from the
   ``toyclip`` stage's safetensors checkpoint; ``toy-small`` (``configs/toy-vit-small.json``:
   width 64, 3 + 2 layers, joint space 64) is the second encoder of ``pipeline
@@ -31,6 +32,8 @@ last block's output after ``ln_final``; ``tokens[eot] @ text_projection`` equals
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,7 +281,8 @@ def encoder_fingerprint(
     """The fingerprint dict of an encoder (identity of model, weights, preprocessing, layers).
 
     ``open_clip_model`` is the config actually built (default ``spec.open_clip_model``); a
-    random init (``pretrained == "random"``) also records ``init_seed``, so two seeds are two
+    random init (``pretrained == "random"``) also records ``init_seed`` and the config's hash
+    (:func:`model_config_sha256`), so two seeds or two versions of a config are two
     fingerprints while every other store's fingerprint keeps its fields.
     """
     fp = {
@@ -298,14 +302,26 @@ def encoder_fingerprint(
     }
     if pretrained == "random":
         fp["init_seed"] = int(init_seed)
+        fp["open_clip_config_sha256"] = model_config_sha256(fp["open_clip_model"])
     return fp
+
+
+def model_config_sha256(config: str) -> str:
+    """The sha256 of open_clip's config ``config`` (JSON, keys sorted). A random init's
+    fingerprint records it: the reader can then refuse a store of an edited config (its
+    grid, layers or preprocessing) without building the model, as the writer does."""
+    import open_clip
+
+    register_toy_configs()
+    return hashlib.sha256(json.dumps(open_clip.get_model_config(config), sort_keys=True).encode()).hexdigest()
 
 
 def configured_identity(
     spec: EncoderSpec, pretrained: str | None, checkpoint: str | None, init_seed: int = 0
 ) -> dict[str, Any]:
     """The fingerprint fields a configuration determines without loading anything: encoder,
-    open_clip config, weights identity, early layer and (random init only) ``init_seed``.
+    open_clip config, weights identity, early layer and (random init only) ``init_seed`` and
+    the config's hash.
 
     The reader's expectation (``pipeline.cache.expected_fingerprint``) takes these fields
     from here; they equal what :meth:`Encoder.fingerprint` records for the encoder
@@ -321,6 +337,7 @@ def configured_identity(
     }
     if identity == "random":
         fields["init_seed"] = int(init_seed)
+        fields["open_clip_config_sha256"] = model_config_sha256(fields["open_clip_model"])
     return fields
 
 
