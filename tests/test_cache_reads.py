@@ -99,6 +99,15 @@ def test_gather_edge_cases(written):
         store._gather("image/final", np.array([0, N_IMAGES]))
 
 
+@pytest.mark.parametrize("read", ["images", "texts"])
+def test_a_missing_item_marker_is_refused_not_read_as_the_last_row(written, read):
+    """-1 marks an item without a usable image (or a padded slot) in a suite index: a feature
+    read refuses it, naming the marker and the fix, instead of serving the store's last row."""
+    store, _ = written
+    with pytest.raises(IndexError, match=r"row -1 asked for; a suite index marks an item without a usable image.*drop_missing"):
+        getattr(store, read)(np.array([0, -1, 2]))
+
+
 def test_unwritten_rows_are_refused(tmp_path):
     root = writer.open_for_writing(tmp_path / "s.zarr", {"encoder": "test-reads"}, DIMS)
     writer.plan_rows(root, "image", _keys(3, 0))  # rows planned, never written

@@ -341,3 +341,25 @@ def test_ids_from_bpe_equal_the_tokenizers_ids(tiny_encoder):
     assert [len(b) for b in bpe[1:3]] == [14, 15]
     ids = tiny_encoder.ids_from_bpe(bpe)
     assert ids.dtype == torch.long and torch.equal(ids, tiny_encoder.tokenizer(texts))
+
+
+@pytest.mark.parametrize("content", ["junk", "other-toy"])
+def test_a_toy_checkpoint_that_does_not_load_is_named_in_one_line(tmp_path, content):
+    """A file that is not a safetensors file, or the small toy's weights under ``--model toy``,
+    is named with its path and the fix, not a deserialising traceback or hundreds of size
+    mismatches."""
+    from safetensors.torch import save_file
+
+    from pipeline.encoders import create_model, load_encoder, register_toy_configs
+
+    path = tmp_path / "toy.safetensors"
+    if content == "junk":
+        path.write_bytes(b"\x00" * 64)
+    else:
+        register_toy_configs()
+        save_file({k: v.contiguous() for k, v in create_model("toy-vit-small").state_dict().items()}, str(path))
+    with pytest.raises(WeightsUnavailableError) as e:
+        load_encoder("toy", checkpoint=str(path))
+    said = str(e.value)
+    assert f"could not load the toy CLIP checkpoint {path} for toy" in said and "check --model and extract.checkpoint" in said
+    assert "\n" not in said and len(said) < 700

@@ -352,6 +352,39 @@ def test_a_repair_killed_after_writing_its_zeros_leaves_the_rows_due(damaged, re
     assert_same_store(store, reference)
 
 
+def test_a_first_layout_killed_midway_is_laid_out_afresh(world, reference, tiny_encoder, tmp_path, monkeypatch):
+    """The root's attributes are written after every array: a first extract killed while it
+    lays the store out leaves a root without them and holding no row, which the next extract
+    lays out afresh (it refused it before, naming a missing group), while a foreign Zarr
+    group at the path is left alone."""
+    from pipeline.cache import writer
+
+    cfg = _cfg(world, tmp_path / "out")
+    create, calls = writer._create, []
+
+    def killed_at_the_fourth_array(*args):
+        calls.append(args)
+        if len(calls) == 4:
+            raise KeyboardInterrupt("killed")
+        create(*args)
+
+    monkeypatch.setattr(writer, "_create", killed_at_the_fourth_array)
+    with pytest.raises(KeyboardInterrupt):
+        extract(cfg, progress=False, encoder=tiny_encoder)
+    monkeypatch.setattr(writer, "_create", create)
+    store = store_path(cfg)
+    assert not dict(zarr.open_group(store, mode="r").attrs)
+    extract(cfg, progress=False, encoder=tiny_encoder)
+    assert_same_store(store, reference)
+
+    other = _cfg(world, tmp_path / "foreign")
+    foreign = zarr.open_group(store_path(other), mode="w")
+    foreign.create_array("data", shape=(3,), dtype="f4")
+    with pytest.raises(CorruptStoreError):
+        extract(other, progress=False, encoder=tiny_encoder)
+    assert "data" in zarr.open_group(store_path(other), mode="r")
+
+
 def test_a_lost_done_chunk_is_named_at_read_and_plain_extract_restores_the_store(damaged, reference, tiny_encoder):
     """A complete store that loses a chunk of its done flags reads those rows as not done:
     the reader refuses them (naming both causes and the command), and a plain extract

@@ -309,9 +309,19 @@ class FeatureStore:
         return out
 
     def _check_done(self, modality: str, rows: np.ndarray) -> None:
+        """Refuse rows a feature read must not serve: a negative row (a suite index marks an
+        item without a usable image, or a padded slot, with -1, which would otherwise read
+        the last row, another item's features) and rows not marked done."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and rows.min() < 0:
+            raise IndexError(
+                f"{self.path}: {modality} row {int(rows.min())} asked for; a suite index marks an item without a "
+                f"usable image, or a padded slot, with -1: leave such items out (pipeline.scoring.drop_missing) "
+                f"or mask the slots before reading features"
+            )
         if modality not in self._done:
             self._done[modality] = self._whole(f"{modality}/done").astype(bool)
-        done = self._done[modality][np.asarray(rows, dtype=np.int64)]
+        done = self._done[modality][rows]
         if not done.all():
             raise StaleCacheError(
                 f"{self.path}: {int((~done).sum())} {modality} rows are not marked done (an "

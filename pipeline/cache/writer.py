@@ -83,6 +83,9 @@ def open_for_writing(
     if not loc.exists() and loc.has_content():
         raise CorruptStoreError(orphan_message(path))
     fid = fingerprint_id(fingerprint)
+    if loc.exists() and _interrupted_layout(loc):
+        log.warning("%s: a first layout was interrupted before its attributes were written; laid out afresh", path)
+        loc.remove()
     if loc.exists() and replace_mismatch:
         _, attrs = open_root(loc, "r")
         same_encoder = encoder_id(attrs.get("fingerprint", {})) == encoder_id(fingerprint)
@@ -117,17 +120,29 @@ def open_for_writing(
         check_shapes(root, path, counts=False)  # an absent array or edited dims named, not a KeyError
         return root
     root = loc.open("w")
-    root.attrs.update(
+    crops = OBJECT_ARRAYS if fingerprint.get("object_crops") else ()
+    for spec in IMAGE_ARRAYS + TEXT_ARRAYS + crops:
+        _create(root, spec, resolve_tail(spec, dims))
+    root.attrs.update(  # last: a root without them is an interrupted layout (_interrupted_layout)
         schema_version=SCHEMA_VERSION,
         fingerprint=fingerprint,
         fingerprint_id=fid,
         dims=dims,
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
-    crops = OBJECT_ARRAYS if fingerprint.get("object_crops") else ()
-    for spec in IMAGE_ARRAYS + TEXT_ARRAYS + crops:
-        _create(root, spec, resolve_tail(spec, dims))
     return root
+
+
+def _interrupted_layout(loc: StoreLocation) -> bool:
+    """Whether the group at ``loc`` is a first layout killed before its attributes, which
+    :func:`open_for_writing` writes after every array: a root without attributes holding
+    only (some of) the modality groups, so no row was ever written to it. Any other group
+    (a store, or someone else's Zarr data) is left to the checks that name it."""
+    try:
+        root = loc.open("r")
+        return not dict(root.attrs) and not list(root.array_keys()) and set(root.group_keys()) <= set(ARRAYS)
+    except Exception:  # noqa: BLE001 - an unreadable root is named by open_root, not removed here
+        return False
 
 
 def _create(root: zarr.Group, spec: ArraySpec, tail: tuple[int, ...]) -> None:

@@ -341,6 +341,15 @@ def configured_identity(
     return fields
 
 
+def _one_line(e: Exception) -> str:
+    """A loading error in one line of at most ~300 characters: torch's multi-line messages
+    (unpickling, missing keys, hundreds of size mismatches) would bury the fix."""
+    why = " ".join(str(e).split())
+    if "weights_only" in why:  # torch's advice to unpickle arbitrary code is not ours to give
+        why = "torch refuses to unpickle it as a state dict"
+    return f"{type(e).__name__}: {why if len(why) <= 300 else why[:297] + '...'}"
+
+
 def check_toy_options(spec: EncoderSpec, pretrained: str | None, init_seed: int, checkpoint: str | None) -> None:
     """Refuse weights options a toy encoder would ignore: it always loads its trained
     checkpoint, so ``pretrained`` other than the default (``openai``, the real models' tag)
@@ -428,7 +437,13 @@ def load_encoder(
     tag = pretrained or spec.default_pretrained
     if spec.toy:
         model = create_model(config)
-        model.load_state_dict(load_file(checkpoint))
+        try:
+            model.load_state_dict(load_file(checkpoint))
+        except Exception as e:  # noqa: BLE001 - safetensors' header errors, torch's size mismatches alike
+            raise WeightsUnavailableError(
+                f"could not load the toy CLIP checkpoint {checkpoint} for {spec.name}: {_one_line(e)}; it is not "
+                f"a checkpoint of {spec.name} ({config}): check --model and extract.checkpoint. {spec.weights_hint}"
+            ) from None
     elif identity == "random":
         with torch.random.fork_rng(devices=[]):  # built on the CPU; the caller's RNG untouched
             torch.manual_seed(init_seed)
@@ -442,10 +457,7 @@ def load_encoder(
         try:
             model = create_model(config, pretrained=tag)
         except Exception as e:  # open_clip raises RuntimeError/FileNotFoundError/HF errors
-            why = " ".join(str(e).split())  # torch's multi-line messages (unpickling, missing keys) on one line
-            if "weights_only" in why:  # torch's advice to unpickle arbitrary code is not ours to give
-                why = "torch refuses to unpickle it as a state dict"
-            why = f"{type(e).__name__}: {why if len(why) <= 300 else why[:297] + '...'}"
+            why = _one_line(e)
             fix = (
                 f"the file is not an open_clip state dict of {spec.name}: check the path and --model"
                 if Path(tag).is_file()
