@@ -333,6 +333,29 @@ def test_rerankers_with_objects_crops_read_the_crops(crops_store):
     torch.testing.assert_close(obj, want.reshape(3 * N, -1))
 
 
+def test_crops_are_placed_in_the_box_means_frame_on_a_wide_image(crops_store):
+    """On a 2:1 image (``image_size``) the grid sees the centre square: box means place their
+    objects in that view, and the crops, which keep every object, are placed in the same
+    frame (unclipped), not at centres normalised by width and height apart, which would
+    halve every horizontal offset against the vertical ones."""
+    _, _, store = crops_store
+    manifest, index = suite_inputs(store, SUITE)
+    wide = manifest.assign(image_size=[(800, 400)] * len(manifest))
+    rows = np.arange(len(wide))
+    crops = item_objects(store, wide, index, rows, SUITE, objects="crops")
+    boxed = item_objects(store, wide, index, rows, SUITE)
+    for g in rows:
+        raw = np.array(json.loads(wide["object_boxes"].iloc[g]))
+        centres = (raw[:, :2] + raw[:, 2:]) / 2
+        want = np.stack([centres[:, 0] * 2 - 0.5, centres[:, 1]], axis=1)  # x: the centre 400 px of 800
+        torch.testing.assert_close(crops.pos[g, :3], torch.tensor(want, dtype=torch.float32))
+        seen = (raw[:, 2] * 2 - 0.5 > 0) & (raw[:, 0] * 2 - 0.5 < 1)  # some area inside the view
+        shown = int(boxed.mask[g].sum())
+        assert shown == seen.sum() and 0 < shown
+        inside = (raw[seen, 0] * 2 - 0.5 >= 0) & (raw[seen, 2] * 2 - 0.5 <= 1)  # whole in the view: same centre
+        torch.testing.assert_close(boxed.pos[g, :shown][inside], crops.pos[g, :3][seen][inside])
+
+
 def test_the_ridge_stage_fits_on_crops_and_scoring_reads_them(crops_store, tmp_path):
     from pipeline.scorers.checkpoints import load_scorer
 

@@ -64,7 +64,7 @@ RESIZE_MODES = ("shortest", "longest", "squash")  # open_clip's PreprocessCfg.re
 
 
 def view_boxes(
-    boxes: np.ndarray, size: Sequence[float] | None, resize_mode: str = "shortest"
+    boxes: np.ndarray, size: Sequence[float] | None, resize_mode: str = "shortest", clip: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
     """Boxes normalised to the whole image -> normalised to the square view the patch grid
     covers, and which boxes keep some area in it.
@@ -86,6 +86,8 @@ def view_boxes(
         size: the image's ``(width, height)`` in pixels; None = square (boxes unchanged,
             all visible): the shapes world.
         resize_mode: the store's ``preprocess.resize_mode``.
+        clip: clip to the view (default); False keeps the mapped coordinates whole, for a
+            position in the view's frame of an object the crop cuts away (re-encoded crops).
 
     Returns:
         ([m, 4] float64 boxes in the view, [m] bool visible).
@@ -108,7 +110,9 @@ def view_boxes(
     out = b.copy()
     if w != h:
         cols = [axis, axis + 2]
-        out[:, cols] = np.clip(b[:, cols] * scale - shift, 0.0, 1.0)
+        out[:, cols] = b[:, cols] * scale - shift
+        if clip:
+            out[:, cols] = np.clip(out[:, cols], 0.0, 1.0)
     visible = (out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])
     return out, visible
 

@@ -244,9 +244,10 @@ def crop_rows(store: FeatureStore, index: dict[str, np.ndarray], n_items: int, s
 @torch.no_grad()
 def crop_objects(store: FeatureStore, rows: np.ndarray, boxes: list[np.ndarray], image_rows: np.ndarray) -> ObjectSets:
     """Object sets of G images from their re-encoded crops: ``rows`` [G, K] store rows into
-    ``object/*`` (-1 = pad), ``boxes[g]`` [m_g, 4] the boxes they were cut from (positions:
-    the box centres), ``image_rows`` [G] the images' store rows, which every crop must have
-    been cut from; unit-normalised pooled crop embeddings."""
+    ``object/*`` (-1 = pad), ``boxes[g]`` [m_g, 4] the boxes they were cut from, in the frame
+    the positions are read in (positions: the box centres), ``image_rows`` [G] the images'
+    store rows, which every crop must have been cut from; unit-normalised pooled crop
+    embeddings."""
     rows = np.asarray(rows).reshape(len(boxes), -1)
     counts = (rows >= 0).sum(1)
     flat = rows[rows >= 0]  # [sum m_g] in image order, boxes in order
@@ -298,16 +299,17 @@ def text_sets(store: FeatureStore, rows: np.ndarray, positions: list[torch.Tenso
     return pad_sets(splits, positions, store.dims.embed_dim)
 
 
-def grid_views(store: FeatureStore, manifest: pd.DataFrame, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+def grid_views(store: FeatureStore, manifest: pd.DataFrame, rows: np.ndarray, clip: bool = True) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per manifest row of ``rows``: (its ``object_boxes`` on the view the patch grid covers
     [m, 4], which of them keep some area there [m] bool). Boxes on a manifest with
-    ``image_size`` are mapped through the store's resize mode (:func:`view_boxes`); without
-    one (square images, the shapes world) every box is kept as it is."""
+    ``image_size`` are mapped through the store's resize mode (:func:`view_boxes`; ``clip``
+    False keeps them whole beyond the view); without one (square images, the shapes world)
+    every box is kept as it is."""
     boxes = [parse_boxes(manifest["object_boxes"].iloc[r]) for r in rows]
     if "image_size" not in manifest:
         return [(b, np.ones(len(b), dtype=bool)) for b in boxes]
     mode = store.fingerprint.get("preprocess", {}).get("resize_mode", "shortest")
-    return [view_boxes(b, manifest["image_size"].iloc[r], mode) for b, r in zip(boxes, rows, strict=True)]
+    return [view_boxes(b, manifest["image_size"].iloc[r], mode, clip) for b, r in zip(boxes, rows, strict=True)]
 
 
 def visible_objects(store: FeatureStore, manifest: pd.DataFrame, rows: np.ndarray, objects: str = "box-mean") -> np.ndarray:
@@ -325,8 +327,8 @@ def item_objects(store: FeatureStore, manifest: pd.DataFrame, index: dict[str, n
     boxes the grid's view shows: :func:`grid_views`)."""
     check_source(objects, layer)
     image_rows = index["image"].reshape(len(manifest), -1)[rows, 0]  # [G]
-    if objects == "crops":
-        boxes = [parse_boxes(manifest["object_boxes"].iloc[r]) for r in rows]
+    if objects == "crops":  # every box, placed in the box means' frame (the grid's view, unclipped): one layout for both sources
+        boxes = [b for b, _ in grid_views(store, manifest, rows, clip=False)]
         return crop_objects(store, crop_rows(store, index, len(manifest), suite)[rows], boxes, image_rows)
     return image_objects(store, image_rows, [b[seen] for b, seen in grid_views(store, manifest, rows)], layer)
 
