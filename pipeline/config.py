@@ -449,16 +449,23 @@ def _describe(err: dict[str, Any], cls: type, section: str) -> str:
     if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
         valid = ", ".join(f.name for f in cls.__dataclass_fields__.values())
         return f"unknown key {key} (valid: {valid})"
-    hint = ""
-    if isinstance(err["input"], str) and re.fullmatch(r"[+-]?\d+[eE][+-]?\d+", err["input"].strip()):
-        hint = f" (YAML reads {err['input']} as text: write it with a dot, e.g. {_with_dot(err['input'])})"
-    return f"{key} = {_show(err['input'])}: expected {_expected(err)}{hint}"
+    return f"{key} = {_show(err['input'])}: expected {_expected(err)}{_number_hint(err)}"
 
 
-def _with_dot(text: str) -> str:
-    """``1e-3`` -> ``1.0e-3``: the form YAML 1.1 reads as a number."""
-    mantissa, exponent = re.split(r"[eE]", text.strip(), maxsplit=1)
-    return f"{mantissa}.0e{exponent}"
+def _number_hint(err: dict[str, Any]) -> str:
+    """For a number YAML 1.1 read as text (``1e-3``, ``1.0e4``: PyYAML reads an exponent only
+    after a dot and with its sign), the form it reads: the integer for an integer key
+    (``1e4`` -> ``10000``), else a dot and a signed exponent (``1e4`` -> ``1.0e+4``)."""
+    text = err["input"].strip() if isinstance(err["input"], str) else ""
+    if not re.fullmatch(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+", text):
+        return ""
+    if err["type"].startswith("int"):
+        value = float(text)
+        return f" (YAML reads {text} as text: write the integer, {int(value)})" if value.is_integer() else ""
+    mantissa, exponent = re.split(r"[eE]", text, maxsplit=1)
+    mantissa = mantissa if "." in mantissa else f"{mantissa}.0"
+    exponent = exponent if exponent[0] in "+-" else f"+{exponent}"
+    return f" (YAML reads {text} as text: write it with a dot and a signed exponent, e.g. {mantissa}e{exponent})"
 
 
 def _expected(err: dict[str, Any]) -> str:

@@ -890,16 +890,23 @@ def test_bad_items_score_as_the_clean_items_plus_the_reported_skips(tmp_path, im
     np.testing.assert_allclose(np.stack(s_bad["scores"]), np.stack(s_clean["scores"]), rtol=1e-6)
 
 
-def test_a_number_yaml_reads_as_text_is_named_with_the_form_it_reads(tmp_path):
-    """PyYAML (YAML 1.1) reads 1e-3 and 1e300, written without a dot, as strings."""
-    from pipeline.config import ParamsError, RidgeConfig, load_config
+@pytest.mark.parametrize(
+    ("section", "cls", "key", "text", "hint", "value"),
+    [("ridge", "RidgeConfig", "lam", "1e-3", "write it with a dot and a signed exponent, e.g. 1.0e-3", 1e-3),
+     ("ridge", "RidgeConfig", "lam", "1.0e2", "write it with a dot and a signed exponent, e.g. 1.0e+2", 100.0),
+     ("report", "ReportConfig", "bootstrap", "1e4", "write the integer, 10000", 10000)],
+)
+def test_a_number_yaml_reads_as_text_is_named_with_the_form_it_reads(tmp_path, section, cls, key, text, hint, value):
+    """PyYAML (YAML 1.1) reads an exponent as a number only after a dot and with its sign:
+    1e-3, 1.0e2 and 1e4 are strings. The hint names a form it reads, which then loads."""
+    import pipeline.config as config
 
     params = tmp_path / "params.yaml"
-    params.write_text("ridge:\n  lam: 1e-3\n")
-    with pytest.raises(ParamsError, match=r"ridge.lam = '1e-3': expected a valid number \(YAML reads 1e-3 as text: write it with a dot, e.g. 1.0e-3\)"):
-        load_config(RidgeConfig, params, "ridge")
-    params.write_text("ridge:\n  lam: 1.0e-3\n")
-    assert load_config(RidgeConfig, params, "ridge").lam == 1e-3
+    params.write_text(f"{section}:\n  {key}: {text}\n")
+    with pytest.raises(config.ParamsError, match=re.escape(f"{section}.{key} = '{text}': expected ") + r".*" + re.escape(f"(YAML reads {text} as text: {hint})")):
+        config.load_config(getattr(config, cls), params, section)
+    params.write_text(f"{section}:\n  {key}: {hint.rsplit(' ', 1)[-1]}\n")
+    assert getattr(config.load_config(getattr(config, cls), params, section), key) == value
 
 
 def test_a_random_init_store_of_an_edited_shipped_config_is_refused_at_read(tmp_path, images, monkeypatch):

@@ -41,6 +41,11 @@ PIPELINES = (("", DVC_YAML), ("real", ROOT / "real" / "dvc.yaml"))  # (folder, i
 PROJECT_PACKAGES = ("pipeline", "stages")  # top-level packages whose modules are checked
 COMMAND = "pipeline"  # the console script every stage's cmd runs
 STAGE_PACKAGE = "stages"  # `pipeline <word>` runs stages/<word>.py
+# files whose import_module argument the checker cannot read, and what covers those imports
+DYNAMIC_IMPORTS = {
+    "pipeline/registry.py": "a registry loads its own package: the Registry(kind, package) calls name it, and are followed",
+    "pipeline/perf/scoring.py": "a registered scorer's family package: the scorer registry's Registry call names them",
+}
 
 
 # --------------------------------------------------------------------------- dvc.yaml
@@ -246,13 +251,13 @@ def _formatted_names(tree: ast.Module, constants: dict[str, str]) -> dict[str, s
 
 
 def _module_patterns(node: ast.AST, constants: dict[str, str], formatted: dict[str, set[str]]) -> set[str]:
-    """The dotted-name patterns an ``import_module`` argument can take: a literal itself; an
-    f-string (or a name assigned one in the module) with its module-level constants filled
-    in and every other field a ``*``."""
+    """The dotted-name patterns an ``import_module`` argument can take: a literal itself; a
+    module-level string constant's value; an f-string (or a name assigned one in the module)
+    with its module-level constants filled in and every other field a ``*``."""
     if _literal(node) is not None:
         return {_literal(node)}
     if isinstance(node, ast.Name):
-        return formatted.get(node.id, set())
+        return {constants[node.id]} if node.id in constants else formatted.get(node.id, set())
     if not isinstance(node, ast.JoinedStr):
         return set()
     parts = []
@@ -336,7 +341,11 @@ def direct_imports(root: Path, path: Path, packages: tuple[str, ...], command: s
                     if not m.name.startswith("_")
                 )
             elif _call_name(node) in ("import_module", "__import__") and node.args:
-                for mod in _module_patterns(node.args[0], constants, formatted):
+                patterns = _module_patterns(node.args[0], constants, formatted)
+                if not patterns and path.relative_to(root).as_posix() not in DYNAMIC_IMPORTS:
+                    # resolves to no file: the stage test names it rather than dropping it
+                    found.add(f"{packages[0]}.<an import_module argument the checker cannot read, {path.name} line {node.lineno}>")
+                for mod in patterns:
                     if mod and not mod.startswith(".") and "*" not in mod.split(".")[0]:
                         found.update(matching_modules(root, mod) if "*" in mod else {mod})
     return frozenset(n for n in found if n.split(".")[0] in packages)
@@ -345,7 +354,8 @@ def direct_imports(root: Path, path: Path, packages: tuple[str, ...], command: s
 def _command_nodes(tree: ast.Module, word: str, path: Path) -> list[ast.AST]:
     """The nodes ``<cli> <word>`` runs: module-level statements (function and class bodies
     left out), the function registered as ``word`` (``@app.command("word")`` or
-    ``@app.command()`` on ``def word``) and, transitively, the module's functions it names."""
+    ``@app.command()`` on ``def word``), the app's callbacks (``@app.callback()``: typer runs
+    them before every command) and, transitively, the module's functions they name."""
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
 
     def registered(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
@@ -358,7 +368,8 @@ def _command_nodes(tree: ast.Module, word: str, path: Path) -> list[ast.AST]:
     command = next((fn for fn in functions.values() if registered(fn) == word), None)
     if command is None:
         pytest.fail(f"{path}: no function registered as the command {word!r}")
-    reached, todo = {command.name}, [command]
+    callbacks = [fn for fn in functions.values() if any(isinstance(d, ast.Call) and _call_name(d) == "callback" for d in fn.decorator_list)]
+    reached, todo = {command.name, *(fn.name for fn in callbacks)}, [command, *callbacks]
     while todo:
         fn = todo.pop()
         # a name the function binds itself (a parameter, a local variable) is not the module's
@@ -537,15 +548,16 @@ def test_a_cli_command_reaches_its_own_body_its_helpers_and_the_module_level(tmp
             "@app.command('run-it')\ndef run_it():\n    from app import mine\n    _helper()\n"
             "@app.command()\ndef other():\n    from app import theirs\n"
             "@app.command()\ndef shadow():\n    other = 1\n    return other\n"  # a local, not the command
+            "@app.callback()\ndef main():\n    from app import every\n"  # runs before every command
         ),
-        **{f"app/{m}.py": "" for m in ("top", "bench", "helped", "mine", "theirs")},
+        **{f"app/{m}.py": "" for m in ("top", "bench", "helped", "mine", "theirs", "every")},
     }
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     cli = tmp_path / "app/cli.py"
     found, _ = imported_files(tmp_path, [cli], ("app",), commands={"app/cli.py": "run-it"})
-    assert found == {"app/__init__.py", "app/cli.py", "app/top.py", "app/mine.py", "app/helped.py"}
+    assert found == {"app/__init__.py", "app/cli.py", "app/top.py", "app/mine.py", "app/helped.py", "app/every.py"}
     assert "app/theirs.py" in imported_files(tmp_path, [cli], ("app",), commands={"app/cli.py": "other"})[0]
     assert "app/theirs.py" not in imported_files(tmp_path, [cli], ("app",), commands={"app/cli.py": "shadow"})[0]
 
@@ -640,6 +652,12 @@ def test_registry_subclasses_and_pattern_imports(tmp_path: Path) -> None:
     assert unresolved == set()
     assert matching_modules(tmp_path, "app.fam.*.report") == {"app.fam.one.report"}
     assert matching_modules(tmp_path, "app.*") == {"app.registry", "app.sections", "app.generic", "app.fam"}
+    # a module constant is read; an argument the checker cannot read is reported, not dropped
+    (tmp_path / "app/named.py").write_text("import importlib\nPKG = 'app.generic'\nimportlib.import_module(PKG)\n")
+    assert "app/generic/__init__.py" in imported_files(tmp_path, [tmp_path / "app/named.py"], ("app",))[0]
+    (tmp_path / "app/joined.py").write_text("import importlib\nimportlib.import_module('.'.join(['app', 'generic']))\n")
+    _, unresolved = imported_files(tmp_path, [tmp_path / "app/joined.py"], ("app",))
+    assert unresolved == {"app.<an import_module argument the checker cannot read, joined.py line 2>"}
 
 
 def test_foreach_and_matrix_expansion() -> None:
