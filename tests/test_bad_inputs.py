@@ -914,10 +914,7 @@ def test_a_random_init_store_of_an_edited_shipped_config_is_refused_at_read(tmp_
     config's hash, so after ``configs/tiny-vit.json`` is edited (another depth) the reader
     refuses the store, as the writer does, instead of serving the old architecture's
     features."""
-    import copy
-
-    import open_clip
-
+    import pipeline.encoders as encoders
     from pipeline.cache import ForeignCacheError, open_store
     from pipeline.config import ExtractConfig, load_config
 
@@ -926,14 +923,10 @@ def test_a_random_init_store_of_an_edited_shipped_config_is_refused_at_read(tmp_
     ok(cli("extract", "--params", params, "--quiet"))
     extract = load_config(ExtractConfig, params, "extract")
     open_store(extract)
-    shipped = open_clip.get_model_config
-
-    def edited(name):
-        config = copy.deepcopy(shipped(name))
-        if name == "tiny-vit":
-            config["vision_cfg"]["layers"] += 1
-        return config
-
-    monkeypatch.setattr(open_clip, "get_model_config", edited)
+    config = json.loads((encoders.CONFIG_DIR / "tiny-vit.json").read_text())
+    config["vision_cfg"]["layers"] += 1
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tiny-vit.json").write_text(json.dumps(config))
+    monkeypatch.setattr(encoders, "CONFIG_DIR", tmp_path / "configs")
     with pytest.raises(ForeignCacheError, match="open_clip_config_sha256"):
         open_store(extract)
