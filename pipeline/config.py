@@ -460,11 +460,9 @@ def _number_hint(err: dict[str, Any]) -> str:
     if not re.fullmatch(r"[+-]?\d+(\.\d*)?[eE][+-]?\d+", text):
         return ""
     if err["type"].startswith("int"):
-        value = float(text)
-        return f" (YAML reads {text} as text: write the integer, {int(value)})" if value.is_integer() else ""
+        return f" (YAML reads {text} as text: write the integer, {int(float(text))})" if float(text).is_integer() else ""
     mantissa, exponent = re.split(r"[eE]", text, maxsplit=1)
-    mantissa = mantissa if "." in mantissa else f"{mantissa}.0"
-    exponent = exponent if exponent[0] in "+-" else f"+{exponent}"
+    mantissa, exponent = mantissa if "." in mantissa else f"{mantissa}.0", exponent if exponent[0] in "+-" else f"+{exponent}"
     return f" (YAML reads {text} as text: write it with a dot and a signed exponent, e.g. {mantissa}e{exponent})"
 
 

@@ -311,21 +311,18 @@ def model_config_sha256(config: str) -> str:
     fingerprint records it: the reader can then refuse a store of an edited config (its
     grid, layers or preprocessing) without building the model, as the writer does.
 
-    The config is read from its file, as open_clip reads it (the shipped ``configs/`` first,
-    which :func:`register_toy_configs` adds over open_clip's own ``model_configs/``), so that
-    checking a store does not import open_clip; a name with no file there is asked of open_clip.
-    """
+    The config is read from its file, as open_clip reads it (the shipped ``configs/``, then
+    open_clip's ``model_configs/``), so that checking a store does not import open_clip; a
+    name with no file there is asked of open_clip."""
     import importlib.util
 
     folders = [CONFIG_DIR, *(Path(p) / "model_configs" for p in importlib.util.find_spec("open_clip").submodule_search_locations)]
     file = next((f / f"{config}.json" for f in folders if (f / f"{config}.json").is_file()), None)
-    if file is not None:
-        resolved = json.loads(file.read_text(encoding="utf-8"))
-    else:
+    if file is None:
         import open_clip
 
         register_toy_configs()
-        resolved = open_clip.get_model_config(config)
+    resolved = json.loads(file.read_text(encoding="utf-8")) if file else open_clip.get_model_config(config)
     return hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()
 
 
