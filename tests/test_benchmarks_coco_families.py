@@ -18,6 +18,7 @@ from pipeline.benchmarks.coco_families import (
     _geometric_items,
     build_families,
     family_units,
+    ground,
     plural,
 )
 
@@ -138,6 +139,27 @@ def test_grounding_of_caption_families(manifest):
     assert row["ground_words"] == ["dog", "car"] and row["ground_positions"] == [2, 6]
     assert row["ground_boxes"][0] == pytest.approx([0.05, 0.5, 0.25, 0.9])
     assert manifest.loc["negation/1", "ground_words"] == ["car"]  # the absent bus is not grounded
+
+
+@pytest.mark.parametrize(
+    "caption",
+    ["A  black dog sitting next to a car.", "A black dog\tsitting next to\na  car.", " A black dog sitting next to a car. "],
+)
+def test_grounding_positions_count_words_as_the_bpe_map_does(caption):
+    """Word indices are read back by ``word_token_positions`` over ``caption.split()``: runs
+    of whitespace (COCO captions hold some) must not shift them onto another word."""
+    from pipeline.world.grounding import word_token_positions
+
+    got = ground(caption, {"dog": [0.1, 0.1, 0.2, 0.2], "car": [0.5, 0.5, 0.9, 0.9]})
+    assert got["ground_words"] == ["dog", "car"] and got["ground_positions"] == [2, 7]
+    words = caption.split()
+    assert [words[k] for k in got["ground_positions"]] == ["dog", "car."]
+    assert len(word_token_positions(caption, got["ground_positions"])) == 2  # in range
+
+
+def test_grounding_of_a_mention_inside_a_hyphenated_word():
+    got = ground("a hot-dog stand and a  car", {"dog": [0, 0, 1, 1], "car": [0, 0, 1, 1]})
+    assert got["ground_positions"] == [1, 5]  # "hot-dog" is word 1, "car" word 5
 
 
 def test_grounding_boxes_follow_the_encoders_square_crop(manifest):

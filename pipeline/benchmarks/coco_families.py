@@ -195,11 +195,15 @@ def _mentions(caption: str, names: list[str]) -> list[tuple[int, int, str, bool]
 
 def ground(text: str, boxes_of: dict[str, list[float]]) -> dict[str, list]:
     """Grounding of ``text`` (the shapes-train columns): the words of every mention of a
-    single-instance category, their boxes and their word indices in ``text.split(" ")``."""
+    single-instance category, their boxes and their word indices in ``text.split()``, the
+    words :func:`pipeline.world.grounding.word_token_positions` reads back (COCO captions may
+    hold runs of spaces, tabs or newlines, which open_clip's tokenizer collapses)."""
     words, boxes, positions = [], [], []
     for start, end, name, _ in _mentions(text, sorted(boxes_of)):
-        first = len(text[:start].split(" ")) - 1  # index of the word where the mention starts
-        for k, w in enumerate(text[start:end].split(" ")):
+        before = text[:start]
+        # the mention starts a word unless it follows a non-space (``hot-dog``: inside one)
+        first = len(before.split()) - (1 if before and not before[-1].isspace() else 0)
+        for k, w in enumerate(text[start:end].split()):
             words.append(w)
             boxes.append(boxes_of[name])
             positions.append(first + k)
