@@ -482,6 +482,34 @@ def test_bindclip_robustness_splits_slices_by_their_paired_ci():
     assert robustness(rows[2:])["gains"] == "none"
 
 
+def test_bindclip_setting_marks_each_departure_from_methods_md(tmp_path):
+    from pipeline.scorers.bindclip.analysis import SPEC_SETTING, spec_setting
+    from pipeline.scorers.bindclip.report import setting
+
+    spec = {"scorer": {}, "train": {}}
+    for _, where, key, value in SPEC_SETTING:
+        spec[where][key] = value
+    rows, extra = spec_setting(spec)
+    assert len(rows) == len(SPEC_SETTING) and not any(r[3] for r in rows) and extra == []
+    spec["scorer"] |= {"nu_v": 0.3, "span_gate": True, "text_center": False}
+    spec["train"] |= {"lr": 0.01, "objective": {"weights": {"grounding": 3.0, "image": 3.0}}}
+    rows, extra = spec_setting(spec)
+    differ = {r[0]: r[1:3] for r in rows if r[3] == "**differs**"}
+    assert differ == {"ν_v (null column mass)": ["0.5", "0.3"], "learning rate": ["0.0001", "0.01"]}
+    assert extra == ["`span_gate` = True", "`weights` = grounding 3, image 3"]  # text_center off: not set
+    rows, _ = spec_setting({"scorer": {"h": 192}})
+    assert rows[0] == ["h (projection width)", "192", "192", ""] and rows[1][2] == "–"
+
+    folder = tmp_path / "bindclip"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(spec))
+    assert setting(folder) == []  # no weights beside it: not a finished checkpoint
+    (folder / "model.safetensors").write_bytes(b"")
+    heading, table, text = setting(folder)
+    assert "methods.md §1" in heading and table.count("**differs**") == 2
+    assert f"`{folder.as_posix()}/config.json`" in text and "`span_gate` = True" in text
+
+
 def test_geometry_shows_the_ridge_maps_held_out_choice(full_context):
     from pipeline.scorers.geometry.report import RIDGE_RECORD, geometry_section
 

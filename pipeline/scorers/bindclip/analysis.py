@@ -12,6 +12,7 @@
   verdict — nothing is asserted, everything is reported; ``sinkhorn_goal`` does the same
   for the solver-speed goal from ``pipeline bench sinkhorn``'s measurement.
 * ``parameter_comparison``: the scorer's parameters against the paper's total.
+* ``spec_setting``: the scored checkpoint's setting against the values methods.md §1 states.
 """
 
 from __future__ import annotations
@@ -354,6 +355,53 @@ def parameter_comparison(parameters: dict[str, int]) -> dict[str, Any]:
         "gap": PAPER_PARAMETERS - total,
         "text_projection": int(parameters["phi_t.layernorm"]) + int(parameters["phi_t.linear"]),
     }
+
+
+# (setting, config section, field, the value methods.md §1 states): §1.1–§1.5, then the
+# paper's training recipe (§1.6)
+SPEC_SETTING = (
+    ("h (projection width)", "scorer", "h", 192),
+    ("ε (Sinkhorn temperature)", "scorer", "epsilon", 0.1),
+    ("K (Sinkhorn iterations)", "scorer", "n_iters", 64),
+    ("ν_t (null row mass)", "scorer", "nu_t", 0.25),
+    ("ν_v (null column mass)", "scorer", "nu_v", 0.5),
+    ("uncertainty floor", "scorer", "uncertainty_floor", 0.05),
+    ("caption tokens", "scorer", "max_tokens", 32),
+    ("learning rate", "train", "lr", 1e-4),
+    ("training steps", "train", "steps", 300),
+    ("batch size", "train", "batch_size", 64),
+    ("weight decay", "train", "weight_decay", 1e-3),
+)
+# options methods.md §1 does not describe, reported with their values when set
+BEYOND_SPEC = (
+    ("scorer", ("text_center", "span_gate", "grad_iters", "scale_init", "tau")),
+    ("train", ("lr_schedule", "warmup")),
+    ("objective", ("weights", "group_tau", "ground_negatives", "image_per_caption")),
+)
+
+
+def spec_setting(record: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
+    """A checkpoint record's (``config.json``) setting against methods.md §1: rows of
+    (setting, §1's value, this checkpoint's, "**differs**" or ""), and ``key = value`` for
+    each option §1 does not describe that the record sets (its ``scorer``, its training
+    ``train`` section and that section's ``objective``)."""
+    sections = {"scorer": record.get("scorer", {}), "train": record.get("train", {})}
+    sections["objective"] = sections["train"].get("objective") or {}
+    rows = []
+    for name, where, key, spec in SPEC_SETTING:
+        value = sections[where].get(key)
+        differs = value is not None and not np.isclose(float(value), spec, rtol=1e-9, atol=0.0)
+        rows.append([name, f"{spec:g}", "–" if value is None else f"{value:g}", "**differs**" if differs else ""])
+    def shown(v: Any) -> str:
+        return ", ".join(f"{k} {x:g}" for k, x in v.items()) if isinstance(v, dict) else str(v)
+
+    extra = [
+        f"`{key}` = {shown(sections[where][key])}"
+        for where, keys in BEYOND_SPEC
+        for key in keys
+        if sections[where].get(key) not in (None, {}, False)
+    ]
+    return rows, extra
 
 
 SINKHORN_GOAL = {"speedup": 30.0, "max_abs_diff": 1e-6, "shape": (256, 64, 1153)}  # the issue's

@@ -25,6 +25,7 @@ from pipeline.report.markdown import df_markdown, md_table, p_value, pct, points
 from pipeline.report.tasks import DEV_SUITE
 from pipeline.report.templates import Templates
 from pipeline.scorers.bindclip import ENERGIES, analysis
+from pipeline.training.resume import read_finished
 
 TEXT = Templates("pipeline.scorers.bindclip", "report.md")
 VARIANT = "bindclip"  # the scored checkpoint; its ablations are the other variants below
@@ -58,6 +59,7 @@ def bindclip_section(ctx: ReportContext) -> list[str]:
         *coupling(ctx),
         *diagnostics(ctx),
         *parameters(ctx.out / "bench" / "scoring.json"),
+        *setting(Path(ctx.score.checkpoints) / VARIANT),
         *goals(ctx),
     ]
 
@@ -142,26 +144,16 @@ def local_baselines(ctx: ReportContext) -> list[str]:
         table = table.drop(index=CATEGORY_MEAN, errors="ignore")
         grid = grid.drop(columns=CATEGORY_MEAN, errors="ignore")
     sc = ctx.results[name]["manifest"]
-    adds = {
-        c: (
-            int(((sc["category"] == c) & sc["length_matched"]).sum()),
-            int((sc["category"] == c).sum()),
-        )
-        for c in ("add-obj", "add-att")
-    }
-    matched = ", ".join(f"{m} of {n} {c}" for c, (m, n) in adds.items())
+    adds = {c: sc["category"] == c for c in ("add-obj", "add-att")}
+    matched = ", ".join(f"{int((m & sc['length_matched']).sum())} of {int(m.sum())} {c}" for c, m in adds.items())
     rates = {c: grid[c].map(pct) for c in grid.columns if c not in ("pooling", "w")}
     best_rows = grid.loc[grid.groupby("pooling", sort=False)["total"].idxmax()]  # the first w of equals
     best = "; ".join(f"{r.pooling} w = {r.w:g} (total {pct(r.total)})" for r in best_rows.itertuples())
     text = TEXT("local", length_matched=matched, best=best)
     if "additive" in ctx.scored:
         text += " " + TEXT("additive", **additive_options(ctx.score.options.get("additive", {})))
-    return [
-        f"### Local and additive baselines ({name})",
-        text,
-        df_markdown(table.map(pct)),
-        df_markdown(grid.assign(**rates)),
-    ]
+    tables = [df_markdown(table.map(pct)), df_markdown(grid.assign(**rates))]
+    return [f"### Local and additive baselines ({name})", text, *tables]
 
 
 def additive_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -459,6 +451,18 @@ def parameters(bench: Path) -> list[str]:
     )
     heading = "### Parameters at ViT-L-14-336 dimensions (h = 192)"
     return [heading, md_table(["component", "parameters"], rows), text]
+
+
+def setting(checkpoint: Path) -> list[str]:
+    """The scored checkpoint's setting against the values methods.md §1 states, and the
+    options §1 does not describe (nothing without a finished checkpoint)."""
+    record, _ = read_finished(checkpoint)
+    if record is None:
+        return []
+    rows, extra = analysis.spec_setting(record)
+    table = md_table(["setting", "methods.md §1", "scored checkpoint", ""], rows)
+    text = TEXT("setting", checkpoint=checkpoint.as_posix(), extra="; ".join(extra) or "none")
+    return ["### The trained setting against methods.md §1", table, text]
 
 
 def goals(ctx: ReportContext) -> list[str]:
