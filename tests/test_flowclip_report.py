@@ -1,5 +1,6 @@
 """Flow-CLIP's report section and the cross-family sections (head-to-head, image
-replacement) on synthetic results, and the patch-sensitivity computation on the tiny store.
+replacement) on synthetic results, the patch-sensitivity computation on the tiny store, and
+the choice of the pictured checkpoint with stand-in scorers and training summaries.
 
 Results are built from small hand-made manifests of every shapes suite, each item scored so
 that a variant is right exactly where it is told to be (the true option 1, the others 0, or
@@ -336,11 +337,163 @@ def test_a_report_of_untrained_variants_says_so(tmp_path, tiny_store):
 
 def test_a_report_of_trained_variants_does_not_call_its_goals_trivial(tmp_path, tiny_store):
     write_scoring_bench(tmp_path)
-    _summaries(tmp_path / "checkpoints", {"global-m": [0, 0, 0], "flowclip": [150, 0, 200], "flowclip-cimr": [0, 50, 0]})
+    _summaries(tmp_path / "checkpoints", {"global-m": [50, 0, 0], "flowclip": [150, 0, 200], "flowclip-cimr": [100, 50, 0]})
     ctx = context(full_results(), tmp_path, ("shuffle", "fixed"), store=tiny_store)
     text = "\n\n".join(SECTIONS.get("flowclip").render(ctx))
     assert "trivially" not in text and "kept the initialisation" not in text
+    assert "untrained)" not in text and "Scored at step 0" not in text  # every scored seed (0) trained
     assert "| `flowclip` | 3 | 0: 150, 1: 0, 2: 200 |" in text
+
+
+class _Store:
+    """A stand-in feature store holding the pictured suites (the pictures are patched out)."""
+
+    def __init__(self, suites=()):
+        self._suites = list(suites)
+
+    def suites(self):
+        return self._suites
+
+
+def _scored_like_clip(untrained: tuple[str, ...]) -> dict:
+    """Results where each variant of ``untrained`` (seed 0, the scored one, included) scores
+    exactly as ``clip`` and the others and seeds 1-2 differ; replaced-image runs of
+    ``untrained`` variants equal each other."""
+    clip = pattern(0, 0.5)
+    right = {"clip": clip}
+    for j, v in enumerate(analysis.VARIANTS):
+        right[v] = clip if v in untrained else pattern(50 + j, 0.7)
+        right[f"{v}@seed0"] = right[v]
+        right |= {f"{v}@seed{k}": pattern(20 + 3 * j + k, 0.6) for k in (1, 2)}
+        for m in ("shuffle", "fixed"):
+            right[f"{v}@{m}"] = pattern(40, 0.5) if v in untrained else pattern(60 + j, 0.5)
+            del right[f"{v}@{m}"]["shapes-retrieval"]
+    return results_from(right)
+
+
+def _goal_row(text: str, goal: str) -> list[str]:
+    line = next(x for x in text.splitlines() if x.startswith(f"| {goal} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_goals_ladder_and_corrections_read_the_scored_checkpoints(tmp_path):
+    """As in a run where seed 0 (the scored checkpoint) kept step 0 for every variant and
+    seeds 1-2 trained: the goals on scores say "untrained", a met one "trivially", though not
+    every seed kept step 0; the ladder and the corrections table name those checkpoints."""
+    write_scoring_bench(tmp_path)
+    _summaries(tmp_path / "checkpoints", {"global-m": [0, 50, 50], "flowclip": [0, 50, 50], "flowclip-cimr": [0, 0, 50]})
+    ctx = context(_scored_like_clip(analysis.VARIANTS), tmp_path, ("shuffle", "fixed"), store=_Store())
+    text = check_blocks(SECTIONS.get("flowclip").render(ctx))
+    assert _goal_row(text, "`global-m` >= `clip` on the all-task mean")[2] == "yes (trivially: untrained)"
+    own = "own image: `flowclip-cimr`'s ARO-style mean within 2 points of `flowclip`'s"
+    assert _goal_row(text, own)[2] == "yes (trivially: untrained)"
+    assert _goal_row(text, "`flowclip` >= `global-m` + 3 points on the binding mean")[2] == "**no** (untrained)"
+    shuffle = "under shuffle, `flowclip-cimr`'s ARO-style mean >= 10 points below `flowclip`'s"
+    assert _goal_row(text, shuffle)[2] == "**no** (untrained)"
+    assert _goal_row(text, "scoring from the cache >= 20x faster than re-encoding (toy)")[2] == "yes"  # speed
+    runs = "`global-m` (seed 0), `flowclip` (seed 0), `flowclip-cimr` (seed 0)"
+    ladder = text.split("### Ablation ladder", 1)[1].split("###", 1)[0]
+    assert f"Scored at step 0, the untrained initialisation (M = I and, for the ICER variants, W = 0) that dev selection kept, whose score is frozen CLIP's cosine: {runs}." in ladder
+    fixes = text.split("### Errors corrected and errors made", 1)[1].split("###", 1)[0]
+    assert f"which scores exactly as `clip`: {runs}. Those columns read 0 / 0 / +0" in fixes
+    goals_text = text.split("### The issue's goals, as measured", 1)[1]
+    assert f"which scores exactly as `clip`: {runs}. A verdict on scores says" in goals_text
+
+
+def test_a_goal_names_the_untrained_variant_it_compares(tmp_path):
+    """Only `flowclip` and `flowclip-cimr` scored at step 0: the goal comparing `flowclip` with
+    a trained `global-m` names `flowclip`, the one on `global-m` alone stays plain."""
+    _summaries(tmp_path / "checkpoints", {"global-m": [50, 0, 0], "flowclip": [0, 50, 50], "flowclip-cimr": [0, 0, 50]})
+    untrained = ("flowclip", "flowclip-cimr")
+    ctx = context(_scored_like_clip(untrained), tmp_path, ("shuffle", "fixed"), store=_Store())
+    text = check_blocks(SECTIONS.get("flowclip").render(ctx))
+    allt = _goal_row(text, "`global-m` >= `clip` on the all-task mean")[2]
+    assert allt in ("yes", "**no**")
+    binding = _goal_row(text, "`flowclip` >= `global-m` + 3 points on the binding mean")[2]
+    assert binding in ("yes (`flowclip` untrained)", "**no** (`flowclip` untrained)")
+    ladder = text.split("### Ablation ladder", 1)[1].split("###", 1)[0]
+    assert "cosine: `flowclip` (seed 0), `flowclip-cimr` (seed 0). Those rows" in ladder
+
+
+def test_scored_steps_read_the_scored_checkpoint(tmp_path):
+    """The step of the checkpoint a variant is scored with: its config.json, else the training
+    summary's scored seed (the first seed listed when it names none)."""
+    root = tmp_path / "checkpoints"
+    _summaries(root, {"global-m": [0, 50], "flowclip": [0, 50], "flowclip-cimr": [20, 0]})
+    (root / "global-m" / "config.json").write_text(json.dumps({"seed": 1, "selected_step": 50}))
+    summary = json.loads((root / "flowclip" / "summary.json").read_text())
+    (root / "flowclip" / "summary.json").write_text(json.dumps({**summary, "scored_seed": 1}))
+    assert analysis.scored_steps(root, [*analysis.VARIANTS, "other"]) == {
+        "global-m": {"seed": "1", "step": 50},
+        "flowclip": {"seed": "1", "step": 50},
+        "flowclip-cimr": {"seed": "0", "step": 20},
+    }
+
+
+def _icer(w: float):
+    """A stand-in scorer with an ICER weight W filled with ``w``."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(icer=SimpleNamespace(W=torch.full((2, 2), w)))
+
+
+@pytest.mark.parametrize(
+    ("scored_w", "steps", "seed_w", "pictured", "loaded"),
+    [
+        (0.0, [0, 50, 50], {1: 0.3, 2: 0.3}, "flowclip@seed1", [1]),  # the first seed past step 0
+        (0.0, [0, 50, 100], {1: 0.0, 2: 0.3}, "flowclip@seed2", [1, 2]),  # seed 1's W is 0
+        (0.0, [0, 0, 0], {}, None, []),  # every seed the initialisation: no picture
+        (0.0, [0, 50, 0], {1: 0.0}, None, [1]),
+        (0.5, [0, 50, 50], {}, "flowclip", []),  # the scored checkpoint has W != 0
+    ],
+)
+def test_the_pictures_show_a_checkpoint_whose_icer_is_not_zero(tmp_path, monkeypatch, scored_w, steps, seed_w, pictured, loaded):
+    """With W = 0 every patch's change is 0: the pictures show the scored `flowclip` only when
+    its W is nonzero, else the first training seed past step 0 with W != 0, saying which; with
+    none, a sentence says why there is no picture."""
+    from pipeline.scorers import checkpoints
+    from pipeline.scorers.flowclip import report
+
+    root = tmp_path / "checkpoints"
+    _summaries(root, {"flowclip": steps})
+    for k in range(len(steps)):
+        (root / "flowclip" / f"seed{k}").mkdir()
+        (root / "flowclip" / f"seed{k}" / "model.safetensors").write_bytes(b"")
+    scorers = {"flowclip": _icer(scored_w)} | {f"flowclip@seed{k}": _icer(w) for k, w in seed_w.items()}
+    calls, drawn = [], []
+
+    def load(variant, store, ckpts, ckpt_dir=None, options=None):
+        calls.append(int(ckpt_dir.name.removeprefix("seed")))
+        assert variant == "flowclip" and ckpt_dir == root / "flowclip" / ckpt_dir.name
+        return scorers[f"flowclip@{ckpt_dir.name}"]
+
+    def maps(scorer, store, results, items):
+        drawn.append(next(name for name, s in scorers.items() if s is scorer))
+        return []
+
+    monkeypatch.setattr(checkpoints, "load_scorer", load)
+    monkeypatch.setattr(sensitivity, "patch_maps", maps)
+    monkeypatch.setattr(report, "sensitivity_figure", lambda maps, results, title="": object())
+    right = {"clip": pattern(0, 0.5), "flowclip": pattern(1, 0.6)}
+    right |= {f"flowclip@seed{k}": pattern(10 + k, 0.6) for k in range(len(steps))}
+    store = _Store(["shapes-sugarcrepe", "shapes-whatsup"])
+    ctx = context(results_from(right), tmp_path, store=store, scorers_={"flowclip": scorers["flowclip"]})
+    text = check_blocks(SECTIONS.get("flowclip").render(ctx))
+    part = text.split("### Patch sensitivity", 1)[1].split("###", 1)[0]
+    assert calls == loaded
+    if pictured is None:
+        assert not drawn and not ctx.figures and "![patch sensitivity]" not in part
+        assert "No patch-sensitivity pictures: ICER's weight W is 0 in the scored `flowclip` checkpoint" in part
+        assert f"(selected step, seed: step — {', '.join(f'{k}: {s}' for k, s in enumerate(steps))})" in part
+        return
+    assert drawn == [pictured] and "![patch sensitivity](figures/flowclip-sensitivity.png)" in part
+    assert f"Where `{pictured}` looks" in part and f"against the option `{pictured}` rates highest" in part
+    if pictured == "flowclip":
+        assert "instead" not in part
+    else:
+        k = int(pictured[-1])
+        assert "The scored `flowclip` checkpoint has ICER's weight W = 0" in part
+        assert f"of `{pictured}` instead (`{root / 'flowclip' / f'seed{k}'}`: training seed {k}, whose dev selection kept step {steps[k]})" in part
 
 
 def test_goals_without_their_variants_are_not_scored():

@@ -44,7 +44,9 @@ def goal_checks(
     """The Flow-CLIP issue's goals (bounds inclusive), each with ``measured`` (values and a
     paired-bootstrap CI of the compared difference), ``met`` (None: not measured, e.g. a
     variant not scored), ``shortfall`` (by how much an unmet goal is missed, in its own
-    terms) and the numbers behind it (``value``, ``base``, ``diff``, ``lo``, ``hi``).
+    terms) and the numbers behind it (``value``, ``base``, ``diff``, ``lo``, ``hi``); a goal
+    on scores also names the trained variants it ``compares``, whose scored checkpoints decide
+    whether the verdict is the training's or the initialisation's (the report reads them).
 
     Goals: ``global-m`` >= ``clip`` on the all-task mean; ``flowclip`` >= ``global-m`` + 3
     points on the binding mean; under each of ``modes``, ``flowclip-cimr``'s ARO-style mean
@@ -75,29 +77,32 @@ def goal_checks(
 
     goal = "`global-m` >= `clip` on the all-task mean"
     c, note = comparison(ALL_TASKS, "global-m", BASELINE, "all-task")
+    compares = ["global-m"]
     if c is None:
-        checks.append(_check(goal, "not scored", None))
+        checks.append(_check(goal, "not scored", None, compares=compares))
     else:
         met = c.diff >= -eps
         measured = f"{100 * c.value:.1f} vs {100 * c.base:.1f}: {_points(c)}{note}"
-        checks.append(_check(goal, measured, met, f"{-100 * c.diff:.1f} points", **numbers(c)))
+        short = f"{-100 * c.diff:.1f} points"
+        checks.append(_check(goal, measured, met, short, compares=compares, **numbers(c)))
 
     goal = "`flowclip` >= `global-m` + 3 points on the binding mean"
     c, note = comparison(BINDING_TASKS, "flowclip", "global-m", "binding")
+    compares = ["flowclip", "global-m"]
     if c is None:
-        checks.append(_check(goal, "not scored", None))
+        checks.append(_check(goal, "not scored", None, compares=compares))
     else:
         met = c.diff >= 0.03 - eps
         measured = f"{100 * c.value:.1f} vs {100 * c.base:.1f}: {_points(c)}{note}"
-        checks.append(
-            _check(goal, measured, met, f"{100 * (0.03 - c.diff):.1f} points", **numbers(c))
-        )
+        short = f"{100 * (0.03 - c.diff):.1f} points"
+        checks.append(_check(goal, measured, met, short, compares=compares, **numbers(c)))
 
+    compares = ["flowclip", "flowclip-cimr"]  # a replaced-image run scores the variant's checkpoint
     for mode in modes:
         goal = f"under {mode}, `flowclip-cimr`'s ARO-style mean >= 10 points below `flowclip`'s"
         c, note = comparison(ARO_TASKS, f"flowclip@{mode}", f"flowclip-cimr@{mode}", "aro")
         if c is None:
-            checks.append(_check(goal, "not scored", None, mode=mode))
+            checks.append(_check(goal, "not scored", None, mode=mode, compares=compares))
             continue
         met = c.diff >= 0.10 - eps
         measured = (
@@ -106,20 +111,21 @@ def goal_checks(
         )
         checks.append(
             _check(
-                goal, measured, met, f"{100 * (0.10 - c.diff):.1f} points", mode=mode, **numbers(c)
+                goal, measured, met, f"{100 * (0.10 - c.diff):.1f} points", mode=mode,
+                compares=compares, **numbers(c),
             )
         )
 
     goal = "own image: `flowclip-cimr`'s ARO-style mean within 2 points of `flowclip`'s"
     c, note = comparison(ARO_TASKS, "flowclip-cimr", "flowclip", "aro")
+    compares = ["flowclip-cimr", "flowclip"]
     if c is None:
-        checks.append(_check(goal, "not scored", None))
+        checks.append(_check(goal, "not scored", None, compares=compares))
     else:
         met = abs(c.diff) <= 0.02 + eps
         measured = f"{100 * c.value:.1f} vs {100 * c.base:.1f}: {_points(c)}{note}"
-        checks.append(
-            _check(goal, measured, met, f"{100 * (abs(c.diff) - 0.02):.1f} points", **numbers(c))
-        )
+        short = f"{100 * (abs(c.diff) - 0.02):.1f} points"
+        checks.append(_check(goal, measured, met, short, compares=compares, **numbers(c)))
 
     checks += speedup_checks(bench or {})
     return checks

@@ -2,11 +2,19 @@
 
 Shown when one of ``global-m``, ``flowclip``, ``flowclip-cimr`` was scored: the ablation
 ladder on the all-task and binding means, the frozen-CLIP errors each variant corrects and
-the new ones it makes, the patch-sensitivity pictures (the trained ``flowclip`` on the
-cached features), the spread over the training seeds, and the issue's goals as measured
-(:mod:`.analysis`). The numbers of the tables also go to ``flowclip.json``. The prose is
-``report.md`` beside this file; the cross-family table and the image-replacement table are
-the generic sections ``head-to-head`` and ``image-replacement``.
+the new ones it makes, the patch-sensitivity pictures, the spread over the training seeds,
+and the issue's goals as measured (:mod:`.analysis`). The numbers of the tables also go to
+``flowclip.json``. The prose is ``report.md`` beside this file; the cross-family table and
+the image-replacement table are the generic sections ``head-to-head`` and
+``image-replacement``.
+
+The tables read the scored checkpoints (:func:`.analysis.scored_steps`). One whose dev
+selection kept step 0 is the initialisation (M = I, W = 0), which scores exactly as
+``clip``: the ladder and the corrections table say so for those variants, and a goal's
+verdict says "untrained" when a variant it compares is one. The pictures need ICER's
+weight W ≠ 0 (with W = 0 every patch's change is 0): they show the scored ``flowclip``
+when its W is nonzero, else the first training seed that left step 0 with W ≠ 0, named
+in the prose, and are left out, with the reason, when no checkpoint has W ≠ 0.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ def flowclip_section(ctx: ReportContext) -> list[str]:
     fixes = analysis.corrections(ctx.results, variants)
     seeds = analysis.seed_spread(ctx.results, variants)
     selected = analysis.selected_steps(Path(ctx.score.checkpoints), variants)
+    at_init = _at_init(analysis.scored_steps(Path(ctx.score.checkpoints), variants))
     bench = read_bench(ctx.out / SCORING_BENCH)
     checks = goals.goal_checks(
         ctx.results, replacement_modes(ctx) or ("shuffle", "fixed"), bench, n, seed
@@ -55,12 +64,26 @@ def flowclip_section(ctx: ReportContext) -> list[str]:
     return [
         "## Flow-CLIP",
         TEXT("intro", variants=", ".join(f"`{v}`" for v in variants)),
-        *ladder_part(steps, n),
-        *corrections_part(fixes, variants),
-        *sensitivity_part(ctx),
+        *ladder_part(steps, n, at_init),
+        *corrections_part(fixes, variants, at_init),
+        *sensitivity_part(ctx, selected.get(PICTURED, {})),
         *seeds_part(seeds, selected),
-        *goals_part(checks, selected),
+        *goals_part(checks, at_init),
     ]
+
+
+def _at_init(scored: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """``{variant: seed}`` of the variants whose scored checkpoint kept step 0 (the
+    initialisation, which scores exactly as ``clip``)."""
+    return {v: r["seed"] for v, r in scored.items() if r["step"] == 0}
+
+
+def _runs(at_init: dict[str, str], variants) -> str:
+    """The ``variants`` in ``at_init``, in their order, each in backticks with its scored seed
+    ("`flowclip` (seed 0)"), comma-separated."""
+    return ", ".join(
+        f"`{v}`" + (f" (seed {at_init[v]})" if at_init[v] else "") for v in variants if v in at_init
+    )
 
 
 def _step(c: dict | None, n_resamples: int) -> str:
@@ -72,9 +95,12 @@ def _step(c: dict | None, n_resamples: int) -> str:
     return f"{points_ci(c['diff'], c['lo'], c['hi'])}<br>p {p_value(c['p'], n_resamples)}"
 
 
-def ladder_part(steps: dict[str, Any], n_resamples: int) -> list[str]:
+def ladder_part(
+    steps: dict[str, Any], n_resamples: int, at_init: dict[str, str] | None = None
+) -> list[str]:
     """One table: per rung, each mean with its CI, the step from the rung before and the
-    difference from frozen CLIP."""
+    difference from frozen CLIP; before it, a sentence naming the rungs whose scored
+    checkpoint kept step 0 (``at_init``, :func:`_at_init`), whose rows are ``clip``'s."""
     means = [name for name in MEANS if steps[name]["rows"]]
     if not means:
         return []
@@ -99,15 +125,20 @@ def ladder_part(steps: dict[str, Any], n_resamples: int) -> list[str]:
             f"{name} mean: {len(tasks)} tasks ({', '.join(tasks)})"
             + (f"; not scored for every rung, left out: {', '.join(missing)}" if missing else "")
         )
+    runs = _runs(at_init or {}, steps["rungs"])
     return [
         "### Ablation ladder",
         TEXT("ladder", tasks="; ".join(notes) + "."),
+        *([TEXT("ladder-step-zero", runs=runs)] if runs else []),
         md_table(header, rows),
     ]
 
 
-def corrections_part(rows: list[dict[str, Any]], variants: list[str]) -> list[str]:
-    """Per slice: items, frozen CLIP's errors, and per variant corrected / new / net (p)."""
+def corrections_part(
+    rows: list[dict[str, Any]], variants: list[str], at_init: dict[str, str] | None = None
+) -> list[str]:
+    """Per slice: items, frozen CLIP's errors, and per variant corrected / new / net (p);
+    a sentence names the variants whose scored checkpoint kept step 0 (``at_init``)."""
     if not rows:
         return []
 
@@ -128,31 +159,63 @@ def corrections_part(rows: list[dict[str, Any]], variants: list[str]) -> list[st
     ]
     header = ["suite", "slice", "items", "`clip` errors"]
     header += [f"`{v}`: corrected / new / net (McNemar p)" for v in variants]
-    return ["### Errors corrected and errors made", TEXT("corrections"), md_table(header, table)]
+    runs = _runs(at_init or {}, variants)
+    note = [TEXT("corrections-step-zero", runs=runs)] if runs else []
+    return ["### Errors corrected and errors made", TEXT("corrections"), *note, md_table(header, table)]
 
 
-def sensitivity_part(ctx: ReportContext) -> list[str]:
+def sensitivity_part(ctx: ReportContext, seed_steps: dict[str, int]) -> list[str]:
     """The patch-sensitivity pictures of ``flowclip`` (nothing unless it was scored on the
-    suites drawn and they are in the store)."""
+    suites drawn and they are in the store), of the checkpoint :func:`pictured` picks; a
+    sentence instead when no checkpoint has ICER's W ≠ 0. ``seed_steps``: the step each
+    training seed kept (:func:`.analysis.selected_steps`)."""
     items = sensitivity.sensitivity_items(ctx.results, PICTURED)
-    if not items:
+    if not [it for it in items if it[0] in ctx.store.suites()]:
         return []
-    items = [it for it in items if it[0] in ctx.store.suites()]
-    if not items:
-        return []
-    maps = sensitivity.patch_maps(ctx.scorer(PICTURED), ctx.store, ctx.results, items)
-    fig = sensitivity_figure(maps, ctx.results)
+    choice = pictured(ctx, seed_steps)
+    if choice is None:
+        steps = ", ".join(f"{k}: {s}" for k, s in seed_steps.items()) or "none listed"
+        return ["### Patch sensitivity", TEXT("sensitivity-blank", variant=PICTURED, steps=steps)]
+    scorer, name, note = choice
+    rater = name if sensitivity.sensitivity_items(ctx.results, name) else PICTURED
+    items = [it for it in sensitivity.sensitivity_items(ctx.results, rater) if it[0] in ctx.store.suites()]
+    maps = sensitivity.patch_maps(scorer, ctx.store, ctx.results, items)
+    fig = sensitivity_figure(maps, ctx.results, title=f"{name}: ∂m/∂g_p · (g_p − ḡ)")
     return [
         "### Patch sensitivity",
-        TEXT("sensitivity", variant=PICTURED),
+        *note,
+        TEXT("sensitivity", variant=name, rater=rater),
         f"![patch sensitivity]({ctx.figure('flowclip-sensitivity.png', fig)})",
     ]
 
 
-def sensitivity_figure(maps: list[dict[str, Any]], results: dict[str, Any]):
+def pictured(ctx: ReportContext, seed_steps: dict[str, int]) -> tuple[Any, str, list[str]] | None:
+    """The checkpoint whose patch sensitivity is drawn, its run name and the prose saying why:
+    the scored ``flowclip`` when its ICER weight W is nonzero; else the first training seed
+    (``seed<k>/`` beside it) whose dev selection left step 0 and whose W is nonzero; None when
+    there is none (with W = 0 ICER is identically 0, so every patch's change would be 0)."""
+    from pipeline.scorers import checkpoints
+
+    scored = ctx.scorer(PICTURED)
+    if not sensitivity.icer_is_zero(scored):
+        return scored, PICTURED, []
+    for seed, step in seed_steps.items():
+        folder = checkpoints.checkpoint_dir(PICTURED, ctx.score.checkpoints) / f"seed{seed}"
+        if step <= 0 or not (folder / "model.safetensors").is_file():
+            continue
+        options = ctx.score.options.get(PICTURED)
+        scorer = checkpoints.load_scorer(PICTURED, ctx.store, ctx.score.checkpoints, folder, options)
+        if not sensitivity.icer_is_zero(scorer):
+            name = f"{PICTURED}@seed{seed}"
+            why = TEXT("sensitivity-seed", variant=PICTURED, run=name, seed=seed, step=step, folder=folder)
+            return scorer, name, [why]
+    return None
+
+
+def sensitivity_figure(maps: list[dict[str, Any]], results: dict[str, Any], title: str = ""):
     """One row per item: the image with its captions, and the per-patch change of the margin
     over it (red: the patch's centred feature raises gold − foil; blue: lowers it; a
-    symmetric colour scale per item)."""
+    symmetric colour scale per item); ``title`` names the pictured checkpoint."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -162,6 +225,8 @@ def sensitivity_figure(maps: list[dict[str, Any]], results: dict[str, Any]):
     fig, axes = plt.subplots(
         len(maps), 2, figsize=(5.6, 2.8 * len(maps)), squeeze=False, layout="constrained"
     )
+    if title:
+        fig.suptitle(title, fontsize=8)
     for (ax_img, ax_map), m in zip(axes, maps, strict=True):
         img = np.asarray(
             Image.open(Path(results[m["suite"]]["image_root"]) / m["image"]).convert("RGB")
@@ -225,17 +290,27 @@ def seeds_part(seeds: dict[str, Any], selected: dict[str, dict[str, int]]) -> li
     return ["### Training seeds", TEXT("seeds", n_seeds=n_seeds), *note, md_table(header, rows)]
 
 
-def _verdict(check: dict[str, Any], trivial: bool) -> str:
-    """yes / **no** / – ; a met goal of the trained variants (not a speed goal, which is
-    measured on the scorer, trained or not) reads "trivially" when none was trained."""
-    if check["met"] and trivial and "encoder" not in check:
-        return "yes (trivially: untrained)"
-    return {True: "yes", False: "**no**", None: "–"}[check["met"]]
+def _verdict(check: dict[str, Any], at_init: dict[str, str]) -> str:
+    """yes / **no** / – ; a measured goal on scores says when a variant it ``compares`` was
+    scored at step 0 (``at_init``), i.e. is the initialisation: "trivially: untrained" (met)
+    or "untrained" (missed) when every one is, naming them when some are. Speed goals
+    compare no variant's scores (the time does not depend on the weights)."""
+    verdict = {True: "yes", False: "**no**", None: "–"}[check["met"]]
+    compared = check.get("compares", [])
+    untrained = [v for v in compared if v in at_init]
+    if check["met"] is None or not untrained:
+        return verdict
+    if len(untrained) == len(compared):
+        return "yes (trivially: untrained)" if check["met"] else "**no** (untrained)"
+    return f"{verdict} ({', '.join(f'`{v}`' for v in untrained)} untrained)"
 
 
-def goals_part(checks: list[dict[str, Any]], selected: dict[str, dict[str, int]]) -> list[str]:
-    """The issue's goals: measured, met, shortfall (:func:`_verdict`)."""
-    trivial = untrained(selected)
-    rows = [[c["goal"], c["measured"], _verdict(c, trivial), c["shortfall"] or "–"] for c in checks]
+def goals_part(checks: list[dict[str, Any]], at_init: dict[str, str]) -> list[str]:
+    """The issue's goals: measured, met (:func:`_verdict`), shortfall; a sentence on what
+    "untrained" means when a verdict says it."""
+    rows = [[c["goal"], c["measured"], _verdict(c, at_init), c["shortfall"] or "–"] for c in checks]
     table = md_table(["goal", "measured", "met", "short of the goal by"], rows)
-    return ["### The issue's goals, as measured", TEXT("goals"), table]
+    measured = {v for c in checks if c["met"] is not None for v in c.get("compares", [])}
+    runs = _runs(at_init, [v for v in analysis.VARIANTS if v in measured])
+    note = [TEXT("goals-step-zero", runs=runs)] if runs else []
+    return ["### The issue's goals, as measured", TEXT("goals"), *note, table]

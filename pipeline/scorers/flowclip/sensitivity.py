@@ -66,6 +66,13 @@ def patch_sensitivity(
     return (grad * direction).sum(-1), margin.detach()  # [B, R], [B]
 
 
+def icer_is_zero(scorer) -> bool:
+    """Whether ``scorer`` has no ICER branch or ICER's weight W is 0 (the initialisation),
+    where ICER is identically 0 and every patch's change of the margin is 0."""
+    icer = getattr(scorer, "icer", None)
+    return icer is None or not bool(icer.W.detach().any())
+
+
 def sensitivity_items(
     results: dict[str, Any], variant: str = "flowclip"
 ) -> list[tuple[str, int, int, int]]:
