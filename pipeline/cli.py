@@ -379,6 +379,21 @@ def manifests(params: Params = None) -> None:
 
 
 @app.command()
+def images(
+    params: Params = None,
+    out: Annotated[str, typer.Option(help="the JSON record to write")] = "cache/images.json",
+) -> None:
+    """Record which images extract's suites name are present (stat only, no image opened)."""
+    from pipeline.config import ExtractConfig, load_config
+    from stages import images as stage
+
+    try:
+        _echo_json(stage.run(load_config(ExtractConfig, params, "extract"), out))
+    except USER_ERRORS as e:
+        fail(e)
+
+
+@app.command()
 def suites() -> None:
     """List every registered benchmark suite."""
     from pipeline.benchmarks import SUITES

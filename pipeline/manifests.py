@@ -221,6 +221,25 @@ def safe_image_path(root: Path, rel: str) -> Path:
     return Path(full)
 
 
+def image_presence(root: Path, paths: Iterable[str]) -> dict[str, Any]:
+    """Which images of ``paths`` (relative to ``root``) are files, by ``stat`` alone (none is
+    opened): ``{"image_root", "images": distinct paths, "missing": sorted paths that are no
+    file, "digest": sha256 of every present image's (path, size, mtime)}``. ``pipeline
+    images`` writes it for DVC: an image that appears, goes or is rewritten changes the
+    record, and extract, which depends on it, reruns."""
+    named = sorted(set(paths))
+    missing, lines = [], []
+    for rel in named:
+        path = safe_image_path(root, rel)
+        if not path.is_file():
+            missing.append(rel)
+            continue
+        st = path.stat()
+        lines.append(f"{rel}\t{st.st_size}\t{st.st_mtime_ns}")
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    return {"image_root": str(root), "images": len(named), "missing": missing, "digest": digest}
+
+
 def read_image_bytes(root: Path, rel: str) -> bytes:
     """The bytes of one image, with an error naming the file when missing."""
     path = safe_image_path(root, rel)

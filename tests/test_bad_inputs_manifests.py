@@ -318,3 +318,25 @@ def test_manifest_out_as_a_folder_writes_the_suite_file_inside_and_an_empty_out_
         ok(cli("manifest", "--suite", "aro-relation", "--root", root, "--out", out))
         assert len(pd.read_parquet(Path(out) / "aro-relation.parquet")) == 1
     refused(cli("manifest", "--suite", "aro-relation", "--root", root, "--out", ""), "--out is empty")
+
+
+def test_image_presence_stats_every_named_image_and_changes_when_one_does(tmp_path):
+    """``pipeline images``' record: the missing paths, and a digest that moves when an image
+    appears or is rewritten (extract's DVC dependency) and is the same for the same files."""
+    import os
+
+    from pipeline.manifests import image_presence
+
+    (tmp_path / "a.jpg").write_bytes(b"a")
+    (tmp_path / "sub").mkdir()
+    names = ["b.jpg", "a.jpg", "sub", "a.jpg"]  # a folder is no image; repeats count once
+    first = image_presence(tmp_path, names)
+    assert first["images"] == 3 and first["missing"] == ["b.jpg", "sub"]
+    assert image_presence(tmp_path, names) == first
+    (tmp_path / "b.jpg").write_bytes(b"b")
+    appeared = image_presence(tmp_path, names)
+    assert appeared["missing"] == ["sub"] and appeared["digest"] != first["digest"]
+    os.utime(tmp_path / "a.jpg", ns=(1, 1))  # rewritten in place: another mtime
+    assert image_presence(tmp_path, names)["digest"] != appeared["digest"]
+    with pytest.raises(ValueError, match="escapes the image root"):
+        image_presence(tmp_path, ["../x.jpg"])

@@ -8,7 +8,7 @@ The official annotation formats (SugarCrepe and SugarCrepe++ cut from the offici
 ``real/dvc.yaml`` unchanged into a fresh git + DVC project, writes a ``params.yaml`` that is
 ``real/params.yaml`` with the data folders, the encoder and the step counts replaced, and
 runs ``dvc repro``: manifests -> extract -> train (every method, a few steps) -> ridge ->
-score -> report. Run it alone with ``pytest -m real_path``.
+score -> report (and the images stage before extract). Run it alone with ``pytest -m real_path``.
 """
 
 from __future__ import annotations
@@ -113,10 +113,10 @@ def real_run(tmp_path_factory, shared_benchmarks):
 
 def test_every_stage_ran_and_a_second_repro_reruns_nothing_but_the_manifests(real_run):
     project, params, repro = real_run
-    for stage in ("manifests", "extract", *(f"train@{v}" for v in params["train"]["variants"]), "ridge", "score", "report"):
+    for stage in ("manifests", "images", "extract", *(f"train@{v}" for v in params["train"]["variants"]), "ridge", "score", "report"):
         assert f"Running stage '{stage}'" in repro.stdout, stage
     again = _run(["dvc", "repro"], project / "real").stdout
-    assert "Running stage 'manifests'" in again  # always_changed: it reads folders outside the repo
+    assert "Running stage 'manifests'" in again and "Running stage 'images'" in again  # always_changed: folders outside the repo
     for stage in ("extract", "ridge", "score", "report"):
         assert f"Running stage '{stage}'" not in again, (stage, again)  # same manifests: nothing else
 
@@ -209,3 +209,28 @@ def test_the_report_renders_the_real_suites(real_run):
         assert re.search(row, report), row
     assert "aro-coco-order P@1" in report and "### Ablation ladder" in report
     assert "### Lesion and consensus ablation by family (coco-families-dev)" in report
+
+
+def test_an_image_that_appears_reruns_extract(real_run):
+    """The images stage records which images are present; an image that appears after an
+    extract skipped it changes that record, and DVC then reruns extract (and only then)."""
+    project, params, _ = real_run
+    real = project / "real"
+    record_file = real / "../cache/real/images.json"
+    before = record_file.read_bytes()
+    missing = json.loads(before)["suites"]["sugarcrepe"]
+    assert len(missing["missing"]) == MISSING["sugarcrepe"]
+    image = Path(missing["image_root"]) / missing["missing"][0]
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(image, format="JPEG")
+    try:
+        _run(["dvc", "repro", "images"], real)
+        assert json.loads(record_file.read_bytes())["suites"]["sugarcrepe"]["missing"] == []
+        status = _run(["dvc", "status", "extract"], real).stdout
+        assert "images.json" in status and "modified" in status, status
+    finally:  # the other tests read the run as it was: the image missing again, the record as before
+        image.unlink()
+        _run(["dvc", "repro", "images"], real)
+    assert record_file.read_bytes() == before
+    assert "extract" not in _run(["dvc", "status", "extract"], real).stdout
