@@ -264,10 +264,15 @@ def decode_image(data: bytes, name: str, crop_box: Any = None) -> Image.Image:
     16-bit integer greyscale (``I;16*``) is scaled to 8 bits by its range (PIL's own
     conversion clips it, so a 16-bit PNG would turn white); 32-bit integer greyscale (``I``,
     e.g. a TIFF) by the range its values fit, 8, 16 or 32 bits, since 16-bit data is often
-    stored in it; every other mode goes through ``convert("RGB")`` as open_clip's transform
-    does (palette and CMYK converted, alpha dropped). A float image (``F``) has no range to
-    scale by and is refused, as is an image more than :data:`MAX_ASPECT` times longer than
-    wide (a thin strip passes the pixel limit but explodes when resized).
+    stored in it; every other mode goes through ``convert("RGB")`` (palette and CMYK
+    converted, alpha dropped). The conversion comes first and the crop after it, as ARO's
+    official loader does (``Image.open(...).convert('RGB')``, then the crop); open_clip's
+    transform converts after resizing and cropping instead. For RGB and greyscale images (the
+    real suites' JPEGs) the two orders give the same tensor bit for bit; for alpha and palette
+    images they differ (here alpha is dropped before resizing, where PIL resizes an RGBA image
+    premultiplied and a palette image by its nearest pixel). A float image (``F``) has no
+    range to scale by and is refused, as is an image more than :data:`MAX_ASPECT` times
+    longer than wide (a thin strip passes the pixel limit but explodes when resized).
 
     Raises:
         BadImageError: the bytes are not a decodable image, it has more pixels than PIL's

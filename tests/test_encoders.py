@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -34,16 +35,23 @@ TINY_GELU = {  # a tiny open_clip config with open_clip's default (GELU) activat
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
     """Keys ``tinyenc`` (GELU config) and ``tinyenc-quickgelu`` (its QuickGELU twin), laid out
-    like a real key pair and registered for this module only."""
+    like a real key pair, and ``tinyenc-42`` / ``tinyenc-ctx12`` (``tinyenc`` at 42 px, a 3 x 3
+    grid, and with a 12-token context), registered for this module only."""
     import open_clip
 
     folder = tmp_path_factory.mktemp("tiny_pair")
-    for name, quick in (("enc-tiny-test", False), ("enc-tiny-test-quickgelu", True)):
-        (folder / f"{name}.json").write_text(json.dumps({**TINY_GELU, "quick_gelu": quick}))
+    configs = {
+        "enc-tiny-test": {**TINY_GELU, "quick_gelu": False},
+        "enc-tiny-test-quickgelu": {**TINY_GELU, "quick_gelu": True},
+        "enc-tiny-test-42": {**TINY_GELU, "vision_cfg": {**TINY_GELU["vision_cfg"], "image_size": 42}},
+        "enc-tiny-test-ctx12": {**TINY_GELU, "text_cfg": {**TINY_GELU["text_cfg"], "context_length": 12}},
+    }
+    for name, config in configs.items():
+        (folder / f"{name}.json").write_text(json.dumps(config))
         open_clip.add_model_config(folder / f"{name}.json")
     with pytest.MonkeyPatch.context() as mp:
-        for key, config in (("tinyenc", "enc-tiny-test"), ("tinyenc-quickgelu", "enc-tiny-test-quickgelu")):
-            spec = EncoderSpec(key, config, 1, default_pretrained="none", openai_model="enc-tiny-test-quickgelu")
+        for key, config in (("tinyenc", ""), ("tinyenc-quickgelu", "-quickgelu"), ("tinyenc-42", "-42"), ("tinyenc-ctx12", "-ctx12")):
+            spec = EncoderSpec(key, f"enc-tiny-test{config}", 1, default_pretrained="none", openai_model="enc-tiny-test-quickgelu")
             mp.setitem(ENCODERS._entries, key, spec)
         yield folder
 
@@ -258,6 +266,109 @@ def test_a_gelu_key_with_a_weights_file_of_an_openai_only_architecture_is_refuse
 
     _check_provenance(ENCODERS.get("ViT-L-14"), "ViT-L-14", str(weights))  # laion and others are GELU: no refusal
     _check_provenance(ENCODERS.get("ViT-L-14-336-quickgelu"), "ViT-L-14-336-quickgelu", str(weights))
+
+
+def _save_state(state: dict[str, torch.Tensor], path, form: str) -> None:
+    """``state`` as a weights file: safetensors, torch's zip, or torch's zip under a top-level
+    ``state_dict`` with DataParallel's ``module.`` prefix (both of which open_clip unwraps)."""
+    from safetensors.torch import save_file
+
+    if form == "safetensors":
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    else:
+        torch.save(state if form == "torch" else {"state_dict": {f"module.{k}": v for k, v in state.items()}}, path)
+
+
+@pytest.mark.parametrize("form", ["safetensors", "torch", "wrapped"])
+def test_a_weights_file_of_another_image_size_or_context_is_refused_not_resized(tiny_pair, tmp_path, monkeypatch, form):
+    """open_clip's ``load_checkpoint`` interpolates a position embedding of another length to
+    fit (OpenAI's ViT-L-14 file loads into ViT-L-14-336 without an error): a file whose image
+    or text position embedding differs from the config's is refused before anything is built,
+    naming both shapes and the key the file fits."""
+    from pipeline import encoders
+
+    source = load_encoder("tinyenc", pretrained="none", init_seed=5)
+    path = tmp_path / ("weights.safetensors" if form == "safetensors" else "weights.bin")
+    _save_state(_state(source), path, form)
+    loaded = load_encoder("tinyenc", pretrained=str(path))  # the file's own config reads it
+    assert all(torch.equal(v, _state(source)[k]) for k, v in _state(loaded).items())
+    monkeypatch.setattr(encoders, "create_model", lambda *a, **k: pytest.fail("a refused file must not build a model"))
+    with pytest.raises(WeightsUnavailableError, match=r"the image position embedding in weights .* has shape \(5, 32\), "
+                       r"but config 'enc-tiny-test-42' builds \(10, 32\).*; use --model tinyenc$"):
+        load_encoder("tinyenc-42", pretrained=str(path))
+    with pytest.raises(WeightsUnavailableError, match=r"the text position embedding .* \(8, 32\), but config 'enc-tiny-test-ctx12' builds \(12, 32\)"):
+        load_encoder("tinyenc-ctx12", pretrained=str(path))
+
+
+def test_a_path_naming_another_architectures_repo_is_refused(tmp_path, monkeypatch):
+    """The hub folder of OpenAI's ViT-L-14 (224 px) holds ``openai``, a tag of ViT-L-14-336 too:
+    it names ViT-L-14's repo, so it is refused under ViT-L-14-336 naming the key it fits; the
+    architecture's own repo, and a LAION repo of ViT-L-14 under ViT-L-14, are not."""
+    from pipeline import encoders
+    from pipeline.encoders.provenance import _check_provenance
+
+    monkeypatch.setattr(encoders, "create_model", lambda *a, **k: pytest.fail("a refused configuration must not build a model"))
+    files = {}
+    for repo in ("timm--vit_large_patch14_clip_224.openai", "timm--vit_large_patch14_clip_336.openai", "laion--CLIP-ViT-L-14-laion2B-s32B-b82K"):
+        folder = tmp_path / f"models--{repo}" / "snapshots" / "0a1b"
+        folder.mkdir(parents=True)
+        files[repo.split("--")[1]] = folder / "open_clip_pytorch_model.bin"
+        files[repo.split("--")[1]].write_bytes(b"stand-in")
+    for key in ("ViT-L-14-336-quickgelu", "ViT-L-14-336"):
+        with pytest.raises(WeightsUnavailableError, match=r"ViT-L-14:openai, another architecture than ViT-L-14-336; use --model ViT-L-14-quickgelu$"):
+            load_encoder(key, pretrained=str(files["vit_large_patch14_clip_224.openai"]))
+    _check_provenance(ENCODERS.get("ViT-L-14-336-quickgelu"), "ViT-L-14-336-quickgelu", str(files["vit_large_patch14_clip_336.openai"]))
+    _check_provenance(ENCODERS.get("ViT-L-14"), "ViT-L-14", str(files["CLIP-ViT-L-14-laion2B-s32B-b82K"]))
+
+
+def test_a_weights_file_runs_under_its_named_entrys_preprocessing(tiny_pair, tmp_path, monkeypatch):
+    """open_clip gives a weights file its default (OpenAI) mean and std whatever it holds;
+    a file in the hub folder of LAION's ViT-L-14 laion2b_s32b_b82k gets that entry's (0.5),
+    in the transform and the fingerprint, and OpenAI's file OpenAI's. (open_clip builds a tiny
+    stand-in for ViT-L-14 here; the file holds ViT-L-14's position embeddings only.)"""
+    import open_clip
+
+    real = open_clip.create_model
+
+    def stand_in(name, pretrained=None, **kw):  # the meta-device shape check builds the real config
+        tiny = "enc-tiny-test-quickgelu" if name.endswith("-quickgelu") else "enc-tiny-test"
+        return real(name if kw.get("device") == "meta" else tiny, **kw)
+
+    monkeypatch.setattr(open_clip, "create_model", stand_in)
+    means = {}
+    for repo, key in (("laion--CLIP-ViT-L-14-laion2B-s32B-b82K", "ViT-L-14"), ("timm--vit_large_patch14_clip_224.openai", "ViT-L-14-quickgelu")):
+        folder = tmp_path / f"models--{repo}" / "snapshots" / "0a1b"
+        folder.mkdir(parents=True)
+        torch.save({"visual.positional_embedding": torch.zeros(257, 1024), "positional_embedding": torch.zeros(77, 768)}, folder / "w.bin")
+        enc = load_encoder(key, pretrained=str(folder / "w.bin"))
+        normalize = next(t for t in enc.preprocess.transforms if type(t).__name__ == "Normalize")
+        assert (tuple(normalize.mean), tuple(normalize.std)) == (enc.preprocess_cfg["mean"], enc.preprocess_cfg["std"])
+        means[key] = enc.fingerprint()["preprocess"]["mean"]
+    assert means == {"ViT-L-14": [0.5] * 3, "ViT-L-14-quickgelu": list(open_clip.OPENAI_DATASET_MEAN)}
+    assert enc.preprocess_cfg["std"] == open_clip.OPENAI_DATASET_STD
+
+
+def test_a_torchscript_archive_is_refused_unread_naming_the_state_dict_to_use(tmp_path, monkeypatch):
+    """OpenAI's own ``ViT-L-14-336px.pt`` is a TorchScript archive: loading it would run code
+    from the file, so it is refused before anything reads it, naming open_clip's state dict
+    and its repo instead of "check the path"; a state dict saved by ``torch.save`` is not one."""
+    from pipeline import encoders
+
+    monkeypatch.setattr(encoders, "create_model", lambda *a, **k: pytest.fail("a refused file must not build a model"))
+    archive = tmp_path / "ViT-L-14-336px.pt"
+    with warnings.catch_warnings():  # torch deprecates TorchScript
+        warnings.simplefilter("ignore")
+        torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(archive))
+    for key in ("ViT-L-14-336-quickgelu", "ViT-L-14-336"):
+        with pytest.raises(WeightsUnavailableError) as e:
+            load_encoder(key, pretrained=str(archive))
+        said = str(e.value)
+        assert "is a TorchScript archive" in said and "check the path" not in said
+        assert "timm/vit_large_patch14_clip_336.openai (file open_clip_pytorch_model.bin)" in said
+    from pipeline.encoders.provenance import _is_torchscript
+
+    torch.save(torch.nn.Linear(2, 2).state_dict(), tmp_path / "state.pt")
+    assert _is_torchscript(archive) and not _is_torchscript(tmp_path / "state.pt")
 
 
 def test_missing_weight_file_names_what_to_download():

@@ -11,7 +11,9 @@ Architectures are data (open_clip JSON configs), weights are a separate axis (``
   activation the key names: the plain key builds the GELU config (LAION/DataComp weights),
   ``<name>-quickgelu`` the QuickGELU one. A weights path that names an open_clip pretrained
   entry (its tag, Hugging Face repo or file name) whose activation differs is refused, and so
-  is a built model whose activation differs from its config. ``none`` is a random init seeded
+  is a built model whose activation differs from its config; a file runs under the named
+  entry's preprocessing (mean, std, resize), and one of another architecture or image size
+  (its position embeddings' shapes) is refused. ``none`` is a random init seeded
   by ``init_seed`` (recorded in the fingerprint with a hash of the open_clip config it builds,
   so an edited shipped config is another store): how the real architecture is tested offline.
 * ``toy``: the shapes-world CLIP, config ``configs/toy-vit.json`` shipped here, weights from the
@@ -45,7 +47,8 @@ import torch
 # here, where callers import them (patch HASH_CACHE and file_sha256 there, not here)
 from pipeline.encoders.provenance import (  # noqa: F401  (config_uses_quick_gelu, weights_provenance re-exported)
     _check_activation,
-    _check_provenance,
+    _check_weights_file,
+    _one_line,
     config_uses_quick_gelu,
     open_clip_version,
     weights_provenance,
@@ -140,13 +143,14 @@ def register_toy_configs() -> None:
         open_clip.add_model_config(CONFIG_DIR)
 
 
-def create_model(config_name: str, pretrained: str | None = None) -> Any:
+def create_model(config_name: str, pretrained: str | None = None, force_preprocess_cfg: dict | None = None) -> Any:
     """``open_clip.create_model`` plus the toy config's convolutional stem (``stem.py``).
 
     Every place that builds a model from a config name goes through here, so training,
     extract and the benches build the same architecture. Without ``pretrained`` open_clip
     warns that the model is initialised randomly; that warning is dropped here, since the
     caller loads its weights next (a toy checkpoint) or chose a seeded random init and says so.
+    ``force_preprocess_cfg`` overrides the model's preprocessing (a weights file's entry's).
     """
     import open_clip
 
@@ -156,7 +160,7 @@ def create_model(config_name: str, pretrained: str | None = None) -> Any:
     quiet = _DropRandomInitWarning()
     logging.getLogger().addFilter(quiet)
     try:
-        model = open_clip.create_model(config_name, pretrained=pretrained)
+        model = open_clip.create_model(config_name, pretrained=pretrained, force_preprocess_cfg=force_preprocess_cfg)
     finally:
         logging.getLogger().removeFilter(quiet)
     return install_stem(model, config_name)
@@ -351,15 +355,6 @@ def configured_identity(
     return fields
 
 
-def _one_line(e: Exception) -> str:
-    """A loading error in one line of at most ~300 characters: torch's multi-line messages
-    (unpickling, missing keys, hundreds of size mismatches) would bury the fix."""
-    why = " ".join(str(e).split())
-    if "weights_only" in why:  # torch's advice to unpickle arbitrary code is not ours to give
-        why = "torch refuses to unpickle it as a state dict"
-    return f"{type(e).__name__}: {why if len(why) <= 300 else why[:297] + '...'}"
-
-
 def check_toy_options(spec: EncoderSpec, pretrained: str | None, init_seed: int, checkpoint: str | None) -> None:
     """Refuse weights options a toy encoder would ignore: it always loads its trained
     checkpoint, so ``pretrained`` other than the default (``openai``, the real models' tag)
@@ -431,7 +426,9 @@ def load_encoder(
             workers pass False, since the client has said it once for the run.
 
     Raises:
-        WeightsUnavailableError: weights missing; the message says what to download and where.
+        WeightsUnavailableError: weights missing, or a file that is not ``name``'s weights (a
+            TorchScript archive, another architecture's or image size's; see
+            :func:`provenance._check_weights_file`); the message says what to use instead.
         ValueError: the weights' activation differs from the config's (see
             :func:`weights_provenance`), or the built model's from its config's.
     """
@@ -461,11 +458,10 @@ def load_encoder(
         if warn_random:
             logging.getLogger(__name__).warning("%s: random weights, seed %d (pretrained: none)", spec.name, init_seed)
     else:
-        if identity.startswith("sha256:"):
-            _check_provenance(spec, config, tag)
+        preprocess = _check_weights_file(spec, config, tag) if identity.startswith("sha256:") else None
         logging.disable(logging.ERROR)  # open_clip logs a failed tag itself; the error below says it once
         try:
-            model = create_model(config, pretrained=tag)
+            model = create_model(config, pretrained=tag, force_preprocess_cfg=preprocess)
         except Exception as e:  # open_clip raises RuntimeError/FileNotFoundError/HF errors
             why = _one_line(e)
             fix = (
