@@ -360,7 +360,7 @@ def manifest(
             raise ValueError("--out is empty; name the manifest file to write, e.g. --out cache/manifests/<suite>.parquet")
         out = Path(out) / f"{suite}.parquet" if out.endswith(("/", os.sep)) or Path(out).is_dir() else Path(out)
         df = SUITES.get(suite).build_manifest(root)
-        write_manifest(df, out, source_hashes(root))
+        write_manifest(df, out, source_hashes(root), SUITES.get(suite).category_coverage(df))
         typer.echo(f"{suite}: {len(df)} items -> {out}")
     except USER_ERRORS as e:
         fail(e)

@@ -136,22 +136,40 @@ def read_parquet_json(path: str | Path, key: bytes, default: Any = None) -> Any:
     return json.loads(meta[key]) if key in meta else default
 
 
-def write_manifest(df: pd.DataFrame, out: str | Path, sources: dict[str, Any]) -> Path:
+def write_manifest(
+    df: pd.DataFrame, out: str | Path, sources: dict[str, Any], categories: dict[str, list[str]] | None = None
+) -> Path:
     """Write a manifest as Parquet, recording its source files' hashes (and how it was cut,
     e.g. ``disjoint_from``'s dropped rows) in the file metadata (so a changed annotation file
-    changes the manifest's bytes, and extract re-indexes it).
+    changes the manifest's bytes, and extract re-indexes it). ``categories``, the
+    categories present and missing when the suite has one file per category
+    (:meth:`pipeline.benchmarks.base.Suite.category_coverage`), is recorded with them under
+    ``categories``, so the score stage and the report can say that an aggregate pools fewer
+    categories than the benchmark has.
 
     Raises:
         ValueError: two rows share an ``item_id`` (each would be counted; the source file
             is named by ``out``'s suite).
     """
     check_unique_ids(df, f"manifest {out}")
+    if categories is not None:
+        sources = {**sources, "categories": categories}
     return write_parquet_json(df, out, b"pipeline.sources", sources)
 
 
-def manifest_sources(path: str | Path) -> dict[str, str]:
-    """The source hashes recorded by `write_manifest` ({} if none)."""
+def manifest_sources(path: str | Path) -> dict[str, Any]:
+    """The source hashes (and records) written by `write_manifest` ({} if none)."""
     return read_parquet_json(path, b"pipeline.sources", {})
+
+
+def manifest_coverage(path: str | Path, suite: Any, manifest: pd.DataFrame) -> dict[str, list[str]] | None:
+    """The categories present and missing (``{"present", "missing"}``) that `write_manifest`
+    recorded in the manifest file at ``path``; for a file written without that record, the
+    ``suite``'s :meth:`~pipeline.benchmarks.base.Suite.category_coverage` of its rows
+    ``manifest`` (all of them, as read from the file); None for a suite without one file per
+    category."""
+    recorded = manifest_sources(path).get("categories")
+    return recorded if isinstance(recorded, dict) else suite.category_coverage(manifest)
 
 
 def check_unique_ids(df: pd.DataFrame, what: str) -> None:

@@ -9,7 +9,9 @@ hashed share of its images (:func:`pipeline.benchmarks.base.image_share_mask`), 
 COCO families need not extract all of train2017 to train on a few thousand pairs.
 ``disjoint_from`` drops a suite's rows whose COCO photograph another suite of the run shows
 (by COCO image id), so training suites hold no test photograph; the count is recorded in
-the manifest's metadata. No image is opened: images are extract's.
+the manifest's metadata, as are, for a suite with one file per category (SugarCrepe,
+SugarCrepe++), the categories whose files were present and missing. No image is opened:
+images are extract's.
 """
 
 from __future__ import annotations
@@ -62,11 +64,13 @@ def run(cfg: ManifestsConfig) -> dict[str, int]:
             + "; `pipeline suites` says what each suite's folder holds"
         )
     built: dict[str, pd.DataFrame] = {}
+    coverage: dict[str, dict | None] = {}  # the categories present and missing, before any cut
     for name, suite in suites.items():
         root = Path(cfg.roots[name])
         df = suite.build_manifest(root)
         if df.empty:
             raise ValueError(f"manifests.roots.{name}: the annotation files under {root} hold no item ({suite.description})")
+        coverage[name] = suite.category_coverage(df)
         if name in cfg.image_share:
             n = len(df)
             df = df[image_share_mask(df, cfg.image_share[name])].reset_index(drop=True)
@@ -84,7 +88,7 @@ def run(cfg: ManifestsConfig) -> dict[str, int]:
                 raise ValueError(f"manifests.disjoint_from.{name}: every item shows a photograph of {', '.join(others)}")
             sources["disjoint_from"] = {"suites": sorted(others), "items_dropped": int(shared.sum())}
             log.info("%s: %d items dropped, their COCO photographs are in %s", name, int(shared.sum()), ", ".join(others))
-        write_manifest(df, Path(cfg.out) / f"{name}.parquet", sources)
+        write_manifest(df, Path(cfg.out) / f"{name}.parquet", sources, coverage[name])
         counts[name] = len(df)
         log.info("%s: %d items -> %s", name, len(df), Path(cfg.out) / f"{name}.parquet")
     return counts

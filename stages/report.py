@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import extracted_items
 from pipeline.cache import CacheError, open_store, store_path
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
-from pipeline.manifests import file_sha256, read_manifest, resolve_source
+from pipeline.manifests import file_sha256, manifest_coverage, read_manifest, resolve_source
 from pipeline.report import FIGURE_DPI, ReportContext, render
 from pipeline.scorers import SCORERS
 from pipeline.scorers.checkpoints import seed_checkpoints
@@ -86,8 +87,12 @@ def extracted_of(
 
 def load_results(score: ScoreConfig, extract: ExtractConfig) -> dict[str, Any]:
     """{suite: {"manifest": df, "manifest_sha256": hex, "image_root": path, "scores": {variant:
-    [n, K]}, "missing": [ids]}} for what the score stage wrote (the configured variants, each
-    seed variant's ``@seed<k>``, each replaced variant's ``@<mode>``). Items the score stage
+    [n, K]}, "missing": [ids], "categories": {"present", "missing"} or None, "text_metrics":
+    {name: value}}} for what the score stage wrote (the configured variants, each
+    seed variant's ``@seed<k>``, each replaced variant's ``@<mode>``). ``categories`` is the
+    manifest's record of the categories present and missing of a suite with one file per
+    category (:func:`pipeline.manifests.manifest_coverage`); ``text_metrics`` the text-only
+    metrics of the suite's metrics file (:func:`text_metrics`). Items the score stage
     left out because their image was missing at extract are taken out of the manifest too and
     listed under ``missing``, so every table's denominator is the scored items and the report
     can name what is left out. ``manifest_sha256`` is the manifest file's hash, by which the
@@ -112,7 +117,8 @@ def load_results(score: ScoreConfig, extract: ExtractConfig) -> dict[str, Any]:
         src = resolve_source(suite, extract.world, extract.manifests, extract.image_roots)  # the manifests score read
         manifest = read_manifest(src.manifest)
         entry = {"manifest": manifest, "manifest_sha256": file_sha256(src.manifest), "image_root": src.image_root,
-                 "scores": {}, "missing": []}  # fmt: skip
+                 "scores": {}, "missing": [],
+                 "categories": manifest_coverage(src.manifest, SUITES.get(suite), manifest)}  # fmt: skip
         names = list(score.variants)
         for variant in score.seed_variants:  # the seeds the score stage scores: the last training's
             names += [f"{variant}@{d.name}" for d in seed_checkpoints(variant, score.checkpoints)]
@@ -145,6 +151,7 @@ def load_results(score: ScoreConfig, extract: ExtractConfig) -> dict[str, Any]:
                                  f"stores of {score.encoder}; rerun `pipeline score`")  # fmt: skip
             tables[path] = ids
             entry["scores"][name] = scores
+        entry["text_metrics"] = text_metrics(score, suite, list(entry["scores"]))
         keep = extracted_of(suite, manifest, entry["manifest_sha256"], extract, tables)
         if keep is not None:  # items whose image was missing (or undecodable) at extract
             entry["missing"] = manifest.loc[~keep, "item_id"].astype(str).tolist()
@@ -157,6 +164,30 @@ def load_results(score: ScoreConfig, extract: ExtractConfig) -> dict[str, Any]:
         )
     check_current_store(stores, score, extract)
     return out
+
+
+def text_metrics(score: ScoreConfig, suite: str, variants: list[str]) -> dict[str, float]:
+    """A suite's text-only metrics (SugarCrepe++'s TOT: ``Suite.text_units``) as the first of
+    ``variants`` with a metrics file records them (``<metrics_out>/<variant>/<suite>.json``):
+    the frozen text encoder's, the same in every variant's file, over every item of the
+    manifest; {} for a suite without them or where no metrics file is there.
+
+    Raises:
+        ValueError: the metrics file is not JSON or holds no ``metrics`` object, naming it.
+    """
+    spec = SUITES.get(suite)
+    if spec.text_units is None:
+        return {}
+    for variant in variants:
+        path = Path(score.metrics_out) / variant / f"{suite}.json"
+        if not path.is_file():
+            continue
+        try:
+            metrics = json.loads(path.read_text())["metrics"]
+            return {k: float(v) for k, v in metrics.items() if k not in spec.metric_names}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path} is damaged ({type(e).__name__}: {e}); rerun `pipeline score`") from None
+    return {}
 
 
 def check_current_store(stores: dict[str, Path], score: ScoreConfig, extract: ExtractConfig) -> None:

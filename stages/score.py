@@ -35,7 +35,7 @@ from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import Suite
 from pipeline.cache import StaleCacheError, open_store
 from pipeline.config import ExtractConfig, ScoreConfig
-from pipeline.manifests import file_sha256, resolve_source
+from pipeline.manifests import file_sha256, manifest_coverage, resolve_source
 from pipeline.scorers import SCORERS
 from pipeline.scorers.checkpoints import build_scorer, checkpoint_dir, load_scorer, seed_checkpoints
 from pipeline.scoring import (
@@ -54,7 +54,7 @@ from pipeline.scoring import (
 log = logging.getLogger(__name__)
 
 
-def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, manifest: pd.DataFrame, scores: np.ndarray, skipped: dict[str, int] | None = None, extra: dict[str, float] | None = None, truncation: dict[str, int] | None = None, store_id: str | None = None, manifest_sha256: str | None = None) -> dict[str, Any]:
+def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, manifest: pd.DataFrame, scores: np.ndarray, skipped: dict[str, int] | None = None, extra: dict[str, float] | None = None, truncation: dict[str, int] | None = None, store_id: str | None = None, manifest_sha256: str | None = None, categories: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """Per-item scores (Parquet, recording the encoder, the store's ``fingerprint_id``
     ``store_id`` and the manifest's ``manifest_sha256`` they were scored from) and the metrics
     file (JSON); returns the metrics record.
@@ -63,6 +63,9 @@ def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, ma
         skipped: items left out, per reason (:func:`pipeline.scoring.skip_reasons`).
         truncation: the suite's ``n_truncated`` captions, its ``n_truncation_ties`` items and
             its ``n_identical_options`` items (recorded at extract).
+        categories: the categories present and missing of a suite with one file per category
+            (:func:`pipeline.manifests.manifest_coverage`), written as ``categories_present`` and
+            ``categories_missing``: its aggregates pool only the present ones.
     """
     skipped = skipped or {}
     scores_path = Path(cfg.scores_out) / variant / f"{suite.name}.parquet"
@@ -83,6 +86,7 @@ def write_outputs(cfg: ScoreConfig, suite: Suite, variant: str, encoder: str, ma
         "skipped": skipped,  # ... per reason
         "n_missing_images": int(skipped.get("image_missing", 0)),  # items left out because their image was missing
         **{k: int(v) for k, v in (truncation or {}).items()},  # captions cut to the context, items tied by it
+        **({f"categories_{k}": list(categories[k]) for k in ("present", "missing")} if categories else {}),
         "metrics": {k: round(float(v), 6) for k, v in {**suite.metrics(manifest, scores), **(extra or {})}.items()},
     }
     return write_metrics(cfg, record)
@@ -201,6 +205,7 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
             skipped = skip_reasons(manifest, index, attrs, suite.image_columns)
             truncation = {k: attrs[k] for k in ("n_truncated", "n_truncation_ties", "n_identical_options") if k in attrs}
             extra = text_only_metrics(suite, store, manifest, index)  # captions only: every item
+            categories = manifest_coverage(source.manifest, suite, manifest)  # before items are dropped
             manifest, index, n_missing = drop_missing(manifest, index)
             if manifest.empty:
                 raise ValueError(
@@ -217,14 +222,14 @@ def run(cfg: ScoreConfig, extract: ExtractConfig, progress: bool = True) -> list
                 desc = f"{name} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc, reference=suite.pairwise_reference)
             sha = attrs.get("manifest_sha256")  # the configured manifest's: suite_inputs refuses another
-            records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, skipped, extra, truncation, store_id, sha))
+            records.append(write_outputs(cfg, suite, name, extract.model, manifest, scores, skipped, extra, truncation, store_id, sha, categories))
             if suite.task == "retrieval" or ckpt is not None or name not in replaced:
                 continue  # image replacement: choice suites, the replaced variants (not per seed)
             for mode in cfg.replacements:
                 images = replacement_images(index, mode, cfg.replacement_seed)
                 desc = f"{name}@{mode} {suite.name}" if progress else ""
                 scores = score_choice(scorer, store, index, cfg.batch_size, desc, images=images, reference=suite.pairwise_reference)
-                records.append(write_outputs(cfg, suite, f"{name}@{mode}", extract.model, manifest, scores, skipped, extra, truncation, store_id, sha))
+                records.append(write_outputs(cfg, suite, f"{name}@{mode}", extract.model, manifest, scores, skipped, extra, truncation, store_id, sha, categories))
         if ckpt is None and len(records) == first:  # never silent: say what it can score
             raise nothing_to_score(variant, scorer, cfg.suites)
         if ckpt is None:

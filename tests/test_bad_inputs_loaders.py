@@ -124,6 +124,34 @@ def test_a_good_whatsup_file_still_builds(tmp_path):
 
 
 @pytest.mark.parametrize(
+    "held,given",
+    [("w/data", "w"), ("w/data", "w/data/controlled_images"), ("w/official", "w")],
+    ids=["root-holding-data", "a-subfolder-given", "another-subfolder-of-the-root"],
+)
+def test_a_root_one_level_off_names_the_folder_that_holds_the_file(tmp_path, held, given):
+    """The file in ``root/data``, in ``root``'s parent or in another subfolder of ``root``: the
+    refusal names that folder as the root to give, not the download."""
+    path, _ = whatsup_a(tmp_path)
+    (tmp_path / held).mkdir(parents=True)
+    path.rename(tmp_path / held / path.name)
+    (tmp_path / given).mkdir(parents=True, exist_ok=True)
+    line = refused(manifest("whatsup-a", tmp_path / given, tmp_path / "w.parquet"), f"{path.name} not found")
+    assert f"it is under {tmp_path / held}: give that folder as the root" in line
+    assert "download" not in line
+
+
+def test_an_aro_root_given_as_its_image_folder_names_the_annotation_folder(tmp_path):
+    aro(tmp_path, "aro-relation", [aro_entry(0)])
+    (tmp_path / "aro" / "images").mkdir()
+    line = refused(manifest("aro-relation", tmp_path / "aro" / "images", tmp_path / "o.parquet"), "visual_genome_relation.json")
+    assert f"it is under {tmp_path / 'aro'}: give that folder as the root" in line
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    line = refused(manifest("aro-relation", empty, tmp_path / "o.parquet"), "visual_genome_relation.json")
+    assert "give that folder" not in line and "github.com" in line  # nothing near: where to get it
+
+
+@pytest.mark.parametrize(
     "options",
     ["Amug", ["A mug to the left of a plate"], ["a", "b", "c"], ["a", "b", "c", None], []],
     ids=["string", "one-option", "three-options", "null-option", "empty"],

@@ -311,3 +311,25 @@ def test_resolve_tagger():
         tags["dogs"] == "NNS" and tags["bench"] == "NN" and tags["brown"] == tags["wooden"] == "JJ"
     )
     assert tags["sitting"] not in order_text.NOUN_TAGS + order_text.ADJ_TAGS and tags["on"] not in order_text.NOUN_TAGS
+
+
+@pytest.mark.parametrize(
+    "suite,generated", [("aro-coco-order", True), ("aro-flickr-order", True), ("sugarcrepe", False), ("aro-relation", False)]
+)
+def test_identical_options_are_not_sent_to_be_fixed_where_the_benchmark_generates_them(caplog, suite, generated):
+    """ARO Order's options are the official perturbations, one of which can reproduce the
+    caption: extract's warning counts those items but does not ask to fix official captions;
+    elsewhere two identical options are a manifest's error."""
+    from types import SimpleNamespace
+
+    from pipeline.extraction import _truncation
+
+    enc = SimpleNamespace(dims=SimpleNamespace(context_length=77))
+    tokens = {"a": [1, 2], "b": [2, 1]}
+    cells = [(SimpleNamespace(suite=suite), {"captions": ("text", [["a", "a", "b"], ["a", "b", "b"]])}, None)]
+    with caplog.at_level("WARNING", logger="pipeline.extraction"):
+        assert _truncation(enc, cells, tokens)[suite]["n_identical_options"] == 2
+    (line,) = [r.getMessage() for r in caplog.records if "same tokens" in r.getMessage()]
+    assert line.startswith(f"{suite}: 2 item(s) have two options with the same tokens")
+    assert ("fix the manifest's captions" not in line) == generated
+    assert ("part of the official benchmark: the tie is scored by the official rule" in line) == generated

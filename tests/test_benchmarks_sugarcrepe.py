@@ -103,3 +103,34 @@ def test_escaping_image_path_is_refused(tmp_path):
         "add-obj",
         "add-att",
     }
+
+
+def test_the_manifest_records_the_categories_present_and_missing(tmp_path, shared_benchmarks):
+    """The official folder here holds 3 of the 7 category files: both manifest writers record
+    which, so the score stage and the report can say what `total` pools."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from pipeline.config import ManifestsConfig
+    from pipeline.manifests import manifest_sources
+    from stages import manifests as manifests_stage
+
+    expected = {
+        "present": ["replace-rel", "swap-att", "add-att"],
+        "missing": ["replace-obj", "replace-att", "swap-obj", "add-obj"],
+    }
+    with pytest.warns(UserWarning, match="the manifest, every metrics file and the report record"):
+        manifests_stage.run(ManifestsConfig(roots={"sugarcrepe": str(shared_benchmarks / "sugarcrepe")}, out=str(tmp_path)))
+    sources = manifest_sources(tmp_path / "sugarcrepe.parquet")
+    assert sources["categories"] == expected
+    assert "swap_att.json" in sources  # the files' hashes stay recorded beside it
+    out = tmp_path / "cli.parquet"
+    result = CliRunner().invoke(app, ["manifest", "--suite", "sugarcrepe", "--root", str(shared_benchmarks / "sugarcrepe"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert manifest_sources(out)["categories"] == expected
+
+
+def test_only_suites_of_one_file_per_category_record_their_coverage(official):
+    assert SUITES.get("sugarcrepe").category_coverage(official)["missing"] == ["replace-obj", "replace-att", "swap-obj", "add-obj"]
+    assert SUITES.get("sugarcrepe-pp").category_files
+    assert SUITES.get("shapes-sugarcrepe").category_coverage(official) is None  # the world writes every category

@@ -105,3 +105,42 @@ def test_sugarcrepe_pp_tot_counts_the_items_whose_image_is_missing(tmp_path, tin
     (record,) = score_stage.run(cfg, ext, progress=False)
     assert record["n_items"] < len(df)  # ITT leaves the item out
     assert seen == [df["item_id"].tolist()]  # TOT does not
+
+
+def test_the_categories_a_manifest_lacks_and_tot_reach_the_metrics_files_and_the_report(tmp_path, tiny_encoder, sc_pp):
+    """The official folder here holds 2 of SugarCrepe++'s 5 category files. The manifest's record
+    of them (not the categories its rows happen to hold: this one is cut to one category) goes
+    into every metrics file; the report says over how many categories `total` and TOT are taken
+    and shows TOT as the metrics files record it; a manifest without the record is read as its
+    rows show."""
+    from pipeline.config import ReportConfig
+    from pipeline.manifests import manifest_coverage
+    from pipeline.report import ReportContext
+    from pipeline.report.sections import suites
+    from stages.report import load_results
+
+    df, _ = sc_pp
+    coverage = SUITES.get("sugarcrepe-pp").category_coverage(df)
+    assert coverage == {"present": ["replace-rel", "swap-att"], "missing": ["replace-obj", "replace-att", "swap-obj"]}
+    cut = df[df["category"] == "replace-rel"].reset_index(drop=True)
+    manifest = write_manifest(cut, tmp_path / "cut.parquet", {}, coverage)
+    ext = sc_pp_extract(tmp_path, manifest)
+    extract_stage.run(ext, progress=False, encoder=tiny_encoder)
+    cfg = ScoreConfig(variants=["clip", "local-max"], suites=["sugarcrepe-pp"], encoder="tiny-test",
+                      scores_out=str(tmp_path / "scores"), metrics_out=str(tmp_path / "metrics"))  # fmt: skip
+    records = score_stage.run(cfg, ext, progress=False)
+    for record in records:
+        saved = json.loads((tmp_path / "metrics" / record["variant"] / "sugarcrepe-pp.json").read_text())
+        assert saved["categories_present"] == ["replace-rel", "swap-att"]
+        assert saved["categories_missing"] == ["replace-obj", "replace-att", "swap-obj"]
+    results = load_results(cfg, ext)
+    entry = results["sugarcrepe-pp"]
+    assert entry["categories"] == coverage
+    assert entry["text_metrics"] == {k: v for k, v in records[0]["metrics"].items() if k.startswith("TOT")}
+    ctx = ReportContext(results, ReportConfig(out=str(tmp_path / "report"), bootstrap=100, examples=0), cfg, ext, tmp_path / "report")
+    text = "\n\n".join(suites(ctx))
+    assert "`total` and `TOT` over 2 of 5 categories (missing: replace-obj, replace-att, swap-obj" in text
+    tot = records[0]["metrics"]["TOT"]
+    assert f"| frozen `tiny-test` | {100 * records[0]['metrics']['TOT-replace-rel']:.1f} | {100 * tot:.1f} |" in text
+    plain = write_manifest(cut, tmp_path / "plain.parquet", {})  # no record: the rows' categories
+    assert manifest_coverage(plain, SUITES.get("sugarcrepe-pp"), cut)["missing"] == ["replace-obj", "replace-att", "swap-obj", "swap-att"]

@@ -423,7 +423,7 @@ def test_template_blocks_unwrap_paragraphs():
 def test_template_unknown_block_lists_the_blocks():
     text = Templates("pipeline.report", "templates/sections.md")
     assert text("shortcuts", offset="0.15").startswith("What the scored shapes suites give to baselines")
-    with pytest.raises(KeyError, match="blocks: encoder-comparison, head-to-head, image-replacement, intro, "):
+    with pytest.raises(KeyError, match="blocks: categories-missing, encoder-comparison, head-to-head, image-replacement, intro, "):
         text("nope")
     with pytest.raises(KeyError, match="no-encoder-comparison, no-measurements, no-scoring-bench, replaced-runs"):
         text("nope")
@@ -1249,3 +1249,39 @@ def test_steering_strength_pairs_each_variant_with_clip_and_the_sum_with_one_dir
     assert ("At one direction's length the sum ranks below one direction in shapes-multi, absent contrast, local "
             "(K = 20) at β 2; shapes-multi, absent contrast, whole gallery at β 2, and above it in no setting.") in verdict
     assert strength_part(ctx, {}) == []
+
+
+def sugarcrepe_pp_entry(categories: list[str], rng) -> dict:
+    """A made-up SugarCrepe++ result: three items per category, clip and one more variant."""
+    rows = [
+        {"item_id": f"{c}/{i}", "image": f"{i}.jpg", "captions": ["p1", "p2", "n"], "correct": 0, "category": c}
+        for c in categories
+        for i in range(3)
+    ]
+    manifest = pd.DataFrame(rows)
+    scores = {v: rng.normal(size=(len(manifest), 3)) for v in ("clip", "v")}
+    return {"manifest": manifest, "image_root": Path("."), "scores": scores, "missing": ["replace-rel/9"]}
+
+
+def test_sugarcrepe_pp_shows_tot_and_the_categories_its_aggregates_lack(tmp_path):
+    """SugarCrepe++'s second official metric, TOT, is a table of its own under the ITT one (the
+    frozen text encoder's, as the metrics files record it); and `total` and `TOT` are said to
+    pool 2 of the 5 categories where the manifest records the other 3 as missing."""
+    from pipeline.report.sections import suites
+
+    entry = sugarcrepe_pp_entry(["replace-rel", "swap-att"], np.random.default_rng(0))
+    entry["categories"] = {"present": ["replace-rel", "swap-att"], "missing": ["replace-obj", "replace-att", "swap-obj"]}
+    entry["text_metrics"] = {"TOT-replace-rel": 0.5, "TOT-swap-att": 0.25, "TOT": 0.375}
+    score = ScoreConfig(variants=["clip", "v"], suites=["sugarcrepe-pp"], metrics_out="reports/real/metrics")
+    cfg = ReportConfig(out=str(tmp_path), bootstrap=200, examples=0)
+    ctx = ReportContext({"sugarcrepe-pp": entry}, cfg, score, ExtractConfig(model="ViT-L-14-336"), tmp_path)
+    text = "\n\n".join(suites(ctx))
+    assert "`total` and `TOT` over 2 of 5 categories (missing: replace-obj, replace-att, swap-obj, whose official files" in text
+    assert "| text encoder | TOT-replace-rel | TOT-swap-att | TOT |" in text
+    assert "| frozen `ViT-L-14-336` | 50.0 | 25.0 | 37.5 |" in text
+    assert "over all 7 items of the manifest" in text and "`reports/real/metrics/<variant>/sugarcrepe-pp.json`" in text
+    assert text.index("| variant | replace-obj |") < text.index("over 2 of 5") < text.index("| text encoder |")
+    entry["categories"] = {"present": ["replace-rel", "swap-att"], "missing": []}
+    entry["text_metrics"] = {}
+    text = "\n\n".join(suites(ctx))
+    assert "categories (missing" not in text and "TOT" not in text  # nothing lacking, no TOT recorded: no note

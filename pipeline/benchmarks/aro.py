@@ -284,6 +284,7 @@ for _name, _file, _images in (
             metric_names=("P@1",),
             headline="P@1",
             categories=("order",),
+            generated_options=True,  # the official perturbations, which can reproduce the caption
             description=f"ARO {_name.split('-')[1].capitalize()}-Order: root holds BLIP's {_file}; images = {_images}",
         ),
     )

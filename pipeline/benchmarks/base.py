@@ -95,6 +95,15 @@ class Suite:
             :meth:`check_manifest` refuses it.
         world: True for the shapes world's suites, whose manifests ``pipeline world``
             writes (real suites' come from ``pipeline manifest(s)``).
+        category_files: True where each of :attr:`categories` is read from an official file
+            of its own and a missing file is skipped (SugarCrepe, SugarCrepe++): the manifest
+            records the categories present and missing (:meth:`category_coverage`), and the
+            metrics files and the report name the missing ones, since the aggregates then
+            pool fewer categories than the published ones.
+        generated_options: True where the options are generated from each item's caption
+            (ARO Order's word-order perturbations), so an option that reproduces the caption
+            is part of the official benchmark and its tie is scored by the official rule,
+            not a manifest error to fix.
     """
 
     name: str
@@ -111,6 +120,20 @@ class Suite:
     pairwise_reference: int | None = None
     categories: tuple[str, ...] | None = None
     world: bool = False  # built by `pipeline world` into <world>/manifests/ (a shapes suite)
+    category_files: bool = False  # one official file per category, a missing one skipped
+    generated_options: bool = False  # options generated from the caption (ARO Order)
+
+    def category_coverage(self, manifest: pd.DataFrame) -> dict[str, list[str]] | None:
+        """``{"present": [...], "missing": [...]}``: which of :attr:`categories` ``manifest``
+        holds, in their declared order, for a suite with :attr:`category_files`; None for any
+        other suite (its categories are not files that can be absent)."""
+        if not self.category_files or self.categories is None:
+            return None
+        held = set(manifest["category"].astype(str)) if "category" in manifest else set()
+        return {
+            "present": [c for c in self.categories if c in held],
+            "missing": [c for c in self.categories if c not in held],
+        }
 
     def check_manifest(self, manifest: pd.DataFrame, where: str) -> None:
         """Refuse a manifest this suite cannot score correctly, naming ``where`` (the file),

@@ -1,7 +1,8 @@
 """Reading the official annotation files strictly: every failure names the file and the fix.
 
 The loaders of :mod:`pipeline.benchmarks` read their inputs through these helpers: a file that
-is absent names where to get it (:func:`require_file`); JSON is read with duplicate-key,
+is absent names the folder one level off the root that holds it, or else where to get it
+(:func:`require_file`, :func:`nearby_root`); JSON is read with duplicate-key,
 UTF-8 and syntax errors raised as one ValueError naming the file and the place
 (:func:`read_json`); a file or section that must hold a list of entries, or one object, is
 refused as one line when it holds something else or no entry (:func:`read_json_list`,
@@ -19,17 +20,36 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 
+def nearby_root(root: Path, names: Iterable[str]) -> Path | None:
+    """The folder one level off ``root`` that holds one of ``names`` (paths under a root):
+    ``root/data`` (a repository's ``data/`` folder), ``root``'s parent (an image folder given
+    for its annotation folder), or another subfolder of ``root``, in that order; None when
+    none does. A root given one level off is then named with the folder meant, rather than
+    sent to download files that are there."""
+    root, names = Path(root), list(names)
+    subfolders = sorted(p for p in root.iterdir() if p.is_dir() and p.name != "data") if root.is_dir() else []
+    parent = [root.parent] if root.parent != root else []
+    for folder in (root / "data", *parent, *subfolders):
+        if any((folder / name).is_file() for name in names):
+            return folder
+    return None
+
+
 def require_file(root: Path, name: str, how_to_get: str) -> Path:
-    """``root / name``, or a FileNotFoundError that names the file and where to get it."""
+    """``root / name``, or a FileNotFoundError that names the file and either the folder one
+    level off ``root`` that holds it (:func:`nearby_root`) or where to get it."""
     path = Path(root) / name
     if not path.is_file():
-        raise FileNotFoundError(f"{name} not found under {Path(root)}; {how_to_get}")
+        near = nearby_root(root, [name])
+        hint = f"it is under {near}: give that folder as the root" if near is not None else how_to_get
+        raise FileNotFoundError(f"{name} not found under {Path(root)}; {hint}")
     return path
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.benchmarks.base import SUITES, Suite, Units, choice_correct
-from pipeline.benchmarks.intake import read_json, relative_image_path, text_field
+from pipeline.benchmarks.intake import nearby_root, read_json, relative_image_path, text_field
 
 CATEGORIES = (
     "replace-obj",
@@ -105,7 +105,9 @@ def read_present_categories(
     root: Path, categories: tuple[str, ...], read, benchmark: str, source: str
 ) -> pd.DataFrame:
     """Concatenate ``read(path, category)`` over the official category files present under
-    ``root``; warn about missing ones, fail if none is there.
+    ``root``; warn about missing ones (the manifest records them:
+    :meth:`~pipeline.benchmarks.base.Suite.category_coverage`), fail if none is there, naming
+    the folder one level off ``root`` that holds them (:func:`nearby_root`) where there is one.
 
     The warning is attributed to ``root`` rather than to a line of code, so Python prints it
     as one line (``<root>:0: UserWarning: ...``) without echoing a source line: it is about
@@ -115,13 +117,14 @@ def read_present_categories(
     present = [c for c in categories if (root / file_name(c)).is_file()]
     missing = [file_name(c) for c in categories if c not in present]
     if not present:
-        inside = any((root / "data" / file_name(c)).is_file() for c in categories)
-        hint = f"; they are under {root / 'data'}: give that folder as the root" if inside else f"; {source}"
+        near = nearby_root(root, [file_name(c) for c in categories])
+        hint = f"; they are under {near}: give that folder as the root" if near is not None else f"; {source}"
         raise FileNotFoundError(f"no {benchmark} file found directly in {root} (expected {', '.join(missing)}){hint}")
     if missing:
         warnings.warn(
             f"{benchmark}: {root} lacks {', '.join(missing)}; those categories are skipped, and every aggregate "
-            f"covers only the {len(present)} of {len(categories)} present ({source})",
+            f"covers only the {len(present)} of {len(categories)} present, as the manifest, every metrics file and "
+            f"the report record ({source})",
             stacklevel=3,
         )
     return pd.concat([read(root / file_name(c), c) for c in present], ignore_index=True)
@@ -168,6 +171,7 @@ SUITES.register(
         metric_names=METRIC_NAMES,
         headline="total",
         categories=CATEGORIES,
+        category_files=True,  # a missing category file is skipped; the manifest records it
         description=(
             "SugarCrepe: root is the repository's data/ folder, holding {add_att,add_obj,replace_att,"
             "replace_obj,replace_rel,swap_att,swap_obj}.json; images = COCO val2017 folder"

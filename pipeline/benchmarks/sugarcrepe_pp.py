@@ -144,6 +144,7 @@ SUITES.register(
         metric_names=METRIC_NAMES,
         headline="total",
         categories=CATEGORIES,
+        category_files=True,  # a missing category file is skipped; the manifest records it
         description=(
             "SugarCrepe++ (ITT): root is the repository's data/ folder, holding {replace_att,"
             "replace_obj,replace_rel,swap_att,swap_obj}.json; images = COCO val2017 folder"

@@ -10,7 +10,8 @@
   ``diagnostics.json`` (``shortcuts``).
 * ``suites`` (20): per suite, each variant's metrics with 95% bootstrap CIs and, for the
   others, Δ against ``clip`` with a paired-bootstrap CI; chance levels; example images.
-  The same numbers, one row per (suite, variant, metric), go to ``plots/metrics.csv``.
+  The same numbers, one row per (suite, variant, metric), go to ``plots/metrics.csv``. Under
+  a table, the categories its aggregates lack and its text-only metrics (SugarCrepe++'s TOT).
 * ``head-to-head`` (45): the families side by side (``report.head_to_head``): every
   suite's headline metrics and the binding slices in one table, the same cells, then each
   variant's parameters and scoring speed from ``pipeline bench scoring``.
@@ -60,6 +61,7 @@ from pipeline.stats import ConfidenceInterval, bootstrap_ci, units_bootstrap
 
 TEXT = Templates("pipeline.report", "templates/sections.md")
 BASELINE = "clip"  # every other variant's Δ is taken against frozen global CLIP
+POOLED_METRICS = ("total", "category-mean", "TOT")  # the suites' aggregates over their categories
 
 # The head-to-head rows, as roles (:mod:`pipeline.report.tasks`): every metric of these
 # suites, then single tasks, then the binding slices not among them.
@@ -218,6 +220,7 @@ def suites(ctx: ReportContext) -> list[str]:
             + ", ".join(missing[:10]) + (" …" if len(missing) > 10 else "") + "."
         ) if missing else ""  # fmt: skip
         parts += [f"## {suite_name}", f"{len(entry['manifest'])} items. {description}{left_out}", table]
+        parts += coverage_and_text_only(ctx, suite_name, entry)
         chance = ctx.layout.suite_chances.get(suite_name)
         if chance:
             parts.append("Chance: " + ", ".join(f"{k} {pct(v)}" for k, v in chance.items()) + ".")
@@ -226,6 +229,25 @@ def suites(ctx: ReportContext) -> list[str]:
             path = ctx.figure(f"examples-{suite_name}.png", fig)
             parts.append(f"![examples {suite_name}]({path})")
     ctx.tables["plots/metrics.csv"] = pd.DataFrame(long_rows)
+    return parts
+
+
+def coverage_and_text_only(ctx: ReportContext, suite_name: str, entry: dict[str, Any]) -> list[str]:
+    """Under a suite's table: the categories its aggregates leave out, where the manifest
+    records missing category files (``entry["categories"]``), and its text-only metrics
+    (``entry["text_metrics"]``, SugarCrepe++'s TOT) as the metrics files record them."""
+    parts, coverage, text = [], entry.get("categories") or {}, entry.get("text_metrics") or {}
+    if coverage.get("missing"):
+        names = [m for m in POOLED_METRICS if m in SUITES.get(suite_name).metric_names or m in text]
+        present, missing = coverage.get("present", []), coverage["missing"]
+        aggregates = " and ".join(f"`{m}`" for m in names) or "Every aggregate"
+        parts.append(TEXT("categories-missing", aggregates=aggregates, present=len(present),
+                          total=len(present) + len(missing), missing=", ".join(missing)))  # fmt: skip
+    if text:
+        path = Path(ctx.score.metrics_out) / "<variant>" / f"{suite_name}.json"
+        n = len(entry["manifest"]) + len(entry.get("missing") or [])
+        table = md_table(["text encoder", *text], [[f"frozen `{ctx.extract.model}`", *map(pct, text.values())]])
+        parts += [TEXT("text-only", encoder=ctx.extract.model, n=n, path=str(path)), table]
     return parts
 
 
