@@ -7,7 +7,8 @@ features are extracted into its own store under ``<out>/<encoder>/features`` (ou
 ``extract.out``, which is the ``extract`` stage's output); every trainable variant is trained on them
 through the one training loop (``train.<variant>`` with ``compare.seeds``); every variant is
 scored; then :func:`pipeline.report.compare.variant_means` summarises each encoder's
-variants into ``<metrics_out>/summary.json``, with the sha256 of each compared suite's
+variants into ``<metrics_out>/summary.json`` (with the training step each scored checkpoint
+kept, ``selected_steps``), with the sha256 of each compared suite's
 manifest, which the report's encoder-comparison section shows only while the manifests it
 reads are those. With ``reuse_pipeline`` the pipeline's own encoder (``extract.model``) is read from
 what ``dvc repro`` scored, whose first training seed is the same model a one-seed run trains.
@@ -99,6 +100,7 @@ def run(
     from pipeline.encoders import ENCODERS
     from pipeline.report.compare import variant_means
     from pipeline.scorers import SCORERS
+    from pipeline.scorers.checkpoints import scored_steps
     from stages import extract as extract_stage
     from stages import score as score_stage
     from stages import train as train_stage
@@ -159,6 +161,7 @@ def run(
             "metrics": sc.metrics_out,
             "seconds": round(time.perf_counter() - t0, 1),
             "variants": variant_means(results, cfg.variants, n_resamples=cfg.bootstrap, seed=cfg.seed),
+            "selected_steps": {v: s["step"] for v, s in scored_steps(sc.checkpoints, [v for v in cfg.variants if v in train]).items()},
         }
     summary["manifests"] = {s: e["manifest_sha256"] for s, e in results.items() if s in cfg.suites}  # one world for all
     out = Path(cfg.metrics_out) / "summary.json"

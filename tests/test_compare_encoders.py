@@ -86,7 +86,7 @@ def test_each_encoder_gets_its_own_store_checkpoints_and_metrics(compared):
 
 def test_the_report_section_shows_every_encoder(compared):
     from pipeline.config import ReportConfig
-    from pipeline.report.sections import encoder_comparison
+    from pipeline.report.encoders import encoder_comparison
     from pipeline.report.tasks import REAL, SHAPES
 
     class Ctx:
@@ -105,7 +105,7 @@ def test_the_pipelines_own_encoder_is_read_from_its_current_scores(compared):
     """A column that reused the pipeline's scores is recomputed from the scores the report
     reads, so a later `dvc repro` never leaves a stale copy in the table."""
     from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
-    from pipeline.report.sections import encoder_comparison
+    from pipeline.report.encoders import encoder_comparison
     from pipeline.report.tasks import SHAPES
     from stages.report import load_results
 
@@ -126,11 +126,43 @@ def test_the_pipelines_own_encoder_is_read_from_its_current_scores(compared):
         cfg = ReportConfig(encoders=str(path))
         layout = SHAPES
 
-    Ctx.extract, Ctx.results = extract, results
+    Ctx.extract, Ctx.results, Ctx.score = extract, results, score
     text = "\n".join(encoder_comparison(Ctx()))
     assert "0.0 [0.0, 0.0]" not in text
     fresh = summary["encoders"]["tiny-a"]["variants"]["clip"]["means"]["all-task"]
     assert f"{100 * fresh['value']:.1f} [{100 * fresh['lo']:.1f}, {100 * fresh['hi']:.1f}]" in text
+
+
+def test_the_section_names_the_variants_each_encoder_scored_at_step_0(compared, tmp_path):
+    """The summary records the step each trained variant's scored checkpoint kept; a variant
+    kept at step 0 (its initialisation: a Flow-CLIP variant then scores as `clip`) is named
+    under the table, so its +0.0 rows do not read as an effect of training."""
+    from pipeline.config import ReportConfig
+    from pipeline.report.encoders import encoder_comparison
+    from pipeline.report.tasks import SHAPES
+
+    summary = json.loads((compared / "reports/encoders/summary.json").read_text())
+    for enc in ("tiny-a", "tiny-b"):
+        steps = summary["encoders"][enc]["selected_steps"]
+        assert set(steps) == {"global-m"} and isinstance(steps["global-m"], int)
+    summary["encoders"]["tiny-a"]["selected_steps"] = {"global-m": 0}
+    summary["encoders"]["tiny-b"]["selected_steps"] = {"global-m": 4}
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+
+    class Ctx:
+        cfg = ReportConfig(encoders=str(path))
+        layout = SHAPES
+
+    text = "\n".join(encoder_comparison(Ctx()))
+    assert "Scored at step 0" in text and "`global-m` on `tiny-a`." in text and "on `tiny-b`" not in text
+    summary["encoders"]["tiny-a"]["selected_steps"] = {"global-m": 2}
+    path.write_text(json.dumps(summary))
+    assert "Scored at step 0" not in "\n".join(encoder_comparison(Ctx()))
+    for e in summary["encoders"].values():  # a summary written before the record: no sentence
+        del e["selected_steps"]
+    path.write_text(json.dumps(summary))
+    assert "Scored at step 0" not in "\n".join(encoder_comparison(Ctx()))
 
 
 def test_a_comparison_of_other_manifests_is_not_shown(compared, tmp_path):
@@ -139,7 +171,7 @@ def test_a_comparison_of_other_manifests_is_not_shown(compared, tmp_path):
     section names the suites and the command instead of the table."""
     from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
     from pipeline.manifests import file_sha256
-    from pipeline.report.sections import encoder_comparison
+    from pipeline.report.encoders import encoder_comparison
     from pipeline.report.tasks import SHAPES
     from stages.report import load_results
 
@@ -185,7 +217,7 @@ def test_each_encoder_column_holds_its_own_mean_and_difference(tmp_path):
     """A hand-made summary with a different number in every field: each row prints encoder
     A's mean and Δ, then encoder B's, under their headers; the baseline has no Δ."""
     from pipeline.config import ReportConfig
-    from pipeline.report.sections import encoder_comparison
+    from pipeline.report.encoders import encoder_comparison
     from pipeline.report.tasks import SHAPES
 
     def means(k: float, diff: bool) -> dict:

@@ -25,6 +25,7 @@ from pipeline.benchmarks.sugarcrepe import CATEGORIES
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
 from pipeline.report import SECTIONS, ReportContext
 from pipeline.report.tasks import ALL_TASKS, BINDING_TASKS, MEANS
+from pipeline.scorers.checkpoints import scored_steps
 from pipeline.scorers.flowclip import analysis, goals, sensitivity
 
 N = 10  # items per SugarCrepe category, ARO category, dev family; queries of retrieval
@@ -423,7 +424,7 @@ def test_scored_steps_read_the_scored_checkpoint(tmp_path):
     (root / "global-m" / "config.json").write_text(json.dumps({"seed": 1, "selected_step": 50}))
     summary = json.loads((root / "flowclip" / "summary.json").read_text())
     (root / "flowclip" / "summary.json").write_text(json.dumps({**summary, "scored_seed": 1}))
-    assert analysis.scored_steps(root, [*analysis.VARIANTS, "other"]) == {
+    assert scored_steps(root, [*analysis.VARIANTS, "other"]) == {
         "global-m": {"seed": "1", "step": 50},
         "flowclip": {"seed": "1", "step": 50},
         "flowclip-cimr": {"seed": "0", "step": 20},

@@ -423,9 +423,9 @@ def test_template_blocks_unwrap_paragraphs():
 def test_template_unknown_block_lists_the_blocks():
     text = Templates("pipeline.report", "templates/sections.md")
     assert text("shortcuts", offset="0.15").startswith("What the scored shapes suites give to baselines")
-    with pytest.raises(KeyError, match="blocks: categories-missing, encoder-comparison, head-to-head, image-replacement, intro, "):
+    with pytest.raises(KeyError, match="blocks: categories-missing, head-to-head, image-replacement, intro, "):
         text("nope")
-    with pytest.raises(KeyError, match="no-encoder-comparison, no-measurements, no-scoring-bench, replaced-runs"):
+    with pytest.raises(KeyError, match="intro, no-measurements, no-scoring-bench, replaced-runs"):
         text("nope")
 
 
@@ -437,8 +437,9 @@ def test_template_unknown_block_lists_the_blocks():
         ["pipeline.scorers.flowclip.report"],
         ["pipeline.scorers.geometry.report", "pipeline.scorers.geometry.steering_report"],
         ["pipeline.report.published"],
+        ["pipeline.report.encoders"],
     ],
-    ids=["generic", "bindclip", "flowclip", "geometry", "published"],
+    ids=["generic", "bindclip", "flowclip", "geometry", "published", "encoders"],
 )
 def test_every_template_block_is_used_and_exists(modules):
     """The blocks a section's modules ask for are the blocks its template file defines."""

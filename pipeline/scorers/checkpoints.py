@@ -8,13 +8,15 @@ A trained variant's weights live under ``<checkpoints>/<owner>/`` (``model.safet
 the trained parameters (``bindclip-lesion``), the variant named by its factory's
 ``checkpoint_variant``. ``config.json["scorer_kwargs"]`` are the factory options chosen at
 training time (e.g. BindCLIP's q0), so a scorer is rebuilt exactly as it was selected.
-Per-seed models sit in ``seed<k>/`` beside the scored one.
+Per-seed models sit in ``seed<k>/`` beside the scored one; :func:`scored_steps` says which
+training step each scored checkpoint kept.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pipeline.cache import FeatureStore
 from pipeline.cache.schema import encoder_id
@@ -186,3 +188,25 @@ def seed_checkpoints(variant: str, checkpoints: str | Path) -> list[Path]:
         ) from None
     folders = [root / f"seed{k}" for k in seeds]
     return sorted(p for p in folders if (p / "model.safetensors").is_file())
+
+
+def scored_steps(checkpoints: str | Path, variants: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """``{variant: {"seed": seed, "step": step}}``: the checkpoint each trained variant is
+    scored with (``<variant>/config.json``, the record beside the weights the scorer loads;
+    without its ``selected_step``, the ``summary.json`` entry for ``scored_seed``, the first
+    seed listed when that is absent). Variants with neither are left out. Step 0 is the
+    initialisation dev selection kept, so a report must not read that variant's rows as an
+    effect of training (a Flow-CLIP variant at step 0 scores exactly as ``clip``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for v in variants:
+        config, summary = Path(checkpoints) / v / "config.json", Path(checkpoints) / v / "summary.json"
+        record = json.loads(config.read_text()) if config.is_file() else {}
+        if "selected_step" in record:
+            out[v] = {"seed": str(record.get("seed", "")), "step": int(record["selected_step"])}
+        elif summary.is_file():
+            record = json.loads(summary.read_text())
+            seeds = record.get("seeds", {})
+            seed = str(record.get("scored_seed", next(iter(seeds), "")))
+            if seed in seeds:
+                out[v] = {"seed": seed, "step": int(seeds[seed]["selected_step"])}
+    return out

@@ -11,8 +11,8 @@ its report section renders them.
   makes, per slice (:data:`CORRECTION_TASKS`), with an exact McNemar p (seed §4.7: "28
   repairs and no correct-to-incorrect reversals").
 * :func:`seed_spread`: mean ± sd over the training seeds (``<variant>@seed<k>``).
-* :func:`selected_steps`: the training step dev selection kept for each seed;
-  :func:`scored_steps`: the seed and step of the checkpoint each variant is scored with.
+* :func:`selected_steps`: the training step dev selection kept for each seed (the scored
+  checkpoint's: :func:`pipeline.scorers.checkpoints.scored_steps`).
 
 The issue's goals are :mod:`pipeline.scorers.flowclip.goals`'s; the patch-sensitivity
 pictures :mod:`pipeline.scorers.flowclip.sensitivity`'s.
@@ -230,24 +230,3 @@ def selected_steps(checkpoints: Path, variants: list[str] | tuple[str, ...]) -> 
     return out
 
 
-def scored_steps(checkpoints: Path, variants: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """``{variant: {"seed": seed, "step": step}}``: the checkpoint each trained variant is
-    scored with (``<variant>/config.json``, the record beside the weights the scorer loads;
-    without its ``selected_step``, the ``summary.json`` entry for ``scored_seed``, the first
-    seed listed when that is absent).
-    Variants with neither are left out. Step 0 scores exactly as ``clip``, so every table of
-    the scored variants (ladder, corrections, goals) shows the initialisation there, whatever
-    the other seeds kept."""
-    out: dict[str, dict[str, Any]] = {}
-    for v in variants:
-        config, summary = Path(checkpoints) / v / "config.json", Path(checkpoints) / v / "summary.json"
-        record = json.loads(config.read_text()) if config.is_file() else {}
-        if "selected_step" in record:
-            out[v] = {"seed": str(record.get("seed", "")), "step": int(record["selected_step"])}
-        elif summary.is_file():
-            record = json.loads(summary.read_text())
-            seeds = record.get("seeds", {})
-            seed = str(record.get("scored_seed", next(iter(seeds), "")))
-            if seed in seeds:
-                out[v] = {"seed": seed, "step": int(seeds[seed]["selected_step"])}
-    return out

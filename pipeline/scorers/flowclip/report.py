@@ -8,7 +8,7 @@ and the issue's goals as measured (:mod:`.analysis`). The numbers of the tables 
 the image-replacement table are the generic sections ``head-to-head`` and
 ``image-replacement``.
 
-The tables read the scored checkpoints (:func:`.analysis.scored_steps`). One whose dev
+The tables read the scored checkpoints (:func:`pipeline.scorers.checkpoints.scored_steps`). One whose dev
 selection kept step 0 is the initialisation (M = I, W = 0), which scores exactly as
 ``clip``: the ladder and the corrections table say so for those variants, and a goal's
 verdict says "untrained" when a variant it compares is one. The pictures need ICER's
@@ -29,6 +29,7 @@ from pipeline.report.markdown import md_table, p_value, pct, pct_ci, points_ci
 from pipeline.report.sections import SCORING_BENCH, read_bench, replacement_modes
 from pipeline.report.tasks import MEANS
 from pipeline.report.templates import Templates
+from pipeline.scorers.checkpoints import scored_steps
 from pipeline.scorers.flowclip import analysis, goals, sensitivity
 
 TEXT = Templates("pipeline.scorers.flowclip", "report.md")
@@ -46,7 +47,7 @@ def flowclip_section(ctx: ReportContext) -> list[str]:
     fixes = analysis.corrections(ctx.results, variants)
     seeds = analysis.seed_spread(ctx.results, variants)
     selected = analysis.selected_steps(Path(ctx.score.checkpoints), variants)
-    at_init = _at_init(analysis.scored_steps(Path(ctx.score.checkpoints), variants))
+    at_init = _at_init(scored_steps(Path(ctx.score.checkpoints), variants))
     bench = read_bench(ctx.out / SCORING_BENCH)
     checks = goals.goal_checks(
         ctx.results, replacement_modes(ctx) or ("shuffle", "fixed"), bench, n, seed
