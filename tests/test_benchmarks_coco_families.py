@@ -202,7 +202,9 @@ def test_max_per_family_and_missing_files(tmp_path):
     m = build_families(tmp_path, CocoFamiliesConfig(max_per_family=1))
     assert m["family"].value_counts().max() == 1
     with pytest.raises(FileNotFoundError, match="captions_train2017.json.*cocodataset"):
-        build_families(tmp_path / "nowhere")
+        build_families(tmp_path / "elsewhere" / "nowhere")  # no annotations near it either
+    with pytest.raises(FileNotFoundError, match=f"it is under {tmp_path}: give that folder as the root"):
+        build_families(tmp_path / "nowhere")  # one level below the files
 
 
 def test_an_annotation_of_an_undefined_category_names_the_file(tmp_path):
