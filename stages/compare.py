@@ -36,6 +36,7 @@ from pipeline.config import (
     TrainConfig,
     _build,
 )
+from pipeline.files import write_json_atomically
 
 # The toyclip keys the comparison sets for each toy encoder itself: its open_clip config and
 # its checkpoint folder under <compare.out>/<encoder>/toyclip.
@@ -167,5 +168,5 @@ def run(
     out = Path(cfg.metrics_out) / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     summary["config"] = dataclasses.asdict(cfg)
-    out.write_text(json.dumps(summary, indent=1) + "\n")
+    write_json_atomically(out, summary, indent=1)
     return summary

@@ -9,13 +9,12 @@ reruns extract; when nothing changed the file's bytes are the same and extract i
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from pathlib import Path
 
 from pipeline.benchmarks import SUITES
 from pipeline.config import ExtractConfig
+from pipeline.files import write_json_atomically
 from pipeline.manifests import cells, image_presence, read_manifest, resolve_source
 
 log = logging.getLogger(__name__)
@@ -35,7 +34,5 @@ def run(cfg: ExtractConfig, out: str | Path) -> dict[str, int]:
             log.info("%s: %d of %d images missing under %s", name, len(record[name]["missing"]), record[name]["images"], src.image_root)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"suites": record}, indent=1, sort_keys=True) + "\n")
-    tmp.replace(out)  # atomic: a killed run leaves the old record, never half of one
+    write_json_atomically(out, {"suites": record}, indent=1, sort_keys=True)
     return {name: len(r["missing"]) for name, r in record.items()}

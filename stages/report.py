@@ -24,6 +24,7 @@ from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import extracted_items
 from pipeline.cache import CacheError, open_store, store_path
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
+from pipeline.files import write_json_atomically, write_text_atomically
 from pipeline.manifests import file_sha256, manifest_coverage, read_manifest, resolve_source
 from pipeline.report import FIGURE_DPI, ReportContext, render
 from pipeline.scorers import SCORERS
@@ -222,7 +223,7 @@ def write_outputs(ctx: ReportContext) -> None:
             fig.savefig(ctx.out / "figures" / name, dpi=FIGURE_DPI)
             plt.close(fig)
     for name, payload in ctx.json_files.items():
-        (ctx.out / name).write_text(json.dumps(payload, indent=1) + "\n")
+        write_json_atomically(ctx.out / name, payload, indent=1)
     for name, table in ctx.tables.items():
         (ctx.out / name).parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(ctx.out / name, index=False)
@@ -235,5 +236,5 @@ def run(cfg: ReportConfig, score: ScoreConfig, extract: ExtractConfig) -> Path:
     text = render(ctx)
     write_outputs(ctx)
     path = out / "report.md"
-    path.write_text(text)
+    write_text_atomically(path, text)
     return path

@@ -35,6 +35,7 @@ from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import Suite
 from pipeline.cache import StaleCacheError, open_store
 from pipeline.config import ExtractConfig, ScoreConfig
+from pipeline.files import write_json_atomically
 from pipeline.manifests import file_sha256, manifest_coverage, resolve_source
 from pipeline.scorers import SCORERS
 from pipeline.scorers.checkpoints import build_scorer, checkpoint_dir, load_scorer, seed_checkpoints
@@ -96,7 +97,7 @@ def write_metrics(cfg: ScoreConfig, record: dict[str, Any]) -> dict[str, Any]:
     """``<metrics_out>/<variant>/<suite>.json`` (a DVC metrics file) of one record; returns it."""
     path = Path(cfg.metrics_out) / record["variant"] / f"{record['suite']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    write_json_atomically(path, record)
     return record
 
 

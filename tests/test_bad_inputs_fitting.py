@@ -141,7 +141,7 @@ def test_a_run_killed_while_writing_its_model_leaves_no_seed_a_rerun_keeps(tmp_p
 
 
 def test_an_atomic_write_that_fails_leaves_the_old_file_whole(tmp_path):
-    from pipeline.training.resume import write_atomically
+    from pipeline.files import write_atomically
 
     path = tmp_path / "config.json"
     path.write_text("old\n")
@@ -155,6 +155,32 @@ def test_an_atomic_write_that_fails_leaves_the_old_file_whole(tmp_path):
     assert path.read_text() == "old\n" and list(tmp_path.iterdir()) == [path]
     write_atomically(path, lambda p: p.write_text("new\n"))
     assert path.read_text() == "new\n" and list(tmp_path.iterdir()) == [path]
+
+
+def test_a_metrics_record_cut_midway_leaves_the_old_record_whole(tmp_path, monkeypatch):
+    """The score stage's metrics file (what `dvc metrics` and the report read) goes through
+    the atomic write: a write that fails after half the text leaves the previous record
+    readable, not a truncated JSON file."""
+    import json
+    from pathlib import Path
+
+    from pipeline.config import ScoreConfig
+    from stages.score import write_metrics
+
+    cfg = ScoreConfig(variants=["clip"], suites=["shapes-dev"], metrics_out=str(tmp_path / "metrics"))
+    old = write_metrics(cfg, {"variant": "clip", "suite": "shapes-dev", "metrics": {"accuracy": 0.5}})
+    real = Path.write_text
+
+    def half_then_fail(self, text, *a, **k):
+        real(self, text[: len(text) // 2])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_text", half_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_metrics(cfg, {"variant": "clip", "suite": "shapes-dev", "metrics": {"accuracy": 0.75}})
+    monkeypatch.undo()
+    folder = tmp_path / "metrics" / "clip"
+    assert json.loads((folder / "shapes-dev.json").read_text()) == old and [p.name for p in folder.iterdir()] == ["shapes-dev.json"]
 
 
 def test_a_toyclip_model_whose_config_is_cut_is_not_kept(tmp_path):

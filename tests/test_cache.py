@@ -428,3 +428,24 @@ def test_a_batch_of_zeros_still_writes_every_chunk_file(tmp_path):
         arr = root[spec.name]
         for i in range(-(-300 // file_rows(arr))):
             assert (tmp_path / "s.zarr" / row_file_key(arr, i)).is_file(), (spec.name, i)
+
+
+def test_open_store_reads_and_checks_the_store_once(tmp_path, tiny_encoder, tiny_suite, monkeypatch):
+    """``open_store`` computes the expected fingerprint from the opened store's own record
+    and checks it on that store (:meth:`FeatureStore.expect`), instead of opening and
+    checking every chunk a second time; another encoder's fingerprint is still refused."""
+    from pipeline.cache import open_store
+    from pipeline.cache.open import expected_fingerprint
+
+    path, _ = tiny_suite
+    cfg = _cfg(tmp_path, {"shapes-sugarcrepe": path})
+    cfg.pretrained = "none"  # the tiny encoder's random init, as its store records
+    extract_stage.run(cfg, progress=False, encoder=tiny_encoder)
+    checked = []
+    inner = FeatureStore._checked_root
+    monkeypatch.setattr(FeatureStore, "_checked_root", staticmethod(lambda *a: checked.append(a) or inner(*a)))
+    store = open_store(cfg)
+    assert len(checked) == 1 and store.fingerprint == expected_fingerprint(store, cfg)
+    assert store.expect(store.fingerprint) is store
+    with pytest.raises(ForeignCacheError, match=r"pretrained.*pipeline extract"):
+        store.expect({**store.fingerprint, "pretrained": "openai"})

@@ -68,4 +68,4 @@ def open_store(extract: ExtractConfig) -> FeatureStore:
             f"{path} was extracted without object crops, which extract.object_crops: true asks "
             f"for; rerun `pipeline extract` with extract.object_crops: true (it adds them)"
         )
-    return FeatureStore.open(path, expect=expected_fingerprint(store, extract), storage_options=extract.storage_options)
+    return store.expect(expected_fingerprint(store, extract))

@@ -85,6 +85,18 @@ def distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 GAP_BYTES = 1 << 20  # a gap between wanted rows up to this size is read through, not skipped
 
 
+
+def refuse_foreign(path: str | Path, have: dict[str, Any], expect: dict[str, Any]) -> None:
+    """Raise :class:`ForeignCacheError`, naming the fields that differ, when the store at
+    ``path`` records fingerprint ``have`` and the caller is configured for ``expect``."""
+    if fingerprint_id(have) != fingerprint_id(expect):
+        raise ForeignCacheError(
+            f"{path} was extracted with a different encoder configuration "
+            f"({fingerprint_differences(have, expect)}); re-extract it with the configured "
+            f"encoder (`pipeline extract` with extract.replace_mismatch: true, or delete the "
+            f"store first), or configure the encoder it was extracted with"
+        )
+
 class BlockCache:
     """Least-recently used row blocks of a store's arrays, up to a byte budget."""
 
@@ -191,13 +203,8 @@ class FeatureStore:
                 f"recorded fingerprint ({fingerprint_id(have)}): its attributes were edited; delete the "
                 f"whole store ({path}) and rerun `pipeline extract`"
             )
-        if expect is not None and fingerprint_id(have) != fingerprint_id(expect):
-            raise ForeignCacheError(
-                f"{path} was extracted with a different encoder configuration "
-                f"({fingerprint_differences(have, expect)}); re-extract it with the configured "
-                f"encoder (`pipeline extract` with extract.replace_mismatch: true, or delete the "
-                f"store first), or configure the encoder it was extracted with"
-            )
+        if expect is not None:
+            refuse_foreign(path, have, expect)
         check_shapes(root, path)
         damage = inventory(root)
         if damage:
@@ -207,6 +214,13 @@ class FeatureStore:
     @property
     def fingerprint(self) -> dict[str, Any]:
         return dict(self.root.attrs["fingerprint"])
+
+    def expect(self, fingerprint: dict[str, Any]) -> FeatureStore:
+        """Refuse this open store unless it was extracted with ``fingerprint`` (what
+        :meth:`open`'s ``expect`` checks, for a caller whose expectation is computed from the
+        store's own record); returns the store."""
+        refuse_foreign(self.path, self.fingerprint, fingerprint)
+        return self
 
     @cached_property
     def dims(self) -> FeatureDims:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pipeline.files import write_text_atomically
 from pipeline.manifests import file_sha256
 
 if TYPE_CHECKING:
@@ -173,9 +174,7 @@ def weights_sha256(path: str | Path) -> str:
         cache[key] = file_sha256(path)
         try:
             HASH_CACHE.parent.mkdir(parents=True, exist_ok=True)
-            tmp = HASH_CACHE.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(cache))
-            tmp.replace(HASH_CACHE)  # atomic: concurrent commands never read half a file
+            write_text_atomically(HASH_CACHE, json.dumps(cache))  # concurrent commands never read half a file
         except OSError:
             pass  # a read-only home: hash every time
     return cache[key]

@@ -59,7 +59,8 @@ import torch.nn.functional as F
 
 from pipeline.config import ToyClipConfig
 from pipeline.encoders.stem import VISION_STEMS
-from pipeline.training.resume import read_finished, read_resume, write_atomically, write_finished
+from pipeline.files import write_atomically
+from pipeline.training.resume import read_finished, read_resume, write_finished
 from pipeline.training.schedule import warmup_cosine
 
 BatchFn = Callable[[int, np.ndarray, int], tuple[np.ndarray, list[str]]]

@@ -70,9 +70,10 @@ from pipeline.cache import FeatureStore
 from pipeline.cache.schema import encoder_id
 from pipeline.config import OptionsError, TrainConfig
 from pipeline.features import to_device
+from pipeline.files import write_atomically, write_json_atomically
 from pipeline.scorers import Scorer, create_scorer
 from pipeline.scorers.checkpoints import WEIGHTS_KEY, checkpoint_owner, weights_sha256_of
-from pipeline.training.resume import read_finished, read_resume, write_atomically, write_finished
+from pipeline.training.resume import read_finished, read_resume, write_finished
 from pipeline.training.schedule import warmup_cosine
 from pipeline.training.trainer import FamilyTrainer
 
@@ -401,5 +402,5 @@ def train_variant(
         },
         "spread": spread,
     }
-    (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json_atomically(root / "summary.json", summary)
     return summary

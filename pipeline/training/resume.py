@@ -18,12 +18,13 @@ be read is reported by :func:`read_finished` and the model is trained again.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from pipeline.files import write_atomically
 
 MARKER = "config.json"
 
@@ -41,17 +42,6 @@ def read_resume(path: Path, keys: set[str], device: str = "cpu") -> tuple[dict[s
     if not isinstance(record, dict) or not keys <= set(record):
         return None, "not a resume record"
     return record, None
-
-
-def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
-    """``write(tmp)`` into a sibling temporary file, then one ``os.replace`` onto ``path``: a
-    reader, or a run killed midway, finds the old file or the whole new one."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_finished(out: Path, weights: dict[str, torch.Tensor], log_text: str, config_text: Callable[[], str]) -> None:

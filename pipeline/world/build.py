@@ -31,6 +31,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from pipeline.config import MAX_WORLD_IMAGE_SIZE, SHAPES_SUITES, WorldConfig
+from pipeline.files import write_json_atomically
 from pipeline.world.families import pair_item
 from pipeline.world.multi import multi_items
 from pipeline.world.render import mirror, render, save_png
@@ -203,7 +204,7 @@ def build_world(
         },
     }
     _merge_or_clear_others(out, cfg, meta)
-    (out / "world.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_json_atomically(out / "world.json", meta)
     return paths
 
 

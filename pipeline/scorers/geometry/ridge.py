@@ -61,7 +61,6 @@ manifest's hash, so a fit on other data or features is never mistaken for this o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -73,6 +72,7 @@ import torch.nn.functional as F
 
 from pipeline.benchmarks.retrieval import parse_boxes
 from pipeline.cache import FeatureStore
+from pipeline.files import write_json_atomically
 from pipeline.scorers.geometry.objects import (
     OBJECT_LAYERS,
     check_source,
@@ -318,5 +318,5 @@ def fit(cfg: Any, store: FeatureStore, manifest, index: dict[str, np.ndarray], m
         },
         WEIGHTS_KEY: weights_sha256_of(out),  # load_scorer refuses weights that are not these bytes
     }
-    (out / "config.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_json_atomically(out / "config.json", record)
     return record
