@@ -118,11 +118,13 @@ def write_parquet_json(df: pd.DataFrame, out: str | Path, key: bytes, value: Any
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from pipeline.files import write_atomically
+
     table = pa.Table.from_pandas(df, preserve_index=False)
     meta = {**(table.schema.metadata or {}), key: json.dumps(value, sort_keys=True).encode()}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table.replace_schema_metadata(meta), out)
+    write_atomically(out, lambda p: pq.write_table(table.replace_schema_metadata(meta), p))
     return out
 
 

@@ -14,6 +14,7 @@ and tables (``reports/plots/metrics.csv``, a long table for ``dvc plots``).
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from pipeline.benchmarks import SUITES
 from pipeline.benchmarks.base import extracted_items
 from pipeline.cache import CacheError, open_store, store_path
 from pipeline.config import ExtractConfig, ReportConfig, ScoreConfig
-from pipeline.files import write_json_atomically, write_text_atomically
+from pipeline.files import write_atomically, write_json_atomically, write_text_atomically
 from pipeline.manifests import file_sha256, manifest_coverage, read_manifest, resolve_source
 from pipeline.report import FIGURE_DPI, ReportContext, render
 from pipeline.scorers import SCORERS
@@ -220,13 +221,15 @@ def write_outputs(ctx: ReportContext) -> None:
 
         (ctx.out / "figures").mkdir(parents=True, exist_ok=True)
         for name, fig in ctx.figures.items():
-            fig.savefig(ctx.out / "figures" / name, dpi=FIGURE_DPI)
+            # the temporary file's name ends in .tmp, so the image format is named
+            save = partial(fig.savefig, dpi=FIGURE_DPI, format=Path(name).suffix[1:])
+            write_atomically(ctx.out / "figures" / name, save)
             plt.close(fig)
     for name, payload in ctx.json_files.items():
         write_json_atomically(ctx.out / name, payload, indent=1)
     for name, table in ctx.tables.items():
         (ctx.out / name).parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(ctx.out / name, index=False)
+        write_atomically(ctx.out / name, lambda p, table=table: table.to_csv(p, index=False))
 
 
 def run(cfg: ReportConfig, score: ScoreConfig, extract: ExtractConfig) -> Path:

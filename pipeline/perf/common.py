@@ -6,7 +6,6 @@ weights (:func:`random_encoder`) and its suite from random images (:func:`make_s
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+
+from pipeline.files import write_json_atomically
 
 
 def random_encoder(name: str):
@@ -142,5 +143,5 @@ def write_bench(name: str, command: str, results: dict, folder: str | Path = "re
     performance section reads; returns the path."""
     out = Path(folder) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": command, "results": results}, indent=2) + "\n")
+    write_json_atomically(out, {"command": command, "results": results})
     return out

@@ -25,13 +25,14 @@ import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
 from pipeline.config import MAX_WORLD_IMAGE_SIZE, SHAPES_SUITES, WorldConfig
-from pipeline.files import write_json_atomically
+from pipeline.files import write_atomically, write_json_atomically
 from pipeline.world.families import pair_item
 from pipeline.world.multi import multi_items
 from pipeline.world.render import mirror, render, save_png
@@ -184,7 +185,7 @@ def build_world(
                 n_images += block_images
                 bar.update(hi - lo)
             path = out / "manifests" / f"{suite}.parquet"
-            pd.DataFrame(rows).to_parquet(path, index=False)
+            write_atomically(path, partial(pd.DataFrame(rows).to_parquet, index=False))
             paths[suite], rows_per_suite[suite], images_per_suite[suite] = path, len(rows), n_images
     finally:
         if pool is not None:
