@@ -322,11 +322,13 @@ def model_config_sha256(config: str) -> str:
 
     folders = [CONFIG_DIR, *(Path(p) / "model_configs" for p in importlib.util.find_spec("open_clip").submodule_search_locations)]
     file = next((f / f"{config}.json" for f in folders if (f / f"{config}.json").is_file()), None)
-    if file is None:
+    if file is not None:
+        resolved = json.loads(file.read_text(encoding="utf-8"))
+    else:
         import open_clip
 
         register_toy_configs()
-    resolved = json.loads(file.read_text(encoding="utf-8")) if file else open_clip.get_model_config(config)
+        resolved = open_clip.get_model_config(config)
     return hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()
 
 
