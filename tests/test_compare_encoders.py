@@ -264,3 +264,34 @@ def test_a_comparison_that_would_silently_run_something_else_is_refused(change, 
 
     with pytest.raises(ValueError, match=needle):
         compare.run(CompareConfig(**change), ToyClipConfig(), ExtractConfig(), {}, ScoreConfig(), progress=False)
+
+
+def test_a_toy_encoder_trained_by_other_code_is_trained_again(tmp_path, monkeypatch):
+    """The comparison keeps a toy encoder's weights by the toy trainer's own record (its
+    configuration, open_clip config and code, which renders the scenes it learns from), as
+    the ``toyclip`` stage does: the same settings under edited code train it again instead
+    of comparing a model of another world."""
+    from pathlib import Path
+
+    import pipeline
+    import pipeline.world
+    from pipeline.config import CompareConfig
+    from stages.compare import toy_weights
+    from tests.test_toyclip import tiny_cfg, tiny_world
+
+    rendered: list[int] = []
+
+    def world(seed, indices, image_size):
+        rendered.append(len(indices))
+        return tiny_world(seed, indices, image_size)
+
+    monkeypatch.setattr(pipeline.world, "training_batch", world)
+    cfg, toy = CompareConfig(out=str(tmp_path / "encoders")), tiny_cfg(tmp_path)
+    path = toy_weights(cfg, toy, "toy-small", "toy-vit-small", progress=False)
+    assert rendered and path == str(tmp_path / "encoders" / "toy-small" / "toyclip" / "model.safetensors")
+    weights, rendered[:] = Path(path).read_bytes(), []
+    assert toy_weights(cfg, toy, "toy-small", "toy-vit-small", progress=False) == path
+    assert rendered == [] and Path(path).read_bytes() == weights  # the same code: kept
+    monkeypatch.setattr(pipeline, "code_identity", lambda: "another world's scenes")
+    toy_weights(cfg, toy, "toy-small", "toy-vit-small", progress=False)
+    assert rendered  # trained again
