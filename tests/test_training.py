@@ -207,6 +207,27 @@ def test_pair_decisions_put_each_preference_on_its_caption():
     assert (out.argmax(1) == [0, 1, 0]).all()  # the third item prefers its negative, option 0
 
 
+def test_pair_features_are_read_in_store_order_and_returned_in_the_rows_order(tiny_store, monkeypatch):
+    """Each block of reads covers ascending store rows, and the result follows the rows given."""
+    import pipeline.training.pairs as pairs
+
+    rows = np.array([7, 2, 11, 0, 5, 9, 1, 10, 3])  # first-appearance order, not store order
+    calls = []
+
+    def read(r):
+        calls.append(np.asarray(r).tolist())
+        return tiny_store.texts(r)
+
+    monkeypatch.setattr(pairs, "READ_BLOCK", 4)
+    got = pairs._read_half(read, rows)
+    assert calls == [[0, 1, 2, 3], [5, 7, 9, 10], [11]]  # ascending blocks of at most 4
+    want = tiny_store.texts(rows)
+    assert torch.equal(got.tokens, want.tokens.half()) and torch.equal(got.embed, want.embed.half())
+    assert torch.equal(got.ids, want.ids) and torch.equal(got.mask, want.mask)
+    empty = pairs._read_half(tiny_store.texts, np.zeros(0, dtype=np.int64))
+    assert empty.tokens.shape[0] == 0 and empty.tokens.dtype == torch.float16
+
+
 W_PEAK = 0.05  # the test family's dev figure peaks at this weight (-|w - W_PEAK|)
 
 

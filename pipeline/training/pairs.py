@@ -87,12 +87,28 @@ def _column(index: dict[str, np.ndarray], name: str, n: int, width: int = 1) -> 
 
 
 def _read_half(read, rows: np.ndarray):
-    """``read(rows)`` (``store.images`` / ``store.texts``) in fp16, :data:`READ_BLOCK` rows
-    at a time, so the float32 copy the store returns never exceeds one block."""
-    block = READ_BLOCK
-    parts = [_half(read(rows[i : i + block])) for i in range(0, max(len(rows), 1), block)]
-    cls = type(parts[0])
-    return cls(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in dataclasses.fields(cls)})
+    """``read(rows)`` (``store.images`` / ``store.texts``) in fp16, in ``rows``' order.
+
+    The rows are read in ascending store order, :data:`READ_BLOCK` at a time, and each block
+    is put back at its rows' positions: a block then spans one stretch of the store, which
+    the reader fetches in a few contiguous slices (blocks in the rows' own order scatter over
+    the whole store and re-read its chunks), and the float32 copy the store returns never
+    exceeds one block. The values do not depend on the order they are read in.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    order = np.argsort(rows, kind="stable")  # [U] positions of rows in ascending store order
+    out: dict[str, torch.Tensor] = {}
+    cls = None
+    for i in range(0, max(len(rows), 1), READ_BLOCK):
+        at = torch.from_numpy(order[i : i + READ_BLOCK])
+        part = _half(read(rows[order[i : i + READ_BLOCK]]))
+        cls = type(part)
+        for f in dataclasses.fields(part):
+            v = getattr(part, f.name)
+            if f.name not in out:
+                out[f.name] = v.new_empty((len(rows), *v.shape[1:]))
+            out[f.name][at] = v
+    return cls(**out)
 
 
 def load_pairs(store: FeatureStore, suite: str | SuiteSelection) -> PairData:
