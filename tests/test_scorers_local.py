@@ -78,3 +78,19 @@ def test_additive_defaults_to_max_pooling_and_unit_weight():
 def test_an_unknown_pooling_is_refused():
     with pytest.raises(ValueError, match=r"pooling must be one of \('max', 'softmax'\), got 'mean'"):
         create_scorer("additive", dims=DIMS, proj=PROJ, pooling="mean")
+
+
+@pytest.mark.parametrize("pooling", ["max", "softmax"])
+def test_the_alignment_matrix_equals_each_pair_and_never_reads_padding(pooling):
+    """Every (image, caption) cell of the batched matrix, over several blocks, equals the
+    per-pair alignment; the padding tokens' values change nothing (here NaN, which any
+    product with them would spread), and a caption with no valid token scores 0."""
+    from pipeline.scorers.local import local_alignment, local_alignment_matrix
+
+    g = torch.Generator().manual_seed(0)
+    tokens, patches = torch.randn(5, 4, 8, generator=g), torch.randn(3, 6, 8, generator=g)  # Nt 5, N 4; Ni 3, R 6
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 1, 1, 0]], dtype=torch.bool)
+    want = torch.stack([local_alignment(tokens, mask, patches[i : i + 1].expand(5, -1, -1), pooling, 0.1) for i in range(3)])
+    padded = tokens.masked_fill(~mask[..., None], float("nan"))
+    got = local_alignment_matrix(padded, mask, patches, pooling, 0.1, chunk=2 * 8 * 6)  # 2 images a block
+    assert torch.allclose(got, want, atol=1e-6) and torch.equal(got[:, 3], torch.zeros(3))

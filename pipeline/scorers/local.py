@@ -72,9 +72,11 @@ def local_alignment_matrix(
 ) -> torch.Tensor:
     """[Ni, Nt] :func:`local_alignment` of every image against every caption.
 
-    One product of every caption token with every patch of a block of images
-    (``[Nt*N, D] @ [D, g*R]``), pooled in place; blocks hold ~``chunk`` token-patch
-    cosines, so memory stays bounded for any gallery.
+    One product of every valid caption token with every patch of a block of images
+    (``[V, D] @ [D, g*R]``, V the tokens ``mask`` keeps), pooled in place, then put back at
+    the tokens' places among zeros for the mean over tokens: padding is never multiplied, and
+    the mean adds the same values, padding at 0, as it would over every token. Blocks hold
+    ~``chunk`` token-patch cosines, so memory stays bounded for any gallery.
 
     Args:
         tokens: [Nt, N, D] caption tokens in the joint space.
@@ -83,14 +85,17 @@ def local_alignment_matrix(
     """
     Nt, N, D = tokens.shape
     Ni, R, _ = patches.shape
-    t = F.normalize(tokens, dim=-1).reshape(Nt * N, D)  # [Nt*N, D]
+    mask = mask.bool()
+    t = F.normalize(tokens[mask], dim=-1)  # [V, D] the valid tokens, caption by caption
     p = F.normalize(patches, dim=-1)  # [Ni, R, D]
-    step = max(1, chunk // max(Nt * N * R, 1))
+    step = max(1, chunk // max(len(t) * R, 1))
     rows = []
     for i in range(0, Ni, step):
         g = p[i : i + step]  # [g, R, D]
-        cos = (t @ g.reshape(-1, D).T).view(Nt, N, len(g), R).permute(2, 0, 1, 3)  # [g, Nt, N, R]
-        rows.append(token_mean(pool_patches(cos, pooling, temperature), mask[None]))  # [g, Nt]
+        cos = (t @ g.reshape(-1, D).T).view(len(t), len(g), R)  # [V, g, R]
+        pooled = tokens.new_zeros(len(g), Nt, N)  # [g, Nt, N], 0 at padding
+        pooled[:, mask] = pool_patches(cos, pooling, temperature).T
+        rows.append(token_mean(pooled, mask[None]))  # [g, Nt]
     return torch.cat(rows) if rows else tokens.new_zeros(0, Nt)
 
 
